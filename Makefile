@@ -1,0 +1,41 @@
+# gpud — build, test and try it out. Everything runs on a machine without a GPU: NVML is the
+# simulated library in tests/nvml-mock.
+
+CARGO    ?= cargo
+MOCK_DIR := target/nvml-mock
+MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
+GPUD     := target/release/gpud
+FIXTURE  ?= dgx-h100
+
+.PHONY: all build mock test lint demo clean-mock
+
+all: build
+
+## build: the release binary at target/release/gpud
+build:
+	$(CARGO) build --release --bin gpud
+
+## mock: the simulated NVML library at target/nvml-mock/libnvidia-ml.so.1
+mock:
+	$(CARGO) build --release -p nvml-mock
+	mkdir -p $(MOCK_DIR)
+	cp target/release/libnvidia_ml_mock.so $(MOCK_LIB)
+
+## test: unit and integration tests, plus the pynvml compatibility check of the mock
+test:
+	$(CARGO) test --workspace
+	tests/pynvml/run.sh
+
+## lint: formatting and clippy, warnings are errors
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## demo: gpud against a simulated node (FIXTURE=dgx-h100 by default)
+demo: build mock
+	@echo "== gpud inventory --format table   (simulated node: $(FIXTURE))"
+	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
+		$(GPUD) inventory --format table
+
+clean-mock:
+	rm -rf $(MOCK_DIR)

@@ -1,0 +1,32 @@
+//! The applet table: every `gpud <applet>` that exists, with its one-line description.
+
+mod health;
+mod inventory;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+/// One applet: a name for `gpud <name>` / `gpud-<name>` and its entry point.
+#[derive(Debug)]
+pub struct Applet {
+    /// Name on the command line and in link names.
+    pub name: &'static str,
+    /// One line for `gpud --help`.
+    pub about: &'static str,
+    /// Entry point; argv[0] is `gpud <name>`.
+    pub run: fn(Vec<OsString>) -> ExitCode,
+}
+
+/// All applets, in the order `gpud --list` prints them.
+pub static APPLETS: &[Applet] = &[
+    Applet {
+        name: "health",
+        about: "watch GPU health (XID, ECC, row remapping, lost GPUs) and print transitions",
+        run: health::main,
+    },
+    Applet {
+        name: "inventory",
+        about: "print the node's GPUs, MIG devices, topology and health (JSON or table)",
+        run: inventory::main,
+    },
+];

@@ -1,0 +1,9 @@
+//! Health watching: NVML events, polled counters and the kernel log, folded into per-device
+//! health states on the shared inventory.
+
+pub mod kmsg;
+pub mod kmsg_source;
+pub mod tracker;
+pub mod transitions;
+pub mod watcher;
+pub mod xid;

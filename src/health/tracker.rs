@@ -1,0 +1,704 @@
+//! The health state machine: observations in, per-device health out.
+//!
+//! Pure: it never reads a clock or talks to NVML. Callers pass the time of each observation,
+//! which makes every transition reproducible in tests. Each GPU keeps a set of *conditions*
+//! (an XID, an uncorrectable ECC error, a pending row remap, a lost GPU …); its health is the
+//! most severe active condition. Conditions clear by themselves:
+//!
+//! | condition | state | clears when |
+//! |---|---|---|
+//! | GPU lost | unhealthy | the GPU answers NVML again (this counts as a GPU reset) |
+//! | fatal XID (79, 48, 95, 119 …) | unhealthy | the GPU is reset |
+//! | critical XID | unhealthy | no new occurrence for the quiet period |
+//! | warning / application XID not ignored | degraded | no new occurrence for the quiet period |
+//! | XID named in `DP_ENABLE_HEALTHCHECKS` | unhealthy | as its severity says |
+//! | uncorrectable (double-bit) ECC error | unhealthy | the volatile DBE counter reads 0 (after a reset) |
+//! | row remap / page retirement pending | unhealthy | NVML no longer reports it pending (after a reset) |
+//! | row remap failure | unhealthy | NVML no longer reports it (the GPU was replaced) |
+//! | temperature at or past slowdown | degraded | temperature falls below the threshold |
+//! | an NVLink that was up went down | degraded | the link is up again |
+//!
+//! A GPU-wide condition covers all its MIG devices; an XID the driver attributes to one MIG
+//! instance covers only that instance. Repeats of an active condition refresh its last-seen
+//! time and count but change nothing visible, so a storm of 10 000 identical XIDs is one
+//! transition. Each GPU keeps a bounded ring of recent findings.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, SystemTime};
+
+use super::xid::{self, Action, Severity, XidPolicy};
+use crate::inventory::health::{Health, HealthSource, HealthState};
+use crate::inventory::model::Snapshot;
+use crate::nvml::GpuSignals;
+
+/// Tunables of the tracker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrackerConfig {
+    /// How long an XID-driven condition below fatal must stay quiet before it clears.
+    pub xid_quiet_period: Duration,
+    /// How many recent findings each GPU remembers.
+    pub history_len: usize,
+}
+
+/// Default quiet period after which a non-fatal XID condition clears.
+pub const DEFAULT_XID_QUIET_PERIOD: Duration = Duration::from_secs(10 * 60);
+/// Default number of findings kept per GPU.
+pub const DEFAULT_HISTORY_LEN: usize = 64;
+
+impl Default for TrackerConfig {
+    fn default() -> Self {
+        TrackerConfig {
+            xid_quiet_period: DEFAULT_XID_QUIET_PERIOD,
+            history_len: DEFAULT_HISTORY_LEN,
+        }
+    }
+}
+
+/// One thing the tracker learned, kept in a GPU's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// When it was observed.
+    pub at: SystemTime,
+    /// What it was, in words.
+    pub what: String,
+}
+
+/// Why a device is not healthy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    // Declared from least to most urgent: the most urgent condition names the state.
+    NvLinkDown(u32),
+    Thermal,
+    Xid(u32),
+    RetiredPagesPending,
+    RemapPending,
+    DoubleBitEcc,
+    RemapFailure,
+    Lost,
+}
+
+/// An active condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Condition {
+    state: HealthState,
+    reason: String,
+    action: String,
+    xid: Option<u32>,
+    since: SystemTime,
+    last_seen: SystemTime,
+    /// Cleared only by a GPU reset (fatal XIDs).
+    until_reset: bool,
+    /// Cleared after the quiet period.
+    quiet_expiry: bool,
+    occurrences: u64,
+}
+
+#[derive(Debug, Default)]
+struct GpuState {
+    conditions: BTreeMap<Kind, Condition>,
+    mig_conditions: BTreeMap<(u32, u32), BTreeMap<Kind, Condition>>,
+    /// NVLinks seen up at least once: only those count as "went down".
+    links_seen_up: BTreeSet<u32>,
+    history: VecDeque<Finding>,
+}
+
+/// Per-GPU health state machine.
+#[derive(Debug)]
+pub struct Tracker {
+    policy: XidPolicy,
+    config: TrackerConfig,
+    gpus: BTreeMap<u32, GpuState>,
+}
+
+impl Tracker {
+    /// A tracker with no findings.
+    pub fn new(policy: XidPolicy, config: TrackerConfig) -> Self {
+        Tracker {
+            policy,
+            config,
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    /// Records an XID on `gpu` (optionally attributed to MIG instance `(gi, ci)`).
+    pub fn observe_xid(&mut self, gpu: u32, code: u32, mig: Option<(u32, u32)>, at: SystemTime) {
+        let info = xid::lookup(code);
+        let history_len = self.config.history_len;
+        let ignored = self.policy.is_ignored(code);
+        let forced = self.policy.is_force_enabled(code);
+        let state = self.gpus.entry(gpu).or_default();
+        let scope = mig.map_or_else(String::new, |(gi, ci)| format!(" (MIG GI {gi} CI {ci})"));
+        let verdict = if ignored { " [ignored by policy]" } else { "" };
+        push_history(
+            state,
+            history_len,
+            at,
+            format!("{}{scope}{verdict}", info.summary()),
+        );
+        if ignored {
+            return;
+        }
+        let health_state = match info.severity {
+            _ if forced => HealthState::Unhealthy,
+            Severity::Application | Severity::Warning => HealthState::Degraded,
+            Severity::Critical | Severity::Fatal => HealthState::Unhealthy,
+        };
+        let condition = Condition {
+            state: health_state,
+            reason: format!("XID {code}: {}", info.description),
+            action: info.action.phrase().to_owned(),
+            xid: Some(code),
+            since: at,
+            last_seen: at,
+            until_reset: info.severity == Severity::Fatal,
+            quiet_expiry: info.severity != Severity::Fatal,
+            occurrences: 1,
+        };
+        let set = match mig {
+            Some(key) => state.mig_conditions.entry(key).or_default(),
+            None => &mut state.conditions,
+        };
+        raise(set, Kind::Xid(code), condition);
+    }
+
+    /// Records a double-bit ECC event on `gpu`.
+    pub fn observe_dbe_event(&mut self, gpu: u32, at: SystemTime) {
+        let history_len = self.config.history_len;
+        let state = self.gpus.entry(gpu).or_default();
+        push_history(
+            state,
+            history_len,
+            at,
+            "uncorrectable (double-bit) ECC error".to_owned(),
+        );
+        raise(&mut state.conditions, Kind::DoubleBitEcc, dbe_condition(at));
+    }
+
+    /// Records a single-bit ECC event: corrected by the hardware, kept only in the history.
+    pub fn observe_sbe_event(&mut self, gpu: u32, at: SystemTime) {
+        let history_len = self.config.history_len;
+        let state = self.gpus.entry(gpu).or_default();
+        push_history(
+            state,
+            history_len,
+            at,
+            "corrected (single-bit) ECC error".to_owned(),
+        );
+    }
+
+    /// Applies one poll of a GPU's signals.
+    pub fn observe_signals(&mut self, signals: &GpuSignals, at: SystemTime) {
+        let history_len = self.config.history_len;
+        let state = self.gpus.entry(signals.gpu).or_default();
+        let was_lost = state.conditions.contains_key(&Kind::Lost);
+        if signals.lost {
+            if !was_lost {
+                push_history(
+                    state,
+                    history_len,
+                    at,
+                    "GPU is lost (NVML_ERROR_GPU_IS_LOST)".to_owned(),
+                );
+            }
+            raise(&mut state.conditions, Kind::Lost, lost_condition(at));
+            // A lost GPU answers nothing else: keep the other conditions as they were.
+            return;
+        }
+        if was_lost {
+            // Answering again after being lost means the GPU was reset: everything that only
+            // a reset clears is gone.
+            push_history(
+                state,
+                history_len,
+                at,
+                "GPU answers again (reset)".to_owned(),
+            );
+            state.conditions.remove(&Kind::Lost);
+            clear_until_reset(&mut state.conditions);
+            for set in state.mig_conditions.values_mut() {
+                clear_until_reset(set);
+            }
+        }
+        let conditions = &mut state.conditions;
+        match signals.volatile_dbe {
+            Some(0) => {
+                conditions.remove(&Kind::DoubleBitEcc);
+            }
+            Some(n) => raise(
+                conditions,
+                Kind::DoubleBitEcc,
+                Condition {
+                    occurrences: n,
+                    ..dbe_condition(at)
+                },
+            ),
+            None => {}
+        }
+        toggle(
+            conditions,
+            Kind::RemapPending,
+            signals.remap_pending == Some(true),
+            at,
+            "row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect",
+            Action::ResetGpu.phrase(),
+            HealthState::Unhealthy,
+        );
+        toggle(
+            conditions,
+            Kind::RemapFailure,
+            signals.remap_failure == Some(true),
+            at,
+            "row remapping failed: the GPU memory can no longer be repaired",
+            "replace the GPU (inspect the hardware)",
+            HealthState::Unhealthy,
+        );
+        toggle(
+            conditions,
+            Kind::RetiredPagesPending,
+            signals.retired_pages_pending == Some(true),
+            at,
+            "page retirement pending: needs a GPU reset to take effect",
+            Action::ResetGpu.phrase(),
+            HealthState::Unhealthy,
+        );
+        let hot = matches!((signals.temperature_c, signals.slowdown_c), (Some(t), Some(limit)) if limit > 0 && t >= limit);
+        let thermal_reason = match (signals.temperature_c, signals.slowdown_c) {
+            (Some(t), Some(limit)) => {
+                format!("temperature {t} °C at or past the slowdown threshold {limit} °C")
+            }
+            _ => String::new(),
+        };
+        toggle(
+            conditions,
+            Kind::Thermal,
+            hot,
+            at,
+            &thermal_reason,
+            "check cooling and airflow",
+            HealthState::Degraded,
+        );
+        for &(link, up) in &signals.nvlinks_up {
+            if up {
+                state.links_seen_up.insert(link);
+            }
+            let went_down = !up && state.links_seen_up.contains(&link);
+            toggle(
+                &mut state.conditions,
+                Kind::NvLinkDown(link),
+                went_down,
+                at,
+                &format!("NVLink {link} went down"),
+                "check the NVLink and NVSwitch fabric; reset the GPU if it stays down",
+                HealthState::Degraded,
+            );
+        }
+    }
+
+    /// Expires quiet conditions. Call it periodically and before reading verdicts.
+    pub fn tick(&mut self, now: SystemTime) {
+        let quiet = self.config.xid_quiet_period;
+        for state in self.gpus.values_mut() {
+            expire(&mut state.conditions, now, quiet);
+            for set in state.mig_conditions.values_mut() {
+                expire(set, now, quiet);
+            }
+            state.mig_conditions.retain(|_, set| !set.is_empty());
+        }
+    }
+
+    /// The watcher's verdict on a whole GPU.
+    pub fn verdict(&self, gpu: u32) -> Health {
+        self.gpus
+            .get(&gpu)
+            .map_or_else(Health::healthy, |state| health_of(&state.conditions))
+    }
+
+    /// The watcher's verdict on one MIG instance, counting only faults attributed to it.
+    pub fn mig_verdict(&self, gpu: u32, gpu_instance: u32, compute_instance: u32) -> Health {
+        self.gpus
+            .get(&gpu)
+            .and_then(|state| state.mig_conditions.get(&(gpu_instance, compute_instance)))
+            .map_or_else(Health::healthy, health_of)
+    }
+
+    /// Recent findings of a GPU, oldest first.
+    pub fn history(&self, gpu: u32) -> impl Iterator<Item = &Finding> {
+        self.gpus
+            .get(&gpu)
+            .into_iter()
+            .flat_map(|state| state.history.iter())
+    }
+
+    /// Writes the watcher's verdicts into a snapshot.
+    ///
+    /// Discovery's own verdict (a GPU it found lost) stands until discovery clears it; a
+    /// GPU-wide state covers the GPU's MIG devices unless an instance has a worse one of its own.
+    pub fn apply(&self, snapshot: &mut Snapshot) {
+        for gpu in &mut snapshot.gpus {
+            let verdict = self.verdict(gpu.index);
+            if !(gpu.health.set_by_discovery() && !gpu.health.is_healthy() && verdict.is_healthy())
+            {
+                gpu.health = verdict;
+            }
+            for mig in &mut gpu.mig.devices {
+                let own = self.mig_verdict(gpu.index, mig.gpu_instance_id, mig.compute_instance_id);
+                mig.health = if own.state > gpu.health.state {
+                    own
+                } else {
+                    gpu.health.clone()
+                };
+            }
+        }
+    }
+}
+
+fn push_history(state: &mut GpuState, capacity: usize, at: SystemTime, what: String) {
+    if capacity == 0 {
+        return;
+    }
+    while state.history.len() >= capacity {
+        state.history.pop_front();
+    }
+    state.history.push_back(Finding { at, what });
+}
+
+/// Adds a condition, or refreshes it if already active (keeping its `since`).
+fn raise(set: &mut BTreeMap<Kind, Condition>, kind: Kind, condition: Condition) {
+    match set.get_mut(&kind) {
+        Some(existing) => {
+            existing.last_seen = condition.last_seen;
+            existing.occurrences = existing
+                .occurrences
+                .saturating_add(1)
+                .max(condition.occurrences);
+            if condition.state > existing.state {
+                existing.state = condition.state;
+            }
+        }
+        None => {
+            set.insert(kind, condition);
+        }
+    }
+}
+
+/// Raises or clears a signal-driven condition.
+fn toggle(
+    set: &mut BTreeMap<Kind, Condition>,
+    kind: Kind,
+    active: bool,
+    at: SystemTime,
+    reason: &str,
+    action: &str,
+    state: HealthState,
+) {
+    if !active {
+        set.remove(&kind);
+        return;
+    }
+    raise(
+        set,
+        kind,
+        Condition {
+            state,
+            reason: reason.to_owned(),
+            action: action.to_owned(),
+            xid: None,
+            since: at,
+            last_seen: at,
+            until_reset: false,
+            quiet_expiry: false,
+            occurrences: 1,
+        },
+    );
+}
+
+fn dbe_condition(at: SystemTime) -> Condition {
+    Condition {
+        state: HealthState::Unhealthy,
+        reason: "uncorrectable (double-bit) ECC error".to_owned(),
+        action: Action::ResetGpu.phrase().to_owned(),
+        xid: None,
+        since: at,
+        last_seen: at,
+        until_reset: false,
+        quiet_expiry: false,
+        occurrences: 1,
+    }
+}
+
+fn lost_condition(at: SystemTime) -> Condition {
+    Condition {
+        state: HealthState::Unhealthy,
+        reason: crate::inventory::health::LOST_REASON.to_owned(),
+        action: crate::inventory::health::LOST_ACTION.to_owned(),
+        xid: None,
+        since: at,
+        last_seen: at,
+        until_reset: false,
+        quiet_expiry: false,
+        occurrences: 1,
+    }
+}
+
+fn clear_until_reset(set: &mut BTreeMap<Kind, Condition>) {
+    set.retain(|_, condition| !condition.until_reset);
+}
+
+fn expire(set: &mut BTreeMap<Kind, Condition>, now: SystemTime, quiet: Duration) {
+    set.retain(|_, condition| {
+        !condition.quiet_expiry
+            || now
+                .duration_since(condition.last_seen)
+                .map_or(true, |elapsed| elapsed < quiet)
+    });
+}
+
+/// The health a set of conditions amounts to: the worst state, named by its most urgent cause.
+fn health_of(set: &BTreeMap<Kind, Condition>) -> Health {
+    let worst = set
+        .iter()
+        .max_by(|(ka, a), (kb, b)| a.state.cmp(&b.state).then(ka.cmp(kb)));
+    match worst {
+        None => Health::healthy(),
+        Some((_, condition)) => Health {
+            state: condition.state,
+            reason: Some(condition.reason.clone()),
+            xid: condition.xid,
+            action: Some(condition.action.clone()),
+            since: Some(condition.since),
+            source: Some(HealthSource::Watcher),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    fn tracker() -> Tracker {
+        Tracker::new(
+            XidPolicy::default(),
+            TrackerConfig {
+                xid_quiet_period: Duration::from_secs(60),
+                history_len: 8,
+            },
+        )
+    }
+
+    fn signals(gpu: u32) -> GpuSignals {
+        GpuSignals {
+            gpu,
+            volatile_dbe: Some(0),
+            remap_pending: Some(false),
+            remap_failure: Some(false),
+            retired_pages_pending: Some(false),
+            temperature_c: Some(40),
+            slowdown_c: Some(87),
+            ..GpuSignals::default()
+        }
+    }
+
+    #[test]
+    fn fatal_xid_is_unhealthy_until_reset() {
+        let mut tr = tracker();
+        tr.observe_xid(3, 79, None, t(0));
+        let h = tr.verdict(3);
+        assert_eq!(h.state, HealthState::Unhealthy);
+        assert_eq!(
+            h.reason.as_deref(),
+            Some("XID 79: GPU has fallen off the bus")
+        );
+        assert_eq!(h.action.as_deref(), Some("drain and reboot the node"));
+        assert_eq!(h.xid, Some(79));
+        assert_eq!(h.since, Some(t(0)));
+        tr.tick(t(3600));
+        assert_eq!(
+            tr.verdict(3).state,
+            HealthState::Unhealthy,
+            "fatal does not expire"
+        );
+        tr.observe_signals(
+            &GpuSignals {
+                lost: true,
+                ..signals(3)
+            },
+            t(3601),
+        );
+        tr.observe_signals(&signals(3), t(3602));
+        assert_eq!(tr.verdict(3), Health::healthy(), "a reset clears it");
+        assert_eq!(tr.verdict(2), Health::healthy());
+    }
+
+    #[test]
+    fn application_xids_are_ignored_by_default() {
+        let mut tr = tracker();
+        for code in [13, 31, 43, 45, 68, 109] {
+            tr.observe_xid(0, code, None, t(0));
+        }
+        assert_eq!(tr.verdict(0), Health::healthy());
+        assert_eq!(
+            tr.history(0).count(),
+            6,
+            "ignored XIDs are still remembered"
+        );
+    }
+
+    #[test]
+    fn env_overrides_follow_nvidia() {
+        let (policy, _) = XidPolicy::from_env_values(Some("94"), Some("13"));
+        let mut tr = Tracker::new(policy, TrackerConfig::default());
+        tr.observe_xid(0, 94, None, t(0));
+        assert_eq!(
+            tr.verdict(0),
+            Health::healthy(),
+            "94 ignored by DP_DISABLE_HEALTHCHECKS"
+        );
+        tr.observe_xid(0, 13, None, t(1));
+        assert_eq!(
+            tr.verdict(0).state,
+            HealthState::Unhealthy,
+            "13 forced by DP_ENABLE_HEALTHCHECKS"
+        );
+
+        let (all_off, _) = XidPolicy::from_env_values(Some("all"), None);
+        let mut tr = Tracker::new(all_off, TrackerConfig::default());
+        tr.observe_xid(0, 79, None, t(0));
+        assert_eq!(tr.verdict(0), Health::healthy());
+    }
+
+    #[test]
+    fn critical_xid_clears_after_quiet_period_and_repeats_extend_it() {
+        let mut tr = tracker();
+        tr.observe_xid(1, 9999, None, t(0)); // unknown: critical
+        assert_eq!(tr.verdict(1).state, HealthState::Unhealthy);
+        tr.observe_xid(1, 9999, None, t(50));
+        tr.tick(t(100));
+        assert_eq!(tr.verdict(1).since, Some(t(0)), "a repeat keeps since");
+        tr.tick(t(111));
+        assert_eq!(tr.verdict(1), Health::healthy());
+    }
+
+    #[test]
+    fn dbe_event_then_counter_reset() {
+        let mut tr = tracker();
+        tr.observe_dbe_event(2, t(0));
+        assert_eq!(
+            tr.verdict(2).reason.as_deref(),
+            Some("uncorrectable (double-bit) ECC error")
+        );
+        tr.observe_signals(
+            &GpuSignals {
+                volatile_dbe: Some(1),
+                ..signals(2)
+            },
+            t(1),
+        );
+        assert_eq!(tr.verdict(2).state, HealthState::Unhealthy);
+        tr.observe_signals(&signals(2), t(2));
+        assert_eq!(tr.verdict(2), Health::healthy());
+    }
+
+    #[test]
+    fn remap_pending_and_failure() {
+        let mut tr = tracker();
+        tr.observe_signals(
+            &GpuSignals {
+                remap_pending: Some(true),
+                ..signals(0)
+            },
+            t(0),
+        );
+        assert_eq!(
+            tr.verdict(0).action.as_deref(),
+            Some("drain and reset the GPU")
+        );
+        tr.observe_signals(
+            &GpuSignals {
+                remap_failure: Some(true),
+                ..signals(0)
+            },
+            t(1),
+        );
+        let h = tr.verdict(0);
+        assert!(h.reason.unwrap().starts_with("row remapping failed"));
+        tr.observe_signals(&signals(0), t(2));
+        assert_eq!(tr.verdict(0), Health::healthy());
+    }
+
+    #[test]
+    fn mig_attributed_xid_marks_only_that_instance() {
+        let mut tr = tracker();
+        tr.observe_xid(0, 9999, Some((1, 0)), t(0));
+        assert_eq!(tr.verdict(0), Health::healthy());
+        assert_eq!(tr.mig_verdict(0, 1, 0).state, HealthState::Unhealthy);
+        assert_eq!(tr.mig_verdict(0, 2, 0), Health::healthy());
+    }
+
+    #[test]
+    fn storm_is_one_state_and_bounded_history() {
+        let mut tr = tracker();
+        for i in 0..10_000 {
+            tr.observe_xid(4, 79, None, t(i / 100));
+        }
+        let h = tr.verdict(4);
+        assert_eq!(h.since, Some(t(0)));
+        assert_eq!(tr.history(4).count(), 8);
+    }
+
+    #[test]
+    fn nvlink_down_only_after_seen_up() {
+        let mut tr = tracker();
+        tr.observe_signals(
+            &GpuSignals {
+                nvlinks_up: vec![(0, true), (1, false)],
+                ..signals(0)
+            },
+            t(0),
+        );
+        assert_eq!(tr.verdict(0), Health::healthy(), "link 1 was never up");
+        tr.observe_signals(
+            &GpuSignals {
+                nvlinks_up: vec![(0, false), (1, false)],
+                ..signals(0)
+            },
+            t(1),
+        );
+        let h = tr.verdict(0);
+        assert_eq!(
+            (h.state, h.reason.as_deref()),
+            (HealthState::Degraded, Some("NVLink 0 went down"))
+        );
+        tr.observe_signals(
+            &GpuSignals {
+                nvlinks_up: vec![(0, true), (1, false)],
+                ..signals(0)
+            },
+            t(2),
+        );
+        assert_eq!(tr.verdict(0), Health::healthy());
+    }
+
+    #[test]
+    fn thermal_slowdown_degrades() {
+        let mut tr = tracker();
+        tr.observe_signals(
+            &GpuSignals {
+                temperature_c: Some(90),
+                ..signals(0)
+            },
+            t(0),
+        );
+        let h = tr.verdict(0);
+        assert_eq!(h.state, HealthState::Degraded);
+        assert_eq!(
+            h.reason.as_deref(),
+            Some("temperature 90 °C at or past the slowdown threshold 87 °C")
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! Health of a GPU or MIG device as the inventory carries it.
+//!
+//! A sick GPU is data, never an error: discovery marks a GPU that answers
+//! `NVML_ERROR_GPU_IS_LOST` as unhealthy, and the health watcher overlays XID, ECC and other
+//! verdicts. Every state can recover: a lost GPU that answers again is healthy on the next
+//! rescan.
+
+use std::time::SystemTime;
+
+use serde::{Serialize, Serializer};
+
+/// The three states a device can be in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    /// Fit for work.
+    Healthy,
+    /// Works, but something needs attention (warning-level XID, correctable error storms).
+    Degraded,
+    /// Must not get new work.
+    Unhealthy,
+}
+
+/// Who decided a health state; used when a rescan merges with the previous snapshot, so that
+/// discovery only clears what discovery set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthSource {
+    /// Enumeration: the device did not answer NVML.
+    Discovery,
+    /// The health watcher: events, polled counters, kernel log.
+    Watcher,
+}
+
+/// Current health with the reason and what an operator should do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Health {
+    /// The state.
+    pub state: HealthState,
+    /// Why the device is not healthy (`None` when healthy).
+    pub reason: Option<String>,
+    /// The XID behind the state, if one caused it.
+    pub xid: Option<u32>,
+    /// Suggested action, e.g. `reboot the node`.
+    pub action: Option<String>,
+    /// When the device entered this state (RFC 3339, UTC).
+    #[serde(serialize_with = "serialize_since")]
+    pub since: Option<SystemTime>,
+    /// Which subsystem set the state.
+    pub source: Option<HealthSource>,
+}
+
+/// Reason recorded for a GPU that returns `NVML_ERROR_GPU_IS_LOST`.
+pub const LOST_REASON: &str =
+    "GPU is lost: NVML reports it has fallen off the bus or is inaccessible";
+/// Suggested action for a lost GPU.
+pub const LOST_ACTION: &str = "drain and reboot the node; if it persists, inspect the hardware";
+
+impl Health {
+    /// A healthy device.
+    pub fn healthy() -> Self {
+        Health {
+            state: HealthState::Healthy,
+            reason: None,
+            xid: None,
+            action: None,
+            since: None,
+            source: None,
+        }
+    }
+
+    /// A GPU that NVML reports as lost, noticed at `since`.
+    pub fn lost(since: SystemTime) -> Self {
+        Health {
+            state: HealthState::Unhealthy,
+            reason: Some(LOST_REASON.to_owned()),
+            xid: None,
+            action: Some(LOST_ACTION.to_owned()),
+            since: Some(since),
+            source: Some(HealthSource::Discovery),
+        }
+    }
+
+    /// A device that answered NVML with an unexpected error during discovery.
+    pub fn unreadable(reason: String, since: SystemTime) -> Self {
+        Health {
+            state: HealthState::Unhealthy,
+            reason: Some(reason),
+            xid: None,
+            action: Some("check the driver and the kernel log (dmesg) for this GPU".to_owned()),
+            since: Some(since),
+            source: Some(HealthSource::Discovery),
+        }
+    }
+
+    /// Whether the device may take new work.
+    pub fn is_healthy(&self) -> bool {
+        self.state == HealthState::Healthy
+    }
+
+    /// Whether discovery (not the watcher) set this state.
+    pub fn set_by_discovery(&self) -> bool {
+        self.source == Some(HealthSource::Discovery)
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health::healthy()
+    }
+}
+
+fn serialize_since<S: Serializer>(since: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match since {
+        Some(t) => s.collect_str(&humantime::format_rfc3339_seconds(*t)),
+        None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn lost_serialises_with_reason_action_and_time() {
+        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let json = serde_json::to_value(Health::lost(at)).unwrap();
+        assert_eq!(json["state"], "unhealthy");
+        assert_eq!(json["reason"], LOST_REASON);
+        assert_eq!(json["action"], LOST_ACTION);
+        assert_eq!(json["since"], "2027-01-15T08:00:00Z");
+        assert_eq!(json["source"], "discovery");
+    }
+
+    #[test]
+    fn healthy_has_no_reason() {
+        let json = serde_json::to_value(Health::healthy()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"state": "healthy", "reason": null, "xid": null,
+                               "action": null, "since": null, "source": null})
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! The shared device inventory: the seam between NVML and every subsystem.
+//!
+//! An [`Inventory`] publishes immutable [`Snapshot`]s through a `tokio::sync::watch` channel.
+//! Discovery produces them (at start and on every rescan); the health watcher and the MIG
+//! applier overlay their findings. Consumers subscribe and always see a whole, consistent
+//! picture; a publish that changes nothing wakes nobody.
+
+pub mod health;
+pub mod mig_profile;
+pub mod model;
+mod rescan;
+pub mod table;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+pub use health::{Health, HealthState};
+pub use model::Snapshot;
+
+use crate::nvml::{NodeFacts, Nvml, NvmlError};
+
+/// The node's inventory: the current snapshot and a way to refresh it.
+#[derive(Debug, Clone)]
+pub struct Inventory {
+    nvml: Nvml,
+    facts: Arc<NodeFacts>,
+    tx: Arc<watch::Sender<Arc<Snapshot>>>,
+}
+
+impl Inventory {
+    /// Discovers the node once and starts publishing. Blocks on the driver: call it before the
+    /// runtime starts or from a blocking thread.
+    pub fn discover(nvml: Nvml, facts: NodeFacts) -> Result<Self, NvmlError> {
+        let first = nvml.discover(&facts)?;
+        let (tx, _) = watch::channel(Arc::new(first));
+        Ok(Inventory {
+            nvml,
+            facts: Arc::new(facts),
+            tx: Arc::new(tx),
+        })
+    }
+
+    /// The snapshot now.
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that is woken on every change.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.tx.subscribe()
+    }
+
+    /// Re-reads the node from NVML and publishes the result if anything changed. Returns
+    /// whether it did. Runs discovery on a blocking thread.
+    pub async fn rescan(&self) -> Result<bool, NvmlError> {
+        let nvml = self.nvml.clone();
+        let facts = Arc::clone(&self.facts);
+        let fresh = tokio::task::spawn_blocking(move || nvml.discover(&facts))
+            .await
+            .map_err(|join| NvmlError::Unavailable {
+                attempts: vec![(
+                    self.nvml.library_path().to_path_buf(),
+                    format!("discovery task failed: {join}"),
+                )],
+            })??;
+        Ok(self.tx.send_if_modified(|current| {
+            let merged = rescan::merge(current, fresh);
+            if merged == **current {
+                return false;
+            }
+            *current = Arc::new(merged);
+            true
+        }))
+    }
+
+    /// Applies `change` to a copy of the current snapshot and publishes it if it differs.
+    /// Used by the health watcher and the MIG applier.
+    pub fn update(&self, change: impl FnOnce(&mut Snapshot)) -> bool {
+        self.tx.send_if_modified(|current| {
+            let mut next = (**current).clone();
+            change(&mut next);
+            if next == **current {
+                return false;
+            }
+            *current = Arc::new(next);
+            true
+        })
+    }
+}

@@ -1,0 +1,277 @@
+//! The inventory's data model: an immutable picture of the node's GPUs.
+//!
+//! Everything here is plain data with stable, documented JSON field names (`docs/inventory.md`).
+//! Subsystems read it; only discovery (`crate::nvml`) and the health overlay produce it. Fields
+//! that a driver may legitimately refuse to report (`NOT_SUPPORTED` on some boards) are
+//! `Option`s and serialise as `null`, so a missing value is never confused with a zero.
+
+use serde::Serialize;
+
+use super::health::Health;
+
+/// One published view of the node. Cheap to share: subscribers hold an `Arc<Snapshot>`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// Facts about the node and its driver.
+    pub node: Node,
+    /// Physical GPUs, ordered by NVML index.
+    pub gpus: Vec<Gpu>,
+    /// How every pair of GPUs is connected, ordered by `(a, b)` with `a < b`.
+    pub topology: Vec<PairLink>,
+}
+
+/// Node-wide facts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Node {
+    /// `NODE_NAME` when set (the Kubernetes node name), else the kernel host name.
+    pub hostname: String,
+    /// Kernel driver version, e.g. `570.133.20`.
+    pub driver_version: String,
+    /// CUDA driver API version as `major.minor`, e.g. `12.8`.
+    pub cuda_driver_version: Option<String>,
+    /// NVML library version, e.g. `12.570.133.20`.
+    pub nvml_version: Option<String>,
+    /// DMI product name (e.g. `DGX H100`), `None` when the file cannot be read.
+    pub machine_type: Option<String>,
+}
+
+/// One physical GPU.
+///
+/// Identity fields are empty strings for a GPU that was already lost when gpud first saw it:
+/// NVML then refuses even its handle, and only its index is known.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gpu {
+    /// NVML index (enumeration order, by PCI bus id).
+    pub index: u32,
+    /// Kernel minor number: the GPU is `/dev/nvidia<minor>`.
+    pub minor_number: Option<u32>,
+    /// The character device a container needs, e.g. `/dev/nvidia3`.
+    pub device_node: Option<String>,
+    /// `GPU-xxxxxxxx-…`; the stable identity used by Kubernetes device IDs.
+    pub uuid: String,
+    /// Board serial number.
+    pub serial: Option<String>,
+    /// Marketing name as NVML reports it, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Product brand, e.g. `nvidia`, `tesla`.
+    pub brand: Option<String>,
+    /// Architecture as NVML reports it, e.g. `hopper`.
+    pub architecture: Option<String>,
+    /// Family by compute capability, in GFD's words (`hopper`, `ampere`, `ada-lovelace` …).
+    pub family: Option<String>,
+    /// CUDA compute capability, e.g. `9.0`.
+    pub compute_capability: Option<String>,
+    /// Total framebuffer memory in MiB.
+    pub memory_mib: u64,
+    /// PCI identity.
+    pub pci: Pci,
+    /// NUMA node the GPU is attached to, `None` on single-node machines or when unknown.
+    pub numa_node: Option<u32>,
+    /// Enforced power limit in watts.
+    pub power_limit_watts: Option<f64>,
+    /// MIG capability, mode and instances.
+    pub mig: Mig,
+    /// One entry per NVLink the GPU has (up or down).
+    pub nvlinks: Vec<NvLink>,
+    /// Current health of the whole GPU.
+    pub health: Health,
+}
+
+/// PCI identity of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pci {
+    /// Bus id in NVML's form, e.g. `00000000:18:00.0`.
+    pub bus_id: String,
+    /// Combined device and vendor id, e.g. `0x233010DE`.
+    pub device_id: String,
+    /// Combined subsystem device and vendor id, e.g. `0x16C110DE`.
+    pub subsystem_id: Option<String>,
+}
+
+/// MIG capability and state of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mig {
+    /// Whether the GPU supports MIG at all.
+    pub capable: bool,
+    /// Whether MIG mode is enabled now.
+    pub enabled: bool,
+    /// The mode the GPU will be in after its next reset (differs from `enabled` while a
+    /// mode change waits for a reset).
+    pub pending_enabled: bool,
+    /// The MIG devices (compute instances) that exist now.
+    pub devices: Vec<MigDevice>,
+}
+
+/// One MIG device: a compute instance inside a GPU instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigDevice {
+    /// Index of the MIG device within its parent GPU (NVML's MIG device index).
+    pub index: u32,
+    /// `MIG-xxxxxxxx-…`.
+    pub uuid: String,
+    /// GPU instance id.
+    pub gpu_instance_id: u32,
+    /// Compute instance id within the GPU instance.
+    pub compute_instance_id: u32,
+    /// Profile in NVIDIA's naming, e.g. `1g.10gb`, `1c.3g.40gb`, `1g.10gb+me`.
+    pub profile: String,
+    /// Memory of the instance in MiB.
+    pub memory_mib: u64,
+    /// Streaming multiprocessors of the compute instance.
+    pub multiprocessors: u32,
+    /// GPU-instance slices (the `G` in `<G>g`).
+    pub gpu_slices: u32,
+    /// Compute-instance slices (the `C` in `<C>c`).
+    pub compute_slices: u32,
+    /// Engine counts shared by the instance.
+    pub engines: MigEngines,
+    /// Where the GPU instance sits, in memory slices.
+    pub placement: Option<Placement>,
+    /// Health of this instance (a GPU-wide fault covers every instance).
+    pub health: Health,
+}
+
+/// Engines available to a MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MigEngines {
+    pub copy: u32,
+    pub decoder: u32,
+    pub encoder: u32,
+    pub jpeg: u32,
+    pub ofa: u32,
+}
+
+/// A GPU instance placement: `size` memory slices starting at `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+/// One NVLink of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NvLink {
+    /// Link number on the GPU.
+    pub link: u32,
+    /// Whether the link is up.
+    pub active: bool,
+    /// What the other end is, when the link reports it.
+    pub remote: Option<NvLinkRemote>,
+}
+
+/// The far end of an NVLink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NvLinkRemote {
+    /// Another GPU of this node, by NVML index.
+    Gpu { bus_id: String, gpu_index: u32 },
+    /// An NVSwitch: every GPU attached to the switch fabric is reachable through it.
+    Switch { bus_id: String },
+    /// Something NVML could not classify (an NPU, or a GPU gpud does not know).
+    Other { bus_id: String },
+}
+
+/// How two GPUs are connected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairLink {
+    /// Lower NVML index of the pair.
+    pub a: u32,
+    /// Higher NVML index of the pair.
+    pub b: u32,
+    /// Number of NVLinks usable between the two (direct, or through an NVSwitch fabric).
+    pub nvlinks: u32,
+    /// Closest common PCIe ancestor.
+    pub pcie: PcieLevel,
+}
+
+/// Closest common ancestor of two GPUs in the PCIe tree, NVML's topology levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PcieLevel {
+    /// Same board (multi-GPU board such as a K80).
+    SameBoard,
+    /// Behind one PCIe switch.
+    SingleSwitch,
+    /// Behind several PCIe switches, without crossing a host bridge.
+    MultipleSwitches,
+    /// Under one host bridge.
+    HostBridge,
+    /// On one NUMA node, across host bridges.
+    NumaNode,
+    /// Across NUMA nodes (the inter-socket link).
+    System,
+    /// NVML could not tell (a lost GPU, or the query is unsupported).
+    Unknown,
+}
+
+impl PcieLevel {
+    /// The abbreviation `nvidia-smi topo -m` prints for this level.
+    pub fn abbreviation(self) -> &'static str {
+        match self {
+            PcieLevel::SameBoard => "PSB",
+            PcieLevel::SingleSwitch => "PIX",
+            PcieLevel::MultipleSwitches => "PXB",
+            PcieLevel::HostBridge => "PHB",
+            PcieLevel::NumaNode => "NODE",
+            PcieLevel::System => "SYS",
+            PcieLevel::Unknown => "?",
+        }
+    }
+}
+
+impl Snapshot {
+    /// The GPU with this NVML index.
+    pub fn gpu(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.iter().find(|gpu| gpu.index == index)
+    }
+
+    /// How GPUs `a` and `b` are connected (in either order).
+    pub fn link_between(&self, a: u32, b: u32) -> Option<&PairLink> {
+        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+        self.topology
+            .iter()
+            .find(|pair| pair.a == lo && pair.b == hi)
+    }
+}
+
+/// GFD's family name for a compute capability (`getArchFamily`).
+pub fn family_for(major: i32, minor: i32) -> &'static str {
+    match major {
+        1 => "tesla",
+        2 => "fermi",
+        3 => "kepler",
+        5 => "maxwell",
+        6 => "pascal",
+        7 if minor < 5 => "volta",
+        7 => "turing",
+        8 if minor < 9 => "ampere",
+        8 => "ada-lovelace",
+        9 => "hopper",
+        10 | 12 => "blackwell",
+        13 => "rubin",
+        _ => "undefined",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn family_follows_gfd_mapping() {
+        let cases = [
+            ((7, 0), "volta"),
+            ((7, 5), "turing"),
+            ((8, 0), "ampere"),
+            ((8, 6), "ampere"),
+            ((8, 9), "ada-lovelace"),
+            ((9, 0), "hopper"),
+            ((10, 0), "blackwell"),
+            ((12, 0), "blackwell"),
+            ((4, 0), "undefined"),
+        ];
+        for ((major, minor), want) in cases {
+            assert_eq!(family_for(major, minor), want, "{major}.{minor}");
+        }
+    }
+}

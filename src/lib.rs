@@ -1,0 +1,16 @@
+//! gpud: the node half of a GPU stack for Kubernetes and bare metal, in one binary.
+//!
+//! `nvml` is the only code that talks to the driver; it builds the [`inventory`] that every
+//! subsystem reads. Applets (`gpud <applet>`) are thin shells over the subsystems.
+
+pub mod applets;
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod health;
+pub mod inventory;
+pub mod multicall;
+pub mod nvml;
+pub mod proto;
+pub mod signals;
+pub mod telemetry;

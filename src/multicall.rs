@@ -1,0 +1,159 @@
+//! Busybox-style dispatch: `gpud <applet> …` or a link named `gpud-<applet>`.
+//!
+//! Resolution is a pure function of argv so it can be tested without processes; `main` maps
+//! its outcome to an exit code. Only applets that work are in the table.
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::applets::{APPLETS, Applet};
+use crate::exit;
+
+/// What argv asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    /// Run an applet with these arguments (argv[0] is the applet's display name).
+    Applet(&'static Applet, Vec<OsString>),
+    /// `gpud --list`.
+    List,
+    /// `gpud --version`.
+    Version,
+    /// `gpud`, `gpud --help`.
+    Help,
+    /// An applet name that does not exist.
+    Unknown(String),
+}
+
+/// Works out which applet argv names.
+pub fn resolve(argv: &[OsString]) -> Invocation {
+    let program = argv.first().map(|arg0| {
+        Path::new(arg0)
+            .file_name()
+            .unwrap_or(OsStr::new(""))
+            .to_string_lossy()
+            .into_owned()
+    });
+    if let Some(name) = program.as_deref().and_then(|p| p.strip_prefix("gpud-")) {
+        return applet_invocation(name, &argv[1..]);
+    }
+    let Some(first) = argv.get(1) else {
+        return Invocation::Help;
+    };
+    match first.to_str() {
+        Some("--list") => Invocation::List,
+        Some("--version" | "-V") => Invocation::Version,
+        Some("--help" | "-h" | "help") => Invocation::Help,
+        Some(name) => applet_invocation(name, &argv[2..]),
+        None => Invocation::Unknown(first.to_string_lossy().into_owned()),
+    }
+}
+
+fn applet_invocation(name: &str, rest: &[OsString]) -> Invocation {
+    match APPLETS.iter().find(|applet| applet.name == name) {
+        Some(applet) => {
+            let mut args = Vec::with_capacity(rest.len() + 1);
+            args.push(OsString::from(format!("gpud {}", applet.name)));
+            args.extend_from_slice(rest);
+            Invocation::Applet(applet, args)
+        }
+        None => Invocation::Unknown(name.to_owned()),
+    }
+}
+
+/// The process entry point.
+pub fn main(argv: Vec<OsString>) -> ExitCode {
+    match resolve(&argv) {
+        Invocation::Applet(applet, args) => (applet.run)(args),
+        Invocation::List => {
+            for applet in APPLETS {
+                println!("{}", applet.name);
+            }
+            ExitCode::SUCCESS
+        }
+        Invocation::Version => {
+            println!("gpud {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Invocation::Help => {
+            print!("{}", usage());
+            ExitCode::SUCCESS
+        }
+        Invocation::Unknown(name) => {
+            eprintln!("gpud: unknown applet '{name}' (gpud --list shows the applets)");
+            ExitCode::from(exit::USAGE)
+        }
+    }
+}
+
+fn usage() -> String {
+    let mut text = format!(
+        "gpud {} — the GPU node daemon\n\n\
+         Usage: gpud <applet> [options]   or   gpud-<applet> [options]\n\
+         \x20      gpud --list | --version | --help\n\nApplets:\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    for applet in APPLETS {
+        text.push_str(&format!("  {:<14}{}\n", applet.name, applet.about));
+    }
+    text.push_str("\nRun 'gpud <applet> --help' for an applet's options.\n");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn applet_from_first_argument() {
+        match resolve(&argv(&["/usr/bin/gpud", "inventory", "--format", "table"])) {
+            Invocation::Applet(applet, args) => {
+                assert_eq!(applet.name, "inventory");
+                assert_eq!(args, argv(&["gpud inventory", "--format", "table"]));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn applet_from_link_name() {
+        match resolve(&argv(&[
+            "/usr/local/bin/gpud-inventory",
+            "--format",
+            "json",
+        ])) {
+            Invocation::Applet(applet, args) => {
+                assert_eq!(applet.name, "inventory");
+                assert_eq!(args, argv(&["gpud inventory", "--format", "json"]));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_applets() {
+        assert!(
+            matches!(resolve(&argv(&["gpud", "frobnicate"])), Invocation::Unknown(n) if n == "frobnicate")
+        );
+        assert!(
+            matches!(resolve(&argv(&["gpud-frobnicate"])), Invocation::Unknown(n) if n == "frobnicate")
+        );
+    }
+
+    #[test]
+    fn top_level_flags() {
+        assert!(matches!(resolve(&argv(&["gpud"])), Invocation::Help));
+        assert!(matches!(
+            resolve(&argv(&["gpud", "--list"])),
+            Invocation::List
+        ));
+        assert!(matches!(
+            resolve(&argv(&["gpud", "--version"])),
+            Invocation::Version
+        ));
+    }
+}

@@ -1,0 +1,104 @@
+//! Finding and initialising `libnvidia-ml.so.1`.
+//!
+//! gpud never links NVML: it opens the library at run time, so the same binary starts on a node
+//! without a driver and says so in one line. The search order is the explicit path
+//! (`--nvml-lib` / `GPUD_NVML_LIB`) alone when given — a wrong explicit path must fail loudly
+//! rather than silently pick another driver — else the dynamic linker's search
+//! (`libnvidia-ml.so.1`), else the roots where driver containers and cloud images install it.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use nvml_wrapper::Nvml;
+
+use super::NvmlError;
+
+/// The library's SONAME, resolved by the dynamic linker's usual search.
+pub const SONAME: &str = "libnvidia-ml.so.1";
+
+/// Where driver containers (GPU Operator: `/run/nvidia/driver`) and common images put NVML
+/// when it is not on the linker path.
+const DRIVER_ROOT_CANDIDATES: &[&str] = &[
+    "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/run/nvidia/driver/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "/run/nvidia/driver/lib64/libnvidia-ml.so.1",
+    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+    "/home/kubernetes/bin/nvidia/lib64/libnvidia-ml.so.1",
+];
+
+/// The paths to try, in order.
+pub fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
+    match explicit {
+        Some(path) => vec![path.to_path_buf()],
+        None => std::iter::once(SONAME)
+            .chain(DRIVER_ROOT_CANDIDATES.iter().copied())
+            .map(PathBuf::from)
+            .collect(),
+    }
+}
+
+/// Opens and initialises the first candidate that works.
+///
+/// Returns the live library and the path that worked; on failure, every path with its reason.
+pub fn open(explicit: Option<&Path>) -> Result<(Nvml, PathBuf), NvmlError> {
+    let mut attempts = Vec::new();
+    for path in candidates(explicit) {
+        // A driver-root candidate that does not exist is skipped quietly: listing six
+        // "No such file" lines would hide the one failure that matters.
+        if path.is_absolute() && explicit.is_none() && !path.exists() {
+            attempts.push((path, "not present".to_owned()));
+            continue;
+        }
+        match Nvml::builder()
+            .lib_path(OsStr::new(path.as_os_str()))
+            .init()
+        {
+            Ok(nvml) => return Ok((nvml, path)),
+            Err(err) => attempts.push((path, describe(&err))),
+        }
+    }
+    Err(NvmlError::Unavailable { attempts })
+}
+
+/// A short description of a load or init failure.
+fn describe(err: &nvml_wrapper::error::NvmlError) -> String {
+    use nvml_wrapper::error::NvmlError as E;
+    match err {
+        E::LibloadingError(e) => e.to_string(),
+        E::DriverNotLoaded => "NVML_ERROR_DRIVER_NOT_LOADED: the NVIDIA kernel driver is not loaded".to_owned(),
+        E::NoPermission => "NVML_ERROR_NO_PERMISSION: no permission to open the GPU device nodes".to_owned(),
+        E::LibRmVersionMismatch => {
+            "NVML_ERROR_LIB_RM_VERSION_MISMATCH: the user-space library and the kernel driver differ".to_owned()
+        }
+        other => format!("nvmlInit failed: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_path_is_the_only_candidate() {
+        let path = Path::new("/opt/x/libnvidia-ml.so.1");
+        assert_eq!(candidates(Some(path)), vec![path.to_path_buf()]);
+    }
+
+    #[test]
+    fn default_search_starts_with_the_soname() {
+        let list = candidates(None);
+        assert_eq!(list[0], PathBuf::from(SONAME));
+        assert!(list.iter().any(|p| p.starts_with("/run/nvidia/driver")));
+    }
+
+    #[test]
+    fn missing_explicit_library_names_the_path() {
+        let err = open(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: "),
+            "{text}"
+        );
+    }
+}

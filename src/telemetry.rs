@@ -1,0 +1,32 @@
+//! Logging setup: `tracing` to stderr, as text or JSON, filtered by `GPUD_LOG`.
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+
+/// Environment variable holding the log filter (`info`, `gpud=debug`, …).
+pub const FILTER_ENV: &str = "GPUD_LOG";
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Installs the global subscriber. Calling it twice is harmless (the second call is ignored),
+/// so applets can call it unconditionally.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_env(FILTER_ENV).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a terminal: journald and log shippers get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

@@ -1,0 +1,197 @@
+//! Shared harness for the black-box tests: the built `gpud` binary run against the simulated
+//! NVML library, one temporary node per test.
+//!
+//! The mock library is a dev-dependency, so cargo builds `libnvidia_ml_mock.so` next to the
+//! test executables before any test runs; every test passes it explicitly (`GPUD_NVML_LIB`),
+//! together with its own fixture, control file and state file, so tests never share a node.
+
+#![allow(dead_code)]
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The simulated `libnvidia-ml.so.1` built for this test run.
+pub fn mock_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    let lib = deps.join("libnvidia_ml_mock.so");
+    assert!(lib.exists(), "mock NVML not built at {}", lib.display());
+    lib
+}
+
+/// The `gpud` binary under test.
+pub fn gpud_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpud"))
+}
+
+/// A simulated node: a fixture plus its own control and state files in a temp dir.
+pub struct Node {
+    pub fixture: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn new(fixture: &str) -> Node {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("product_name"), "DGX Test\n").expect("machine type file");
+        std::fs::write(dir.path().join("control"), "").expect("control file");
+        Node {
+            fixture: fixture.to_owned(),
+            dir,
+        }
+    }
+
+    pub fn control_path(&self) -> PathBuf {
+        self.dir.path().join("control")
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.dir.path().join("state.json")
+    }
+
+    /// Appends one fault-injection line to the node's control file.
+    pub fn inject(&self, line: &str) {
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(self.control_path())
+            .expect("open control file");
+        writeln!(file, "{line}").expect("write control file");
+        file.sync_all().expect("sync control file");
+    }
+
+    /// `gpud <args…>` wired to this node, with a deterministic environment.
+    pub fn gpud(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(gpud_bin());
+        cmd.args(args);
+        self.wire(&mut cmd);
+        cmd
+    }
+
+    /// Sets the environment that points a command at this node.
+    pub fn wire(&self, cmd: &mut Command) {
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("GPUD_NVML_LIB", mock_lib())
+            .env("NVML_MOCK_FIXTURE", &self.fixture)
+            .env("NVML_MOCK_CONTROL", self.control_path())
+            .env("NVML_MOCK_STATE", self.state_path())
+            .env("NVML_MOCK_CLOCK", "1000")
+            .env("NODE_NAME", "test-node")
+            .env(
+                "GFD_MACHINE_TYPE_FILE",
+                self.dir.path().join("product_name"),
+            );
+    }
+
+    /// Runs `gpud <args…>` to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.gpud(args).output().expect("run gpud")
+    }
+}
+
+/// Compares `actual` with the golden file at `tests/fixtures/golden/<name>`; with
+/// `GPUD_BLESS=1` it rewrites the file instead (review the diff before committing).
+pub fn assert_golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/golden")
+        .join(name);
+    if std::env::var_os("GPUD_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("golden dir")).expect("create golden dir");
+        std::fs::write(&path, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "missing golden {} ({e}); run with GPUD_BLESS=1",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff_at = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(e, a)| e != a)
+            .map_or_else(
+                || "length differs".to_owned(),
+                |n| format!("first difference at line {}", n + 1),
+            );
+        panic!(
+            "{} does not match ({diff_at})\n--- expected\n{expected}\n--- actual\n{actual}",
+            path.display()
+        );
+    }
+}
+
+/// Stdout as text, asserting the command succeeded.
+pub fn stdout_ok(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).expect("utf-8 stdout")
+}
+
+/// A long-running `gpud` whose stdout lines are read with a timeout.
+pub struct Running {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Running {
+    /// Starts `cmd` with stdout captured line by line.
+    pub fn spawn(mut cmd: Command) -> Running {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn gpud");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// The next line, failing the test after `secs` seconds.
+    pub fn next_line(&self, secs: u64) -> String {
+        self.lines
+            .recv_timeout(std::time::Duration::from_secs(secs))
+            .unwrap_or_else(|e| panic!("no output line within {secs}s: {e}"))
+    }
+
+    /// Whether a line arrives within `millis` (used to assert that nothing is printed).
+    pub fn line_within(&self, millis: u64) -> Option<String> {
+        self.lines
+            .recv_timeout(std::time::Duration::from_millis(millis))
+            .ok()
+    }
+
+    /// Resident memory of the process in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

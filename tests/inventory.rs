@@ -1,0 +1,202 @@
+//! `gpud inventory` end to end on every built-in simulated node: golden JSON and tables, a GPU
+//! lost and recovered mid-run, and the failures a node without a driver produces.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{Node, assert_golden, stdout_ok};
+use serde_json::Value;
+
+const FIXTURES: &[&str] = &[
+    "dgx-h100",
+    "dgx-a100",
+    "pcie-4gpu",
+    "mixed",
+    "a100-mig",
+    "empty",
+];
+
+#[test]
+fn json_matches_golden_for_every_fixture() {
+    for fixture in FIXTURES {
+        let node = Node::new(fixture);
+        let json = stdout_ok(&node.run(&["inventory"]));
+        assert_golden(&format!("inventory/{fixture}.json"), &json);
+    }
+}
+
+#[test]
+fn table_matches_golden() {
+    for fixture in ["dgx-h100", "pcie-4gpu", "a100-mig"] {
+        let node = Node::new(fixture);
+        let table = stdout_ok(&node.run(&["inventory", "--format", "table"]));
+        assert_golden(&format!("inventory/{fixture}.table.txt"), &table);
+    }
+}
+
+#[test]
+fn empty_node_has_no_gpus_and_succeeds() {
+    let node = Node::new("empty");
+    let json: Value = serde_json::from_str(&stdout_ok(&node.run(&["inventory"]))).unwrap();
+    assert_eq!(json["gpus"], serde_json::json!([]));
+    assert_eq!(json["topology"], serde_json::json!([]));
+    assert!(
+        json["node"]["driver_version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+    );
+}
+
+#[test]
+fn missing_library_is_one_line_naming_the_path() {
+    let node = Node::new("dgx-h100");
+    let out = node
+        .gpud(&["inventory", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(out.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("gpud: cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn failing_init_is_one_line_with_the_nvml_error() {
+    // The mock refuses to initialise with a fixture that does not exist, as a driver without
+    // its kernel module does.
+    let mut node = Node::new("dgx-h100");
+    node.fixture = "/nonexistent/fixture.json".into();
+    let out = node.run(&["inventory"]);
+    assert_eq!(out.status.code(), Some(69));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("gpud:")).collect();
+    assert_eq!(ours.len(), 1, "{stderr}");
+    assert!(
+        ours[0].contains("libnvidia_ml_mock.so: nvmlInit failed"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn gpu_lost_before_start_is_reported_by_index() {
+    let node = Node::new("dgx-h100");
+    node.inject("lost 5");
+    let json: Value = serde_json::from_str(&stdout_ok(&node.run(&["inventory"]))).unwrap();
+    let gpus = json["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8);
+    assert_eq!(gpus[5]["index"], 5);
+    assert_eq!(gpus[5]["health"]["state"], "unhealthy");
+    assert_eq!(gpus[5]["health"]["source"], "discovery");
+    for (i, gpu) in gpus.iter().enumerate().filter(|(i, _)| *i != 5) {
+        assert_eq!(gpu["health"]["state"], "healthy", "GPU {i}");
+        assert!(gpu["uuid"].as_str().unwrap().starts_with("GPU-"));
+    }
+}
+
+/// Reads JSON lines from `gpud inventory --watch`.
+struct Watcher {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Watcher {
+    fn start(node: &Node) -> Watcher {
+        let mut cmd = node.gpud(&["inventory", "--watch", "--interval", "50ms"]);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Watcher { child, lines }
+    }
+
+    fn next(&mut self) -> Value {
+        let line = self.lines.next().expect("watch output ended").unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn gpu_lost_mid_run_then_recovered() {
+    let node = Node::new("dgx-h100");
+    let mut watch = Watcher::start(&node);
+    let before = watch.next();
+    let uuid5 = before["gpus"][5]["uuid"].as_str().unwrap().to_owned();
+    assert!(
+        before["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["health"]["state"] == "healthy")
+    );
+
+    node.inject("lost 5");
+    let lost = watch.next();
+    let gpus = lost["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 8);
+    for (i, gpu) in gpus.iter().enumerate() {
+        assert_eq!(
+            gpu["uuid"], before["gpus"][i]["uuid"],
+            "identity of GPU {i} kept"
+        );
+        let want = if i == 5 { "unhealthy" } else { "healthy" };
+        assert_eq!(gpu["health"]["state"], want, "GPU {i}");
+    }
+    assert_eq!(gpus[5]["uuid"], uuid5.as_str());
+    assert!(
+        gpus[5]["health"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("GPU is lost")
+    );
+    assert_eq!(
+        lost["topology"], before["topology"],
+        "topology of a lost GPU is remembered"
+    );
+
+    node.inject("recover 5");
+    let recovered = watch.next();
+    assert_eq!(recovered, before, "a recovered GPU is exactly as before");
+}
+
+#[test]
+fn watch_prints_nothing_while_nothing_changes() {
+    let node = Node::new("pcie-4gpu");
+    let mut cmd = node.gpud(&["inventory", "--watch", "--interval", "20ms"]);
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    // SIGTERM ends the watch cleanly.
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "one document for an unchanged node:\n{text}"
+    );
+}

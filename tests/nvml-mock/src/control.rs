@@ -1,0 +1,264 @@
+//! The fault-injection control file (`NVML_MOCK_CONTROL`): its line syntax, and tailing the
+//! file as it grows.
+//!
+//! One command per line; `#` starts a comment; blank lines are ignored. A `<gpu>` is an index,
+//! a GPU UUID, or a MIG device UUID (which attributes the fault to that MIG instance). What
+//! each command does is decided by the driver runtime; this module only parses and reads.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Which GPU (or MIG device) a command is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Index(usize),
+    /// `GPU-…` or `MIG-…`.
+    Uuid(String),
+}
+
+/// One control command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `xid <gpu> <code> [<gi> <ci>]`: a critical XID event.
+    Xid {
+        target: Target,
+        code: u64,
+        instance: Option<(u32, u32)>,
+    },
+    /// `sbe <gpu>`: a corrected (single-bit) ECC error.
+    Sbe(Target),
+    /// `dbe <gpu>`: an uncorrected (double-bit) ECC error.
+    Dbe(Target),
+    /// `lost <gpu>`: the GPU falls off the bus.
+    Lost(Target),
+    /// `recover <gpu>`: the GPU answers again, as after a reset.
+    Recover(Target),
+    /// `remap-pending <gpu>`: an uncorrectable row remap (and page retirement) awaits reset.
+    RemapPending(Target),
+    /// `remap-failure <gpu>`: row remapping failed.
+    RemapFailure(Target),
+    /// `nvlink-down <gpu> <link>` / `nvlink-up <gpu> <link>`.
+    NvLink { target: Target, link: u32, up: bool },
+    /// `temp <gpu> <celsius>` or `temp <gpu> auto` (back to simulated readings).
+    Temp {
+        target: Target,
+        celsius: Option<u32>,
+    },
+    /// `reset <gpu>`: applies the pending MIG mode and clears what a reset clears.
+    Reset(Target),
+}
+
+impl Command {
+    pub fn target(&self) -> &Target {
+        match self {
+            Command::Xid { target, .. }
+            | Command::NvLink { target, .. }
+            | Command::Temp { target, .. } => target,
+            Command::Sbe(t)
+            | Command::Dbe(t)
+            | Command::Lost(t)
+            | Command::Recover(t)
+            | Command::RemapPending(t)
+            | Command::RemapFailure(t)
+            | Command::Reset(t) => t,
+        }
+    }
+}
+
+fn target(word: &str) -> Target {
+    match word.parse() {
+        Ok(i) => Target::Index(i),
+        Err(_) => Target::Uuid(word.to_owned()),
+    }
+}
+
+fn number<T: std::str::FromStr>(word: &str, what: &str) -> Result<T, String> {
+    word.parse()
+        .map_err(|_| format!("{what} must be a number, got {word:?}"))
+}
+
+/// Parses one line: `Ok(None)` for blank and comment-only lines.
+pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
+    let line = line.split('#').next().unwrap_or("").trim();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let Some((&verb, args)) = words.split_first() else {
+        return Ok(None);
+    };
+    let cmd = match (verb, args) {
+        ("xid", [gpu, code]) => Command::Xid {
+            target: target(gpu),
+            code: number(code, "code")?,
+            instance: None,
+        },
+        ("xid", [gpu, code, gi, ci]) => Command::Xid {
+            target: target(gpu),
+            code: number(code, "code")?,
+            instance: Some((number(gi, "gi")?, number(ci, "ci")?)),
+        },
+        ("sbe", [gpu]) => Command::Sbe(target(gpu)),
+        ("dbe", [gpu]) => Command::Dbe(target(gpu)),
+        ("lost", [gpu]) => Command::Lost(target(gpu)),
+        ("recover", [gpu]) => Command::Recover(target(gpu)),
+        ("remap-pending", [gpu]) => Command::RemapPending(target(gpu)),
+        ("remap-failure", [gpu]) => Command::RemapFailure(target(gpu)),
+        ("nvlink-down" | "nvlink-up", [gpu, link]) => Command::NvLink {
+            target: target(gpu),
+            link: number(link, "link")?,
+            up: verb == "nvlink-up",
+        },
+        ("temp", [gpu, "auto"]) => Command::Temp {
+            target: target(gpu),
+            celsius: None,
+        },
+        ("temp", [gpu, c]) => Command::Temp {
+            target: target(gpu),
+            celsius: Some(number(c, "celsius")?),
+        },
+        ("reset", [gpu]) => Command::Reset(target(gpu)),
+        _ => return Err("unknown command or wrong number of arguments".into()),
+    };
+    Ok(Some(cmd))
+}
+
+/// What a poll of the control file found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// Complete new lines since the last poll (possibly none).
+    Lines(Vec<String>),
+    /// The file shrank or was replaced: the caller should start over from its beginning.
+    Truncated,
+}
+
+/// Follows a file the way `tail -f` does, handing out complete lines only.
+#[derive(Debug)]
+pub struct Tail {
+    path: PathBuf,
+    /// Bytes consumed so far (always at a line boundary).
+    offset: u64,
+    /// Inode of the file being followed, to notice it being replaced.
+    inode: Option<u64>,
+}
+
+impl Tail {
+    pub fn new(path: &Path) -> Tail {
+        Tail {
+            path: path.to_owned(),
+            offset: 0,
+            inode: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Cheap check: has the file's length changed since the last read?
+    pub fn poll(&mut self) -> Growth {
+        use std::os::unix::fs::MetadataExt;
+        let (len, inode) = match std::fs::metadata(&self.path) {
+            Ok(m) => (m.len(), m.ino()),
+            // Not created yet (or removed): nothing to do until it appears.
+            Err(_) => return Growth::Lines(Vec::new()),
+        };
+        let replaced = self.inode.is_some_and(|old| old != inode);
+        self.inode = Some(inode);
+        if len < self.offset || replaced {
+            self.offset = 0;
+            return Growth::Truncated;
+        }
+        if len == self.offset {
+            return Growth::Lines(Vec::new());
+        }
+        match self.read_from_offset() {
+            Ok(lines) => Growth::Lines(lines),
+            Err(_) => Growth::Lines(Vec::new()),
+        }
+    }
+
+    fn read_from_offset(&mut self) -> std::io::Result<Vec<String>> {
+        let mut file = File::open(&self.path)?;
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        // Only consume up to the last newline: a writer may be mid-line.
+        let Some(end) = bytes.iter().rposition(|b| *b == b'\n') else {
+            return Ok(Vec::new());
+        };
+        self.offset += end as u64 + 1;
+        let text = String::from_utf8_lossy(&bytes[..end]);
+        Ok(text.lines().map(str::to_owned).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn parses_every_command() {
+        let t0 = Target::Index(0);
+        assert_eq!(parse_line("  # just a comment"), Ok(None));
+        assert_eq!(parse_line(""), Ok(None));
+        assert_eq!(
+            parse_line("xid 0 79 # fell off the bus"),
+            Ok(Some(Command::Xid {
+                target: t0.clone(),
+                code: 79,
+                instance: None
+            }))
+        );
+        assert_eq!(
+            parse_line("xid MIG-abc 31 1 0"),
+            Ok(Some(Command::Xid {
+                target: Target::Uuid("MIG-abc".into()),
+                code: 31,
+                instance: Some((1, 0))
+            }))
+        );
+        assert_eq!(
+            parse_line("nvlink-down 0 3"),
+            Ok(Some(Command::NvLink {
+                target: t0.clone(),
+                link: 3,
+                up: false
+            }))
+        );
+        assert_eq!(
+            parse_line("temp 0 auto"),
+            Ok(Some(Command::Temp {
+                target: t0.clone(),
+                celsius: None
+            }))
+        );
+        assert_eq!(
+            parse_line("remap-pending 0"),
+            Ok(Some(Command::RemapPending(t0)))
+        );
+        assert!(parse_line("xid 0").is_err());
+        assert!(parse_line("explode 0").is_err());
+        assert!(parse_line("temp 0 hot").is_err());
+    }
+
+    #[test]
+    fn tail_hands_out_complete_lines_and_notices_truncation() {
+        let path = std::env::temp_dir().join(format!("nvml-mock-tail-{}", std::process::id()));
+        std::fs::write(&path, "lost 0\nsbe").unwrap();
+        let mut tail = Tail::new(&path);
+        assert_eq!(tail.poll(), Growth::Lines(vec!["lost 0".into()]));
+        assert_eq!(tail.poll(), Growth::Lines(vec![]));
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b" 1\nxid 0 13\n").unwrap();
+        assert_eq!(
+            tail.poll(),
+            Growth::Lines(vec!["sbe 1".into(), "xid 0 13".into()])
+        );
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(tail.poll(), Growth::Truncated);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
