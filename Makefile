@@ -7,7 +7,7 @@ MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
 
-.PHONY: all build mock test lint demo clean-mock
+.PHONY: all build mock test lint demo bench clean-mock
 
 all: build
 
@@ -36,6 +36,10 @@ demo: build mock
 	@echo "== gpud inventory --format table   (simulated node: $(FIXTURE))"
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
+
+## bench: performance measurements (release build)
+bench:
+	$(CARGO) bench --bench health_latency
 
 clean-mock:
 	rm -rf $(MOCK_DIR)
