@@ -6,6 +6,7 @@
 pub mod applets;
 pub mod cli;
 pub mod config;
+pub mod device_plugin;
 pub mod exit;
 pub mod health;
 pub mod inventory;

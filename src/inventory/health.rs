@@ -7,10 +7,10 @@
 
 use std::time::SystemTime;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The three states a device can be in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     /// Fit for work.
@@ -23,7 +23,7 @@ pub enum HealthState {
 
 /// Who decided a health state; used when a rescan merges with the previous snapshot, so that
 /// discovery only clears what discovery set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthSource {
     /// Enumeration: the device did not answer NVML.
@@ -33,7 +33,7 @@ pub enum HealthSource {
 }
 
 /// Current health with the reason and what an operator should do.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Health {
     /// The state.
     pub state: HealthState,
@@ -44,7 +44,10 @@ pub struct Health {
     /// Suggested action, e.g. `reboot the node`.
     pub action: Option<String>,
     /// When the device entered this state (RFC 3339, UTC).
-    #[serde(serialize_with = "serialize_since")]
+    #[serde(
+        serialize_with = "serialize_since",
+        deserialize_with = "deserialize_since"
+    )]
     pub since: Option<SystemTime>,
     /// Which subsystem set the state.
     pub source: Option<HealthSource>,
@@ -115,6 +118,12 @@ fn serialize_since<S: Serializer>(since: &Option<SystemTime>, s: S) -> Result<S:
         Some(t) => s.collect_str(&humantime::format_rfc3339_seconds(*t)),
         None => s.serialize_none(),
     }
+}
+
+fn deserialize_since<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|text| humantime::parse_rfc3339(&text).map_err(serde::de::Error::custom))
+        .transpose()
 }
 
 #[cfg(test)]

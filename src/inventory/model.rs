@@ -5,12 +5,12 @@
 //! that a driver may legitimately refuse to report (`NOT_SUPPORTED` on some boards) are
 //! `Option`s and serialise as `null`, so a missing value is never confused with a zero.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::health::Health;
 
 /// One published view of the node. Cheap to share: subscribers hold an `Arc<Snapshot>`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Facts about the node and its driver.
     pub node: Node,
@@ -21,7 +21,7 @@ pub struct Snapshot {
 }
 
 /// Node-wide facts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     /// `NODE_NAME` when set (the Kubernetes node name), else the kernel host name.
     pub hostname: String,
@@ -39,7 +39,7 @@ pub struct Node {
 ///
 /// Identity fields are empty strings for a GPU that was already lost when gpud first saw it:
 /// NVML then refuses even its handle, and only its index is known.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     /// NVML index (enumeration order, by PCI bus id).
     pub index: u32,
@@ -78,7 +78,7 @@ pub struct Gpu {
 }
 
 /// PCI identity of a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pci {
     /// Bus id in NVML's form, e.g. `00000000:18:00.0`.
     pub bus_id: String,
@@ -89,7 +89,7 @@ pub struct Pci {
 }
 
 /// MIG capability and state of one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mig {
     /// Whether the GPU supports MIG at all.
     pub capable: bool,
@@ -103,7 +103,7 @@ pub struct Mig {
 }
 
 /// One MIG device: a compute instance inside a GPU instance.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigDevice {
     /// Index of the MIG device within its parent GPU (NVML's MIG device index).
     pub index: u32,
@@ -132,7 +132,7 @@ pub struct MigDevice {
 }
 
 /// Engines available to a MIG device.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigEngines {
     pub copy: u32,
     pub decoder: u32,
@@ -142,14 +142,14 @@ pub struct MigEngines {
 }
 
 /// A GPU instance placement: `size` memory slices starting at `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub start: u32,
     pub size: u32,
 }
 
 /// One NVLink of a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvLink {
     /// Link number on the GPU.
     pub link: u32,
@@ -160,7 +160,7 @@ pub struct NvLink {
 }
 
 /// The far end of an NVLink.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NvLinkRemote {
     /// Another GPU of this node, by NVML index.
@@ -172,7 +172,7 @@ pub enum NvLinkRemote {
 }
 
 /// How two GPUs are connected.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairLink {
     /// Lower NVML index of the pair.
     pub a: u32,
@@ -185,7 +185,7 @@ pub struct PairLink {
 }
 
 /// Closest common ancestor of two GPUs in the PCIe tree, NVML's topology levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PcieLevel {
     /// Same board (multi-GPU board such as a K80).

@@ -1,0 +1,105 @@
+//! The device plugin's resolved settings: what NVIDIA's config file, flags and environment
+//! amount to once merged and validated. Everything downstream of configuration reads this.
+
+use std::path::PathBuf;
+
+/// How MIG devices are advertised (`migStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigStrategy {
+    /// Every GPU is `nvidia.com/gpu`, MIG-enabled ones as whole GPUs.
+    #[default]
+    None,
+    /// MIG devices of MIG-enabled GPUs are `nvidia.com/gpu` (one profile per node).
+    Single,
+    /// MIG devices are `nvidia.com/mig-<profile>`; other GPUs stay `nvidia.com/gpu`.
+    Mixed,
+}
+
+/// How allocated devices reach the container (`deviceListStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ListStrategy {
+    /// `NVIDIA_VISIBLE_DEVICES=<ids>`.
+    EnvVar,
+    /// `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` plus one mount per id.
+    VolumeMounts,
+    /// A CDI annotation naming the devices.
+    CdiAnnotations,
+    /// The kubelet's CDI device field.
+    CdiCri,
+}
+
+impl ListStrategy {
+    /// Whether the strategy passes devices through CDI.
+    pub fn is_cdi(self) -> bool {
+        matches!(self, ListStrategy::CdiAnnotations | ListStrategy::CdiCri)
+    }
+}
+
+/// Which identifier a device is advertised by (`deviceIDStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdStrategy {
+    /// `GPU-…` / `MIG-…`.
+    #[default]
+    Uuid,
+    /// `0`, or `0:1` for MIG device 1 of GPU 0.
+    Index,
+}
+
+/// How replicas of shared GPUs are picked (`sharedDevicesAllocationPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SharedPolicy {
+    /// Spread over GPUs: prefer the GPU with the fewest replicas in use.
+    #[default]
+    Distributed,
+    /// Fill GPUs: prefer the GPU with the most replicas in use.
+    Packed,
+}
+
+/// Time-slicing of one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sharing {
+    /// The resource being shared, e.g. `nvidia.com/gpu`.
+    pub name: String,
+    /// Replicas per device (≥ 2).
+    pub replicas: u32,
+    /// Name to advertise instead (`<name>.shared` with `renameByDefault`).
+    pub rename: Option<String>,
+}
+
+/// Everything the device plugin needs to decide resources and allocations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub mig_strategy: MigStrategy,
+    /// Never empty; duplicates removed, in a stable order.
+    pub list_strategies: Vec<ListStrategy>,
+    pub id_strategy: IdStrategy,
+    pub pass_device_specs: bool,
+    /// Host path the device nodes are under (`nvidiaDevRoot`, else `nvidiaDriverRoot`).
+    pub dev_root: PathBuf,
+    /// Prefix of the CDI annotation key.
+    pub cdi_annotation_prefix: String,
+    pub shared_policy: SharedPolicy,
+    /// Time-sliced resources.
+    pub sharing: Vec<Sharing>,
+    /// Reject shared requests for more than one replica.
+    pub fail_requests_greater_than_one: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            mig_strategy: MigStrategy::None,
+            list_strategies: vec![ListStrategy::EnvVar],
+            id_strategy: IdStrategy::Uuid,
+            pass_device_specs: false,
+            dev_root: PathBuf::from("/"),
+            cdi_annotation_prefix: "cdi.k8s.io/".to_owned(),
+            shared_policy: SharedPolicy::Distributed,
+            sharing: Vec::new(),
+            fail_requests_greater_than_one: false,
+        }
+    }
+}
+
+/// The CDI kind the device plugin's device names use (`k8s.device-plugin.nvidia.com/gpu`).
+pub const CDI_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
