@@ -1,5 +1,6 @@
 //! The applet table: every `gpud <applet>` that exists, with its one-line description.
 
+mod device_plugin;
 mod health;
 mod inventory;
 
@@ -19,6 +20,11 @@ pub struct Applet {
 
 /// All applets, in the order `gpud --list` prints them.
 pub static APPLETS: &[Applet] = &[
+    Applet {
+        name: "device-plugin",
+        about: "advertise GPUs to the kubelet (NVIDIA k8s-device-plugin compatible), withdraw and return sick ones",
+        run: device_plugin::main,
+    },
     Applet {
         name: "health",
         about: "watch GPU health (XID, ECC, row remapping, lost GPUs) and print transitions",

@@ -3,6 +3,11 @@
 //! devices — and returns them when they recover.
 
 pub mod allocate;
+pub mod kubelet_watch;
+pub mod manager;
 pub mod preferred;
+pub mod registration;
 pub mod resources;
+pub mod server;
 pub mod settings;
+pub mod settings_source;

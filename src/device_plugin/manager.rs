@@ -1,0 +1,274 @@
+//! Running the plugins: one gRPC server and socket per resource, kept in step with the
+//! inventory, the settings and the kubelet.
+//!
+//! - Each resource gets a server on `<dir>/nvidia-<resource>.sock` and a registration task that
+//!   retries with backoff until the kubelet accepts it (one warning, then quiet).
+//! - Every inventory or settings change recomputes the resources: device lists are pushed to
+//!   the running plugins (ListAndWatch resends), plugins whose resource vanished stop and
+//!   remove their socket, new resources start and register.
+//! - When the kubelet recreates `kubelet.sock` (it restarted and wiped the plugin sockets),
+//!   every plugin is served and registered again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::allocate::CONTROL_NODES;
+use super::kubelet_watch::KubeletWatch;
+use super::registration;
+use super::resources::{self, Resource};
+use super::server::{PluginService, PluginState};
+use super::settings::Settings;
+use crate::inventory::{Inventory, Snapshot};
+use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+
+/// Where the plugins live.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// The kubelet's registration socket; its directory holds the plugin sockets. `None`
+    /// serves without registering (NVIDIA's empty `--kubelet-socket`).
+    pub kubelet_socket: Option<PathBuf>,
+    /// Directory for plugin sockets when there is no kubelet socket.
+    pub plugin_dir: PathBuf,
+}
+
+/// Errors that stop the device plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("cannot serve on {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+struct Plugin {
+    state: watch::Sender<PluginState>,
+    stop: CancellationToken,
+    socket: PathBuf,
+}
+
+/// Runs until `cancel`, then stops every plugin and removes its socket.
+pub async fn run(
+    cancel: CancellationToken,
+    inventory: Inventory,
+    mut settings: watch::Receiver<Arc<Settings>>,
+    config: ManagerConfig,
+) -> Result<(), ManagerError> {
+    let dir = config
+        .kubelet_socket
+        .as_deref()
+        .and_then(Path::parent)
+        .map_or_else(|| config.plugin_dir.clone(), Path::to_path_buf);
+    let mut kubelet = config.kubelet_socket.as_deref().map(KubeletWatch::new);
+    let mut snapshots = inventory.subscribe();
+    let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
+    let mut last_error: Option<String> = None;
+    let mut restart_all = false;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        let current = settings.borrow_and_update().clone();
+        if restart_all {
+            info!("Kubelet restarted; serving and registering every resource again");
+            for (_, plugin) in std::mem::take(&mut plugins) {
+                stop(plugin);
+            }
+            restart_all = false;
+        }
+        reconcile(
+            &mut plugins,
+            &snapshot,
+            &current,
+            &dir,
+            &config,
+            &mut last_error,
+        )?;
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            changed = snapshots.changed() => if changed.is_err() { break },
+            changed = settings.changed() => if changed.is_err() { break },
+            () = recreated(&mut kubelet) => restart_all = true,
+        }
+    }
+    for (_, plugin) in plugins {
+        stop(plugin);
+    }
+    Ok(())
+}
+
+async fn recreated(watch: &mut Option<KubeletWatch>) {
+    match watch {
+        Some(watch) => watch.recreated().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn reconcile(
+    plugins: &mut BTreeMap<String, Plugin>,
+    snapshot: &Arc<Snapshot>,
+    settings: &Arc<Settings>,
+    dir: &Path,
+    config: &ManagerConfig,
+    last_error: &mut Option<String>,
+) -> Result<(), ManagerError> {
+    let wanted = match resources::resources(snapshot, settings) {
+        Ok(wanted) => {
+            *last_error = None;
+            wanted
+        }
+        Err(err) => {
+            // The node is in a state the settings cannot express (e.g. MIG half reconfigured
+            // under the single strategy): advertise nothing rather than something wrong.
+            let text = err.to_string();
+            if last_error.as_deref() != Some(text.as_str()) {
+                error!(error = %text, "Cannot offer the node's devices; advertising none until this changes");
+                *last_error = Some(text);
+            }
+            Vec::new()
+        }
+    };
+    let names: Vec<String> = wanted.iter().map(|r| r.name.clone()).collect();
+    let gone: Vec<String> = plugins
+        .keys()
+        .filter(|n| !names.contains(n))
+        .cloned()
+        .collect();
+    for name in gone {
+        if let Some(plugin) = plugins.remove(&name) {
+            info!(resource = %name, "Resource no longer offered; stopping its plugin");
+            stop(plugin);
+        }
+    }
+    let host = HostFacts::read(&settings.dev_root);
+    for resource in wanted {
+        let state = PluginState {
+            resource: Arc::new(resource),
+            snapshot: Arc::clone(snapshot),
+            settings: Arc::clone(settings),
+            control_nodes: Arc::clone(&host.control_nodes),
+            mig_caps: Arc::clone(&host.mig_caps),
+        };
+        match plugins.get(&state.resource.name) {
+            Some(plugin) => {
+                plugin.state.send_replace(state);
+            }
+            None => {
+                let name = state.resource.name.clone();
+                let plugin = start(state, dir, config)?;
+                plugins.insert(name, plugin);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Host facts Allocate needs, read once per reconcile rather than per request.
+struct HostFacts {
+    control_nodes: Arc<Vec<&'static str>>,
+    mig_caps: Arc<HashMap<String, Vec<String>>>,
+}
+
+impl HostFacts {
+    fn read(dev_root: &Path) -> HostFacts {
+        let control_nodes = CONTROL_NODES
+            .iter()
+            .copied()
+            .filter(|node| dev_root.join(node.trim_start_matches('/')).exists())
+            .collect();
+        HostFacts {
+            control_nodes: Arc::new(control_nodes),
+            mig_caps: Arc::new(HashMap::new()),
+        }
+    }
+}
+
+fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugin, ManagerError> {
+    let resource: Arc<Resource> = Arc::clone(&state.resource);
+    let socket_name = resource.socket_name();
+    let socket = dir.join(&socket_name);
+    // A socket left by an earlier run would make bind fail.
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).map_err(|source| ManagerError::Bind {
+        path: socket.clone(),
+        source,
+    })?;
+    let (tx, rx) = watch::channel(state);
+    let stop = CancellationToken::new();
+    let server_stop = stop.clone();
+    let name = resource.name.clone();
+    tokio::spawn(async move {
+        let service = DevicePluginServer::new(PluginService::new(rx));
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener),
+                server_stop.cancelled(),
+            )
+            .await;
+        if let Err(err) = served {
+            error!(resource = %name, error = %err, "Plugin server failed");
+        }
+    });
+    info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
+    if let Some(kubelet) = config.kubelet_socket.clone() {
+        tokio::spawn(register_until_accepted(
+            kubelet,
+            socket_name,
+            resource.name.clone(),
+            stop.clone(),
+        ));
+    }
+    Ok(Plugin {
+        state: tx,
+        stop,
+        socket,
+    })
+}
+
+/// Retries registration with exponential backoff (1 s … 30 s); warns once, then only at debug
+/// level, so an absent kubelet neither spins nor floods the log.
+async fn register_until_accepted(
+    kubelet: PathBuf,
+    endpoint: String,
+    resource: String,
+    stop: CancellationToken,
+) {
+    let mut delay = Duration::from_secs(1);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            result = registration::register(&kubelet, &endpoint, &resource) => match result {
+                Ok(()) => {
+                    info!(resource = %resource, endpoint = %endpoint, "Registered with the kubelet");
+                    return;
+                }
+                Err(err) if !warned => {
+                    warn!(resource = %resource, error = %err, "Kubelet not reachable; retrying with backoff");
+                    warned = true;
+                }
+                Err(err) => debug!(resource = %resource, error = %err, "Registration retry failed"),
+            },
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+fn stop(plugin: Plugin) {
+    plugin.stop.cancel();
+    // Dropping the sender ends every ListAndWatch stream, letting the server finish.
+    drop(plugin.state);
+    let _ = std::fs::remove_file(&plugin.socket);
+}

@@ -1,0 +1,150 @@
+//! A fake kubelet speaking the real Device Plugin API v1beta1 over unix sockets in a temp
+//! dir: it serves `Registration` on `kubelet.sock`, records every registration, and talks to
+//! plugins as their client. It can "restart": stop, wipe the plugin sockets as a starting
+//! kubelet does, and serve a fresh `kubelet.sock`.
+//!
+//! Used by the device-plugin tests and by `examples/kubelet_sim.rs` (the demo).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use gpud::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use gpud::proto::deviceplugin::{Empty, ListAndWatchResponse, RegisterRequest};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status, Streaming};
+
+struct Recorder {
+    tx: mpsc::UnboundedSender<RegisterRequest>,
+}
+
+#[tonic::async_trait]
+impl Registration for Recorder {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let _ = self.tx.send(request.into_inner());
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// The fake kubelet.
+pub struct FakeKubelet {
+    pub dir: PathBuf,
+    registrations: mpsc::UnboundedReceiver<RegisterRequest>,
+    tx: mpsc::UnboundedSender<RegisterRequest>,
+    stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeKubelet {
+    /// Starts serving `<dir>/kubelet.sock`.
+    pub async fn start(dir: &Path) -> FakeKubelet {
+        let (tx, registrations) = mpsc::unbounded_channel();
+        let mut kubelet = FakeKubelet {
+            dir: dir.to_path_buf(),
+            registrations,
+            tx,
+            stop: None,
+            served: None,
+        };
+        kubelet.serve();
+        kubelet
+    }
+
+    /// Path of the registration socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("kubelet.sock")
+    }
+
+    fn serve(&mut self) {
+        let socket = self.socket();
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket).expect("bind kubelet.sock");
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let recorder = Recorder {
+            tx: self.tx.clone(),
+        };
+        self.served = Some(tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(recorder))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+        }));
+        self.stop = Some(stop_tx);
+    }
+
+    /// The next registration, failing after `secs` seconds.
+    pub async fn next_registration(&mut self, secs: u64) -> RegisterRequest {
+        tokio::time::timeout(Duration::from_secs(secs), self.registrations.recv())
+            .await
+            .expect("no registration in time")
+            .expect("registration channel closed")
+    }
+
+    /// Whether a registration arrives within `millis`.
+    pub async fn registration_within(&mut self, millis: u64) -> Option<RegisterRequest> {
+        tokio::time::timeout(Duration::from_millis(millis), self.registrations.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Stops serving, wipes every socket in the directory, and serves a new `kubelet.sock`.
+    pub async fn restart(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            let _ = served.await;
+        }
+        for entry in std::fs::read_dir(&self.dir)
+            .expect("read plugin dir")
+            .flatten()
+        {
+            if entry.path().extension().is_some_and(|e| e == "sock") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        self.serve();
+    }
+
+    /// A client for the plugin serving `endpoint` in the directory.
+    pub async fn plugin(&self, endpoint: &str) -> DevicePluginClient<Channel> {
+        let path = self.dir.join(endpoint);
+        let channel = Endpoint::try_from(format!("unix://{}", path.display()))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to plugin");
+        DevicePluginClient::new(channel)
+    }
+}
+
+/// Opens ListAndWatch on a plugin.
+pub async fn list_and_watch(
+    client: &mut DevicePluginClient<Channel>,
+) -> Streaming<ListAndWatchResponse> {
+    client
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner()
+}
+
+/// The next device list from a ListAndWatch stream, failing after `secs` seconds.
+pub async fn next_list(
+    stream: &mut Streaming<ListAndWatchResponse>,
+    secs: u64,
+) -> ListAndWatchResponse {
+    tokio::time::timeout(Duration::from_secs(secs), stream.message())
+        .await
+        .expect("no device list in time")
+        .expect("stream error")
+        .expect("stream ended")
+}

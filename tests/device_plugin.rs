@@ -1,0 +1,498 @@
+//! `gpud device-plugin` against a fake kubelet speaking the real v1beta1 protos over unix
+//! sockets in a temp dir, on the simulated node.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::process::Child;
+
+use common::{Node, stdout_ok};
+use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
+use gpud::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
+    ListAndWatchResponse, PreferredAllocationRequest,
+};
+use serde_json::Value;
+
+/// A running `gpud device-plugin` wired to a node and a fake kubelet.
+struct Plugin {
+    child: Child,
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Plugin {
+    let socket = kubelet.socket();
+    let mut args = vec![
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kmsg",
+        "",
+        "--health-poll-interval",
+        "50ms",
+    ];
+    args.extend_from_slice(extra);
+    let child = node.gpud(&args).spawn().expect("start gpud device-plugin");
+    Plugin { child }
+}
+
+fn inventory(node: &Node) -> Value {
+    serde_json::from_str(&stdout_ok(&node.run(&["inventory"]))).unwrap()
+}
+
+fn ids(list: &ListAndWatchResponse) -> Vec<String> {
+    list.devices.iter().map(|d| d.id.clone()).collect()
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_and_lists_every_gpu_with_numa() {
+    let node = Node::new("dgx-h100");
+    let inv = inventory(&node);
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(&node, &kubelet, &[]);
+    let reg = kubelet.next_registration(10).await;
+    assert_eq!(reg.version, "v1beta1");
+    assert_eq!(reg.endpoint, "nvidia-gpu.sock");
+    assert_eq!(reg.resource_name, "nvidia.com/gpu");
+    let options = reg.options.unwrap();
+    assert!(options.get_preferred_allocation_available);
+    assert!(!options.pre_start_required);
+
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    let uuids: Vec<String> = inv["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids(&list), uuids);
+    for (device, gpu) in list.devices.iter().zip(inv["gpus"].as_array().unwrap()) {
+        assert_eq!(device.health, "Healthy");
+        let numa = device.topology.as_ref().unwrap().nodes[0].id;
+        assert_eq!(numa, gpu["numa_node"].as_i64().unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_envvar_uuid_and_index() {
+    let node = Node::new("pcie-4gpu");
+    let inv = inventory(&node);
+    let uuid = |i: usize| inv["gpus"][i]["uuid"].as_str().unwrap().to_owned();
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let gpud = start(&node, &kubelet, &[]);
+    let reg = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid(2), uuid(0)],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let container = &response.container_responses[0];
+    assert_eq!(container.envs.len(), 1);
+    assert_eq!(
+        container.envs["NVIDIA_VISIBLE_DEVICES"],
+        format!("{},{}", uuid(2), uuid(0))
+    );
+    assert!(
+        container.mounts.is_empty()
+            && container.devices.is_empty()
+            && container.annotations.is_empty()
+    );
+
+    let err = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec!["GPU-nonesuch".into()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "invalid request: unknown device: GPU-nonesuch"
+    );
+    drop(gpud);
+
+    // Index IDs.
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(&node, &kubelet, &["--device-id-strategy", "index"]);
+    let reg = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    assert_eq!(ids(&list), strings(&["0", "1", "2", "3"]));
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: strings(&["3", "1"]),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
+        "3,1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_volume_mounts_cdi_and_device_specs() {
+    let node = Node::new("pcie-4gpu");
+    let dev_root = node.dir.path().join("devroot");
+    std::fs::create_dir_all(dev_root.join("dev")).unwrap();
+    std::fs::write(dev_root.join("dev/nvidiactl"), "").unwrap();
+    std::fs::write(dev_root.join("dev/nvidia-uvm"), "").unwrap();
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(
+        &node,
+        &kubelet,
+        &[
+            "--device-list-strategy",
+            "volume-mounts,cdi-annotations,cdi-cri",
+            "--device-id-strategy",
+            "index",
+            "--pass-device-specs",
+            "--dev-root",
+            dev_root.to_str().unwrap(),
+        ],
+    );
+    let reg = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: strings(&["1", "2"]),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &response.container_responses[0];
+    assert_eq!(
+        c.envs["NVIDIA_VISIBLE_DEVICES"],
+        "/var/run/nvidia-container-devices"
+    );
+    let mounts: Vec<(&str, &str)> = c
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.host_path.as_str()))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/var/run/nvidia-container-devices/1", "/dev/null"),
+            ("/var/run/nvidia-container-devices/2", "/dev/null")
+        ]
+    );
+    assert_eq!(c.annotations.len(), 1);
+    let (key, value) = c.annotations.iter().next().unwrap();
+    assert!(key.starts_with("cdi.k8s.io/nvidia-device-plugin_"), "{key}");
+    assert_eq!(
+        value,
+        "k8s.device-plugin.nvidia.com/gpu=1,k8s.device-plugin.nvidia.com/gpu=2"
+    );
+    let cdi: Vec<&str> = c.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        cdi,
+        [
+            "k8s.device-plugin.nvidia.com/gpu=1",
+            "k8s.device-plugin.nvidia.com/gpu=2"
+        ]
+    );
+    let root = dev_root.to_str().unwrap();
+    let specs: Vec<(String, String, String)> = c
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.container_path.clone(),
+                d.host_path.clone(),
+                d.permissions.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            (
+                "/dev/nvidiactl".to_owned(),
+                format!("{root}/dev/nvidiactl"),
+                "rw".to_owned()
+            ),
+            (
+                "/dev/nvidia-uvm".to_owned(),
+                format!("{root}/dev/nvidia-uvm"),
+                "rw".to_owned()
+            ),
+            (
+                "/dev/nvidia1".to_owned(),
+                format!("{root}/dev/nvidia1"),
+                "rw".to_owned()
+            ),
+            (
+                "/dev/nvidia2".to_owned(),
+                format!("{root}/dev/nvidia2"),
+                "rw".to_owned()
+            ),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xid_withdraws_a_gpu_and_recovery_returns_it() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(&node, &kubelet, &[]);
+    let reg = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let first = next_list(&mut stream, 5).await;
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    node.inject("xid 3 79");
+    let sick = next_list(&mut stream, 5).await;
+    let health: Vec<&str> = sick.devices.iter().map(|d| d.health.as_str()).collect();
+    assert_eq!(
+        health,
+        [
+            "Healthy",
+            "Healthy",
+            "Healthy",
+            "Unhealthy",
+            "Healthy",
+            "Healthy",
+            "Healthy",
+            "Healthy"
+        ]
+    );
+    assert_eq!(ids(&sick), ids(&first), "the list keeps every device");
+
+    // The GPU is reset (it drops off and answers again): it comes back.
+    // The watcher polls every 50 ms; give it a few polls to see the GPU gone.
+    node.inject("lost 3");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    node.inject("recover 3");
+    let mut back = next_list(&mut stream, 5).await;
+    while back.devices[3].health != "Healthy" {
+        back = next_list(&mut stream, 5).await;
+    }
+    assert!(back.devices.iter().all(|d| d.health == "Healthy"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restarts_ten_times_and_is_re_registered_each_time() {
+    let node = Node::new("pcie-4gpu");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(&node, &kubelet, &[]);
+    assert_eq!(
+        kubelet.next_registration(10).await.resource_name,
+        "nvidia.com/gpu"
+    );
+    for round in 0..10 {
+        kubelet.restart().await;
+        let reg = kubelet.next_registration(5).await;
+        assert_eq!(reg.resource_name, "nvidia.com/gpu", "round {round}");
+        let mut client = kubelet.plugin(&reg.endpoint).await;
+        let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+        assert_eq!(list.devices.len(), 4, "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_absent_at_start_is_waited_for() {
+    let node = Node::new("pcie-4gpu");
+    let socket = node.dir.path().join("kubelet.sock");
+    let args = [
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kmsg",
+        "",
+    ];
+    let _gpud = Plugin {
+        child: node.gpud(&args).spawn().unwrap(),
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    assert_eq!(
+        kubelet.next_registration(5).await.resource_name,
+        "nvidia.com/gpu"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_single_and_mixed_on_a100_mig() {
+    let node = Node::new("a100-mig");
+    let inv = inventory(&node);
+    let migs = inv["gpus"][0]["mig"]["devices"].as_array().unwrap().clone();
+
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let gpud = start(&node, &kubelet, &["--mig-strategy", "mixed"]);
+    let mut regs = Vec::new();
+    for _ in 0..migs.len() {
+        regs.push(kubelet.next_registration(10).await);
+    }
+    regs.sort_by(|a, b| a.resource_name.cmp(&b.resource_name));
+    let names: Vec<(&str, &str)> = regs
+        .iter()
+        .map(|r| (r.resource_name.as_str(), r.endpoint.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("nvidia.com/mig-1g.10gb", "nvidia-mig-1g.10gb.sock"),
+            ("nvidia.com/mig-2g.20gb", "nvidia-mig-2g.20gb.sock"),
+            ("nvidia.com/mig-3g.40gb", "nvidia-mig-3g.40gb.sock"),
+        ]
+    );
+    let mut client = kubelet.plugin("nvidia-mig-2g.20gb.sock").await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    let two_g = migs.iter().find(|m| m["profile"] == "2g.20gb").unwrap();
+    assert_eq!(ids(&list), [two_g["uuid"].as_str().unwrap().to_owned()]);
+    drop(gpud);
+
+    // single: three different profiles on the node is NVIDIA's error, and nothing is offered.
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(&node, &kubelet, &["--mig-strategy", "single"]);
+    assert!(kubelet.registration_within(1500).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_flag_value_exits_65_naming_it() {
+    let node = Node::new("pcie-4gpu");
+    let out = node.run(&[
+        "device-plugin",
+        "--device-list-strategy",
+        "envvar,carrier-pigeon",
+    ]);
+    assert_eq!(out.status.code(), Some(65));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        "gpud: --device-list-strategy / DEVICE_LIST_STRATEGY: invalid value \"envvar,carrier-pigeon\": expected envvar, volume-mounts, cdi-annotations or cdi-cri"
+    );
+}
+
+/// NVIDIA's pair score from the inventory's topology: 100 per NVLink plus the PCIe level.
+fn pair_score(inv: &Value, a: usize, b: usize) -> u64 {
+    let (a, b) = (a.min(b), a.max(b));
+    let pair = inv["topology"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["a"] == a && p["b"] == b)
+        .unwrap();
+    let pcie = match pair["pcie"].as_str().unwrap() {
+        "system" => 10,
+        "numa_node" => 20,
+        "host_bridge" => 30,
+        "multiple_switches" => 40,
+        "single_switch" => 50,
+        "same_board" => 60,
+        _ => 0,
+    };
+    100 * pair["nvlinks"].as_u64().unwrap() + pcie
+}
+
+fn set_score(inv: &Value, set: &[usize]) -> u64 {
+    set.iter()
+        .enumerate()
+        .flat_map(|(i, &a)| set[i + 1..].iter().map(move |&b| (a, b)))
+        .map(|(a, b)| pair_score(inv, a, b))
+        .sum()
+}
+
+/// The best score of any set of `size` GPUs, by trying every subset.
+fn brute_force_best(inv: &Value, size: usize) -> u64 {
+    let n = inv["gpus"].as_array().unwrap().len();
+    (0u32..(1 << n))
+        .filter(|mask| mask.count_ones() as usize == size)
+        .map(|mask| {
+            set_score(
+                inv,
+                &(0..n).filter(|i| mask & (1 << i) != 0).collect::<Vec<_>>(),
+            )
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocation_is_the_brute_force_optimum() {
+    for fixture in ["dgx-h100", "pcie-4gpu", "mixed"] {
+        let node = Node::new(fixture);
+        let inv = inventory(&node);
+        let uuids: Vec<String> = inv["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["uuid"].as_str().unwrap().to_owned())
+            .collect();
+        let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+        let _gpud = start(&node, &kubelet, &[]);
+        let reg = kubelet.next_registration(10).await;
+        let mut client = kubelet.plugin(&reg.endpoint).await;
+        for size in 1..=uuids.len() {
+            let response = client
+                .get_preferred_allocation(PreferredAllocationRequest {
+                    container_requests: vec![ContainerPreferredAllocationRequest {
+                        available_device_i_ds: uuids.clone(),
+                        must_include_device_i_ds: vec![],
+                        allocation_size: size as i32,
+                    }],
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let chosen = &response.container_responses[0].device_i_ds;
+            assert_eq!(chosen.len(), size, "{fixture} size {size}");
+            let idx: Vec<usize> = chosen
+                .iter()
+                .map(|id| uuids.iter().position(|u| u == id).unwrap())
+                .collect();
+            assert_eq!(
+                set_score(&inv, &idx),
+                brute_force_best(&inv, size),
+                "{fixture} size {size}: {idx:?}"
+            );
+        }
+        // Must-include is honoured.
+        let response = client
+            .get_preferred_allocation(PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_i_ds: uuids.clone(),
+                    must_include_device_i_ds: vec![uuids[uuids.len() - 1].clone()],
+                    allocation_size: 2,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            response.container_responses[0]
+                .device_i_ds
+                .contains(&uuids[uuids.len() - 1]),
+            "{fixture}"
+        );
+    }
+}
