@@ -74,6 +74,19 @@ pub fn fail_nvml(err: &NvmlError) -> ExitCode {
     })
 }
 
+/// The async runtime of a long-running applet, with `workers` worker threads (NVML calls run
+/// on the blocking pool, not on these). Failing to build one is reported and mapped to exit 1.
+pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("gpud: cannot start the runtime: {err}");
+            ExitCode::from(exit::FAILURE)
+        })
+}
+
 /// How an applet prints a document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {

@@ -85,18 +85,10 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(inventory) => inventory,
         Err(err) => return cli::fail_nvml(&err),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            return ExitCode::from(exit::FAILURE);
-        }
-    };
-    runtime.block_on(serve(args, settings, nvml, inventory))
+    match cli::runtime(2) {
+        Ok(runtime) => runtime.block_on(serve(args, settings, nvml, inventory)),
+        Err(code) => code,
+    }
 }
 
 async fn serve(

@@ -92,18 +92,10 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     if args.once {
         return once(&nvml, &inventory, settings, args.json);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            return ExitCode::from(exit::FAILURE);
-        }
-    };
-    runtime.block_on(watch(nvml, inventory, settings, args.json))
+    match cli::runtime(1) {
+        Ok(runtime) => runtime.block_on(watch(nvml, inventory, settings, args.json)),
+        Err(code) => code,
+    }
 }
 
 /// Merges flags/env (already folded by clap) over the config file over the defaults.

@@ -52,15 +52,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     if !args.watch {
         return print(&inventory.current(), args.format, false);
     }
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    match cli::runtime(1) {
         Ok(runtime) => runtime.block_on(watch(inventory, &args)),
-        Err(err) => {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            ExitCode::from(exit::FAILURE)
-        }
+        Err(code) => code,
     }
 }
 
