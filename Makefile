@@ -33,9 +33,18 @@ lint:
 
 ## demo: gpud against a simulated node (FIXTURE=dgx-h100 by default)
 demo: build mock
+	$(CARGO) build --release --example kubelet_sim
 	@echo "== gpud inventory --format table   (simulated node: $(FIXTURE))"
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
+	@echo
+	@echo "== gpud device-plugin against a simulated kubelet"
+	@dir=$$(mktemp -d); touch $$dir/control; \
+	NVML_MOCK_FIXTURE=$(FIXTURE) NVML_MOCK_CONTROL=$$dir/control GPUD_NVML_LIB=$(MOCK_LIB) GPUD_LOG=warn \
+		$(GPUD) device-plugin --kubelet-socket $$dir/kubelet.sock --kmsg "" --health-poll-interval 200ms & \
+	pid=$$!; \
+	target/release/examples/kubelet_sim $$dir $$dir/control; status=$$?; \
+	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
 ## bench: performance measurements (release build)
 bench:
