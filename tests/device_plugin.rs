@@ -378,18 +378,181 @@ async fn mig_single_and_mixed_on_a100_mig() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_flag_value_exits_65_naming_it() {
+async fn bad_settings_exit_non_zero_naming_the_field() {
     let node = Node::new("pcie-4gpu");
     let out = node.run(&[
         "device-plugin",
         "--device-list-strategy",
         "envvar,carrier-pigeon",
     ]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'carrier-pigeon' for '--device-list-strategy <STRATEGY>'"),
+        "{stderr}"
+    );
+
+    let out = node
+        .gpud(&["device-plugin"])
+        .env("DEVICE_ID_STRATEGY", "serial")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(65));
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("gpud: environment variable DEVICE_ID_STRATEGY: field flags.plugin.deviceIDStrategy: invalid value \"serial\""),
+        "{stderr}"
+    );
+
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n").unwrap();
+    let out = node.run(&["device-plugin", "--config-file", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(65));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "gpud: {}: field sharing.timeSlicing.resources[0].replicas: invalid value \"1\"",
+            config.display()
+        )),
+        "{stderr}"
+    );
+
+    std::fs::write(&config, "version: v1\nflags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n").unwrap();
+    let out = node.run(&["device-plugin", "--config-file", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(65));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("field sharing.mps: invalid value \"nvidia.com/gpu×4\": MPS sharing is not supported by gpud yet"), "{stderr}");
+}
+
+fn write_time_slicing(path: &std::path::Path, rename: bool, fail_over_one: bool) {
+    std::fs::write(
+        path,
+        format!(
+            "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: {rename}\n    failRequestsGreaterThanOne: {fail_over_one}\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 3\n"
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_slicing_with_and_without_rename() {
+    let node = Node::new("pcie-4gpu");
+    let inv = inventory(&node);
+    let uuid0 = inv["gpus"][0]["uuid"].as_str().unwrap().to_owned();
+    let config = node.dir.path().join("config.yaml");
+    write_time_slicing(&config, false, false);
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let gpud = start(
+        &node,
+        &kubelet,
+        &["--config-file", config.to_str().unwrap()],
+    );
+    let reg = kubelet.next_registration(10).await;
     assert_eq!(
-        stderr.trim_end(),
-        "gpud: --device-list-strategy / DEVICE_LIST_STRATEGY: invalid value \"envvar,carrier-pigeon\": expected envvar, volume-mounts, cdi-annotations or cdi-cri"
+        (reg.resource_name.as_str(), reg.endpoint.as_str()),
+        ("nvidia.com/gpu", "nvidia-gpu.sock")
+    );
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    assert_eq!(list.devices.len(), 12);
+    assert_eq!(
+        ids(&list)[..3],
+        [
+            format!("{uuid0}::0"),
+            format!("{uuid0}::1"),
+            format!("{uuid0}::2")
+        ]
+    );
+    // Two replicas of one GPU are one device to the container.
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![format!("{uuid0}::2"), format!("{uuid0}::0")],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
+        uuid0
+    );
+    drop(gpud);
+
+    write_time_slicing(&config, true, true);
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(
+        &node,
+        &kubelet,
+        &["--config-file", config.to_str().unwrap()],
+    );
+    let reg = kubelet.next_registration(10).await;
+    assert_eq!(
+        (reg.resource_name.as_str(), reg.endpoint.as_str()),
+        ("nvidia.com/gpu.shared", "nvidia-gpu.shared.sock")
+    );
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let err = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![format!("{uuid0}::0"), format!("{uuid0}::1")],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.message(),
+        "invalid request: maximum request size for shared resources is 1; found 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_and_a_bad_config_keeps_the_running_one() {
+    let node = Node::new("pcie-4gpu");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\n").unwrap();
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let gpud = start(
+        &node,
+        &kubelet,
+        &["--config-file", config.to_str().unwrap()],
+    );
+    assert_eq!(
+        kubelet.next_registration(10).await.resource_name,
+        "nvidia.com/gpu"
+    );
+    let hup = |pid: u32| {
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+
+    // A bad config: nothing changes, the plugin keeps serving.
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
+    hup(gpud.child.id());
+    assert!(kubelet.registration_within(700).await.is_none());
+    let mut client = kubelet.plugin("nvidia-gpu.sock").await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    assert_eq!(list.devices.len(), 4);
+
+    // A good one: the resource is renamed, so the old plugin goes and a new one registers.
+    write_time_slicing(&config, true, false);
+    hup(gpud.child.id());
+    let reg = kubelet.next_registration(5).await;
+    assert_eq!(reg.resource_name, "nvidia.com/gpu.shared");
+    for _ in 0..50 {
+        if !node.dir.path().join("nvidia-gpu.sock").exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        !node.dir.path().join("nvidia-gpu.sock").exists(),
+        "the old socket is removed"
     );
 }
 

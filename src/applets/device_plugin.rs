@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 use crate::cli::{self, CommonArgs, NodeArgs};
 use crate::device_plugin::manager::{self, ManagerConfig};
 use crate::device_plugin::settings::Settings;
-use crate::device_plugin::settings_source::{self, PluginFlags};
+use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::exit;
 use crate::health::watcher::{self, WatcherConfig};
 use crate::health::xid::{ENV_DISABLE_HEALTHCHECKS, ENV_ENABLE_HEALTHCHECKS, XidPolicy};
@@ -34,7 +34,7 @@ struct Args {
     node: NodeArgs,
 
     #[command(flatten)]
-    plugin: PluginFlags,
+    plugin: PluginArgs,
 
     /// The kubelet's registration socket; "" serves without registering.
     #[arg(
@@ -71,7 +71,12 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Err(code) => return code,
     };
     let settings = match settings_source::load(&args.plugin) {
-        Ok(settings) => settings,
+        Ok((settings, warnings)) => {
+            for warning in warnings {
+                eprintln!("gpud: {warning}");
+            }
+            settings
+        }
         Err(err) => {
             eprintln!("gpud: {err}");
             return ExitCode::from(exit::DATA);
@@ -154,7 +159,10 @@ async fn serve(
         tokio::select! {
             () = &mut stop => break ExitCode::SUCCESS,
             _ = hangup.recv() => match settings_source::load(&args.plugin) {
-                Ok(next) => {
+                Ok((next, warnings)) => {
+                    for warning in warnings {
+                        warn!("{warning}");
+                    }
                     info!("Configuration reloaded");
                     settings_tx.send_replace(Arc::new(next));
                 }

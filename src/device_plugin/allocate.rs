@@ -91,7 +91,7 @@ pub fn allocate(
             return Ok(response);
         }
     }
-    if strategies.contains(&ListStrategy::EnvVar) {
+    if strategies.contains(&ListStrategy::Envvar) {
         response
             .envs
             .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.join(","));

@@ -1,59 +1,13 @@
 //! The device plugin's resolved settings: what NVIDIA's config file, flags and environment
-//! amount to once merged and validated. Everything downstream of configuration reads this.
+//! amount to once merged and validated (`crate::nvidia_config`). Everything downstream of
+//! configuration reads this.
 
 use std::path::PathBuf;
 
-/// How MIG devices are advertised (`migStrategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MigStrategy {
-    /// Every GPU is `nvidia.com/gpu`, MIG-enabled ones as whole GPUs.
-    #[default]
-    None,
-    /// MIG devices of MIG-enabled GPUs are `nvidia.com/gpu` (one profile per node).
-    Single,
-    /// MIG devices are `nvidia.com/mig-<profile>`; other GPUs stay `nvidia.com/gpu`.
-    Mixed,
-}
-
-/// How allocated devices reach the container (`deviceListStrategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ListStrategy {
-    /// `NVIDIA_VISIBLE_DEVICES=<ids>`.
-    EnvVar,
-    /// `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` plus one mount per id.
-    VolumeMounts,
-    /// A CDI annotation naming the devices.
-    CdiAnnotations,
-    /// The kubelet's CDI device field.
-    CdiCri,
-}
-
-impl ListStrategy {
-    /// Whether the strategy passes devices through CDI.
-    pub fn is_cdi(self) -> bool {
-        matches!(self, ListStrategy::CdiAnnotations | ListStrategy::CdiCri)
-    }
-}
-
-/// Which identifier a device is advertised by (`deviceIDStrategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IdStrategy {
-    /// `GPU-…` / `MIG-…`.
-    #[default]
-    Uuid,
-    /// `0`, or `0:1` for MIG device 1 of GPU 0.
-    Index,
-}
-
-/// How replicas of shared GPUs are picked (`sharedDevicesAllocationPolicy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SharedPolicy {
-    /// Spread over GPUs: prefer the GPU with the fewest replicas in use.
-    #[default]
-    Distributed,
-    /// Fill GPUs: prefer the GPU with the most replicas in use.
-    Packed,
-}
+pub use crate::nvidia_config::{
+    AllocationPolicy as SharedPolicy, DeviceIdStrategy as IdStrategy,
+    DeviceListStrategy as ListStrategy, MigStrategy,
+};
 
 /// Time-slicing of one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +43,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             mig_strategy: MigStrategy::None,
-            list_strategies: vec![ListStrategy::EnvVar],
+            list_strategies: vec![ListStrategy::Envvar],
             id_strategy: IdStrategy::Uuid,
             pass_device_specs: false,
             dev_root: PathBuf::from("/"),

@@ -1,158 +1,97 @@
-//! Where the device plugin's settings come from: NVIDIA's flags and environment variables,
-//! over NVIDIA's config file, over the defaults — the precedence of NVIDIA's plugin.
+//! Where the device plugin's settings come from: NVIDIA's flags, environment variables and
+//! config file, merged with NVIDIA's precedence (flag > environment > file > default) by
+//! `crate::nvidia_config`, then narrowed to what the device plugin uses.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use super::settings::{IdStrategy, ListStrategy, MigStrategy, Settings, SharedPolicy};
+use super::settings::{Settings, Sharing};
+use crate::nvidia_config::{
+    self, Component, Config, GivenFlags, NvidiaConfigError, Origin, PluginFlags, ProcessEnv,
+    SharedFlags, SharingStrategy,
+};
 
-/// NVIDIA's device-plugin flags. Each is optional so that "not given" can fall back to the
-/// config file.
+/// NVIDIA's device-plugin flags.
 #[derive(Debug, Clone, Args)]
-pub struct PluginFlags {
-    /// NVIDIA config file (YAML or JSON, `version: v1`).
-    #[arg(long, value_name = "PATH", env = "CONFIG_FILE")]
+pub struct PluginArgs {
+    /// NVIDIA config file (YAML or JSON, `version: v1`); also CONFIG_FILE.
+    #[arg(long, value_name = "PATH")]
     pub config_file: Option<PathBuf>,
 
-    /// none | single | mixed.
-    #[arg(long, value_name = "STRATEGY", env = "MIG_STRATEGY")]
-    pub mig_strategy: Option<String>,
+    #[command(flatten)]
+    pub shared: SharedFlags,
 
-    /// Comma-separated: envvar, volume-mounts, cdi-annotations, cdi-cri.
-    #[arg(long, value_name = "LIST", env = "DEVICE_LIST_STRATEGY")]
-    pub device_list_strategy: Option<String>,
-
-    /// uuid | index.
-    #[arg(long, value_name = "STRATEGY", env = "DEVICE_ID_STRATEGY")]
-    pub device_id_strategy: Option<String>,
-
-    /// Pass the device nodes in the Allocate response.
-    #[arg(long, value_name = "BOOL", env = "PASS_DEVICE_SPECS", num_args = 0..=1, default_missing_value = "true")]
-    pub pass_device_specs: Option<bool>,
-
-    /// Host root of the driver installation.
-    #[arg(
-        long,
-        visible_alias = "nvidia-driver-root",
-        value_name = "PATH",
-        env = "NVIDIA_DRIVER_ROOT"
-    )]
-    pub driver_root: Option<PathBuf>,
-
-    /// Host root of the device nodes (defaults to the driver root).
-    #[arg(
-        long,
-        visible_alias = "nvidia-dev-root",
-        value_name = "PATH",
-        env = "NVIDIA_DEV_ROOT"
-    )]
-    pub dev_root: Option<PathBuf>,
-
-    /// Prefix of the CDI annotation key.
-    #[arg(long, value_name = "PREFIX", env = "CDI_ANNOTATION_PREFIX")]
-    pub cdi_annotation_prefix: Option<String>,
-
-    /// distributed | packed: how replicas of shared GPUs are picked.
-    #[arg(long, value_name = "POLICY", env = "SHARED_DEVICES_ALLOCATION_POLICY")]
-    pub shared_devices_allocation_policy: Option<String>,
+    #[command(flatten)]
+    pub plugin: PluginFlags,
 }
 
-/// A setting that cannot be used, named by where it came from.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{origin}: invalid value {value:?}: {why}")]
-pub struct SettingError {
-    /// `--flag / ENV` or `FILE: field`.
-    pub origin: String,
-    pub value: String,
-    pub why: String,
+/// Reads the config file (if any) and resolves the settings, with the warnings to log once.
+pub fn load(args: &PluginArgs) -> Result<(Settings, Vec<String>), NvidiaConfigError> {
+    let path = nvidia_config::config_file(
+        args.config_file.as_deref(),
+        &ProcessEnv,
+        Component::DevicePlugin,
+    );
+    let given = GivenFlags {
+        shared: Some(&args.shared),
+        plugin: Some(&args.plugin),
+        gfd: None,
+    };
+    let config = nvidia_config::load_and_resolve(
+        path.as_deref(),
+        given,
+        &ProcessEnv,
+        Component::DevicePlugin,
+    )?;
+    let origin = path.map_or(Origin::Merged, Origin::File);
+    let settings = from_config(&config, &origin)?;
+    Ok((settings, config.warnings))
 }
 
-fn invalid(origin: &str, value: &str, why: &str) -> SettingError {
-    SettingError {
-        origin: origin.to_owned(),
-        value: value.to_owned(),
-        why: why.to_owned(),
+/// The device plugin's view of a resolved NVIDIA config.
+pub fn from_config(config: &Config, origin: &Origin) -> Result<Settings, NvidiaConfigError> {
+    if config.sharing.strategy() == SharingStrategy::Mps {
+        return Err(NvidiaConfigError::Invalid {
+            origin: origin.clone(),
+            field: "sharing.mps".into(),
+            value: config
+                .sharing
+                .mps
+                .resources
+                .iter()
+                .map(|r| format!("{}×{}", r.name, r.replicas))
+                .collect::<Vec<_>>()
+                .join(", "),
+            why: "MPS sharing is not supported by gpud yet; use sharing.timeSlicing".into(),
+        });
     }
-}
-
-/// Resolves the settings.
-pub fn load(flags: &PluginFlags) -> Result<Settings, SettingError> {
-    let mut settings = Settings::default();
-    if let Some(text) = &flags.mig_strategy {
-        settings.mig_strategy = parse_mig_strategy(text)
-            .map_err(|why| invalid("--mig-strategy / MIG_STRATEGY", text, why))?;
-    }
-    if let Some(text) = &flags.device_list_strategy {
-        settings.list_strategies = parse_list_strategies(text)
-            .map_err(|why| invalid("--device-list-strategy / DEVICE_LIST_STRATEGY", text, why))?;
-    }
-    if let Some(text) = &flags.device_id_strategy {
-        settings.id_strategy = parse_id_strategy(text)
-            .map_err(|why| invalid("--device-id-strategy / DEVICE_ID_STRATEGY", text, why))?;
-    }
-    if let Some(pass) = flags.pass_device_specs {
-        settings.pass_device_specs = pass;
-    }
-    if let Some(root) = flags.dev_root.as_ref().or(flags.driver_root.as_ref()) {
-        settings.dev_root = root.clone();
-    }
-    if let Some(prefix) = &flags.cdi_annotation_prefix {
-        settings.cdi_annotation_prefix = prefix.clone();
-    }
-    if let Some(text) = &flags.shared_devices_allocation_policy {
-        settings.shared_policy = parse_policy(text).map_err(|why| {
-            invalid(
-                "--shared-devices-allocation-policy / SHARED_DEVICES_ALLOCATION_POLICY",
-                text,
-                why,
-            )
-        })?;
-    }
-    Ok(settings)
-}
-
-fn parse_mig_strategy(text: &str) -> Result<MigStrategy, &'static str> {
-    match text {
-        "none" => Ok(MigStrategy::None),
-        "single" => Ok(MigStrategy::Single),
-        "mixed" => Ok(MigStrategy::Mixed),
-        _ => Err("expected none, single or mixed"),
-    }
-}
-
-fn parse_list_strategies(text: &str) -> Result<Vec<ListStrategy>, &'static str> {
-    let mut out = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let strategy = match part {
-            "envvar" => ListStrategy::EnvVar,
-            "volume-mounts" => ListStrategy::VolumeMounts,
-            "cdi-annotations" => ListStrategy::CdiAnnotations,
-            "cdi-cri" => ListStrategy::CdiCri,
-            _ => return Err("expected envvar, volume-mounts, cdi-annotations or cdi-cri"),
-        };
-        if !out.contains(&strategy) {
-            out.push(strategy);
+    let plugin = &config.flags.plugin;
+    let replicated = config.sharing.replicated();
+    let mut list_strategies = Vec::new();
+    for strategy in &plugin.device_list_strategy {
+        if !list_strategies.contains(strategy) {
+            list_strategies.push(*strategy);
         }
     }
-    if out.is_empty() {
-        return Err("at least one strategy is needed");
-    }
-    Ok(out)
-}
-
-fn parse_id_strategy(text: &str) -> Result<IdStrategy, &'static str> {
-    match text {
-        "uuid" => Ok(IdStrategy::Uuid),
-        "index" => Ok(IdStrategy::Index),
-        _ => Err("expected uuid or index"),
-    }
-}
-
-fn parse_policy(text: &str) -> Result<SharedPolicy, &'static str> {
-    match text {
-        "distributed" => Ok(SharedPolicy::Distributed),
-        "packed" => Ok(SharedPolicy::Packed),
-        _ => Err("expected distributed or packed"),
-    }
+    Ok(Settings {
+        mig_strategy: config.flags.mig_strategy,
+        list_strategies,
+        id_strategy: plugin.device_id_strategy,
+        pass_device_specs: plugin.pass_device_specs,
+        dev_root: config.flags.nvidia_dev_root.clone(),
+        cdi_annotation_prefix: plugin.cdi_annotation_prefix.clone(),
+        shared_policy: plugin.shared_devices_allocation_policy,
+        sharing: replicated
+            .resources
+            .iter()
+            .filter(|r| r.replicas > 1)
+            .map(|r| Sharing {
+                name: r.name.clone(),
+                replicas: r.replicas,
+                rename: r.rename.clone(),
+            })
+            .collect(),
+        fail_requests_greater_than_one: replicated.fail_requests_greater_than_one,
+    })
 }
