@@ -1,5 +1,6 @@
 //! The applet table: every `gpud <applet>` that exists, with its one-line description.
 
+mod cdi;
 mod health;
 mod inventory;
 
@@ -19,6 +20,11 @@ pub struct Applet {
 
 /// All applets, in the order `gpud --list` prints them.
 pub static APPLETS: &[Applet] = &[
+    Applet {
+        name: "cdi",
+        about: "generate a CDI spec for the node's GPUs and MIG devices (as nvidia-ctk cdi generate)",
+        run: cdi::main,
+    },
     Applet {
         name: "health",
         about: "watch GPU health (XID, ECC, row remapping, lost GPUs) and print transitions",
