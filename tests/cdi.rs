@@ -600,7 +600,7 @@ fn mig_node_without_capabilities_fails_naming_the_file_and_writes_nothing() {
     let want = format!(
         "gpud: cannot build the CDI spec: MIG device 0:0 (MIG-7fe92cb3-f842-6aff-9763-b6bc90e0610e): \
          no access capability for GPU instance 1: {}/proc/driver/nvidia/capabilities/gpu0/mig/gi1/access \
-         was not found or not readable\n",
+         was not found or not readable (--proc-root names the procfs to read)\n",
         path(&fake.driver_root())
     );
     assert!(stderr.ends_with(&want), "{stderr}");

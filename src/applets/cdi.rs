@@ -157,7 +157,11 @@ fn run_generate(args: &GenerateArgs) -> ExitCode {
 
     let generated = match cdi::build(&snapshot, &host, &options) {
         Ok(generated) => generated,
-        Err(err) => return fail(&format!("cannot build the CDI spec: {err}")),
+        Err(err) => {
+            return fail(&format!(
+                "cannot build the CDI spec: {err} (--proc-root names the procfs to read)"
+            ));
+        }
     };
     for line in &generated.skipped {
         tracing::warn!(device = %line, "Device left out of the CDI spec");
