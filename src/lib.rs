@@ -4,6 +4,7 @@
 //! subsystem reads. Applets (`gpud <applet>`) are thin shells over the subsystems.
 
 pub mod applets;
+pub mod cdi;
 pub mod cli;
 pub mod config;
 pub mod device_plugin;

@@ -1,5 +1,6 @@
 //! The applet table: every `gpud <applet>` that exists, with its one-line description.
 
+mod cdi;
 mod device_plugin;
 mod health;
 mod inventory;
@@ -20,6 +21,11 @@ pub struct Applet {
 
 /// All applets, in the order `gpud --list` prints them.
 pub static APPLETS: &[Applet] = &[
+    Applet {
+        name: "cdi",
+        about: "generate a CDI spec for the node's GPUs and MIG devices (as nvidia-ctk cdi generate)",
+        run: cdi::main,
+    },
     Applet {
         name: "device-plugin",
         about: "advertise GPUs to the kubelet (NVIDIA k8s-device-plugin compatible), withdraw and return sick ones",

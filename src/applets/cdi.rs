@@ -1,0 +1,269 @@
+//! `gpud cdi generate`: writes a CDI spec for the node's GPUs and MIG devices, a drop-in for
+//! `nvidia-ctk cdi generate` (same flags, names, spec shape).
+//!
+//! A thin shell: NVML discovery gives the snapshot, [`cdi::discover`] the host files,
+//! [`cdi::build`] the spec; the file is written atomically with mode 0644.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+
+use crate::cdi::discover::{self, HostPaths};
+use crate::cdi::kind::{DEFAULT_CLASS, DEFAULT_VENDOR, check_class, check_vendor};
+use crate::cdi::{self, Format, HookName, Kind, NameStrategy, Options};
+use crate::cli::{self, CommonArgs};
+use crate::exit;
+use crate::nvml::NodeFacts;
+
+/// Where the spec goes by default: the folder runtimes scan for generated specs, under the
+/// name the toolkit's refresh service uses.
+pub const DEFAULT_OUTPUT: &str = "/var/run/cdi/nvidia.yaml";
+
+/// The hook executable a spec names by default.
+pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
+
+/// Generate and manage CDI specs for the node's GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "gpud cdi", version, subcommand_required = true)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Write a CDI spec naming every GPU and MIG device (by index and UUID by default) plus
+    /// `all`, with the driver's libraries, utilities, sockets, firmware and hooks.
+    Generate(Box<GenerateArgs>),
+}
+
+/// Discovery modes of `nvidia-ctk`; gpud always reads the node through NVML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Same as `nvml`.
+    Auto,
+    /// Devices from NVML.
+    Nvml,
+}
+
+#[derive(Debug, clap::Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// File to write ("-" for stdout).
+    #[arg(long, value_name = "PATH", env = "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH",
+          default_value = DEFAULT_OUTPUT)]
+    output: PathBuf,
+
+    /// Output format [default: from the --output extension, else yaml].
+    #[arg(long, value_enum)]
+    format: Option<Format>,
+
+    /// How devices are found (only NVML-based modes exist in gpud).
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    mode: Mode,
+
+    /// Vendor of the spec's kind (vendor/class).
+    #[arg(long, value_name = "VENDOR", default_value = DEFAULT_VENDOR, value_parser = check_vendor)]
+    vendor: String,
+
+    /// Class of the spec's kind (vendor/class).
+    #[arg(long, value_name = "CLASS", default_value = DEFAULT_CLASS, value_parser = check_class)]
+    class: String,
+
+    /// How devices are named; repeat or comma-separate for several [default: index,uuid].
+    #[arg(long, value_name = "STRATEGY", value_enum, value_delimiter = ',', action = ArgAction::Append)]
+    device_name_strategy: Vec<NameStrategy>,
+
+    /// Root of the driver installation (libraries, utilities, firmware, sockets).
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    driver_root: PathBuf,
+
+    /// Root under which /dev is found [default: the driver root].
+    #[arg(long, value_name = "PATH")]
+    dev_root: Option<PathBuf>,
+
+    /// procfs to read MIG capability minors from [default: <driver root>/proc].
+    #[arg(long, value_name = "PATH")]
+    proc_root: Option<PathBuf>,
+
+    /// nvidia-cdi-hook executable the spec's hooks run; hooks are left out when it does not
+    /// exist.
+    #[arg(long, value_name = "PATH", alias = "nvidia-ctk-path", default_value = DEFAULT_HOOK_PATH)]
+    nvidia_cdi_hook_path: PathBuf,
+
+    /// Hook to leave out ("all" for every hook); repeat or comma-separate for several.
+    #[arg(long, value_name = "HOOK", value_enum, value_delimiter = ',', action = ArgAction::Append)]
+    disable_hook: Vec<HookName>,
+
+    /// ldconfig for the update-ldcache hook to run [default: the hook's own choice].
+    #[arg(long, value_name = "PATH")]
+    ldconfig_path: Option<String>,
+
+    /// Do not add the "all" device.
+    #[arg(long)]
+    no_all_device: bool,
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> ExitCode {
+    let args: Args = match cli::parse(argv) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    match args.command {
+        Command::Generate(generate) => run_generate(&generate),
+    }
+}
+
+fn run_generate(args: &GenerateArgs) -> ExitCode {
+    let nvml = match args.common.start() {
+        Ok(nvml) => nvml,
+        Err(code) => return code,
+    };
+    tracing::debug!(mode = ?args.mode, "Reading the node through NVML");
+    let facts = NodeFacts {
+        node_name: None,
+        machine_type_file: None,
+    };
+    let snapshot = match nvml.discover(&facts) {
+        Ok(snapshot) => snapshot,
+        Err(err) => return cli::fail_nvml(&err),
+    };
+    let paths = HostPaths {
+        driver_root: args.driver_root.clone(),
+        dev_root: args
+            .dev_root
+            .clone()
+            .unwrap_or_else(|| args.driver_root.clone()),
+        proc_root: args
+            .proc_root
+            .clone()
+            .unwrap_or_else(|| args.driver_root.join("proc")),
+        hook: args.nvidia_cdi_hook_path.clone(),
+    };
+    let driver_version = snapshot.node.driver_version.as_str();
+    let host = match discover::discover(&paths, driver_version) {
+        Ok(host) => host,
+        Err(err) => return fail(&format!("cannot read the host's driver files: {err}")),
+    };
+    let options = options(args);
+    warn_about_host(&paths, &host, &options, driver_version);
+
+    let generated = match cdi::build(&snapshot, &host, &options) {
+        Ok(generated) => generated,
+        Err(err) => {
+            return fail(&format!(
+                "cannot build the CDI spec: {err} (--proc-root names the procfs to read)"
+            ));
+        }
+    };
+    for line in &generated.skipped {
+        tracing::warn!(device = %line, "Device left out of the CDI spec");
+    }
+
+    let to_stdout = args.output.as_os_str() == "-";
+    let format = output_format(args.format, (!to_stdout).then_some(args.output.as_path()));
+    let text = match cdi::render::render(&generated.spec, format) {
+        Ok(text) => text,
+        Err(err) => return fail(&err.to_string()),
+    };
+    if to_stdout {
+        return print(&text);
+    }
+    match cdi::write::write_atomic(&args.output, &text) {
+        Ok(()) => {
+            tracing::info!(
+                path = %args.output.display(),
+                kind = %generated.spec.kind,
+                devices = generated.spec.devices.len(),
+                "Wrote the CDI spec"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => fail(&err.to_string()),
+    }
+}
+
+fn options(args: &GenerateArgs) -> Options {
+    Options {
+        // Both halves were checked while parsing.
+        kind: Kind::new(&args.vendor, &args.class).unwrap_or_default(),
+        name_strategies: args.device_name_strategy.clone(),
+        all_device: !args.no_all_device,
+        disabled_hooks: args.disable_hook.iter().copied().collect::<BTreeSet<_>>(),
+        ldconfig_path: args.ldconfig_path.clone(),
+    }
+}
+
+/// Says what is missing when the spec will be thinner than on a complete driver install.
+fn warn_about_host(paths: &HostPaths, host: &cdi::HostFiles, options: &Options, version: &str) {
+    if host.libraries.is_empty() {
+        tracing::warn!(
+            driver_root = %paths.driver_root.display(),
+            driver_version = version,
+            "No driver libraries of this version under the driver root; the spec mounts none"
+        );
+    }
+    if host.hook.is_none() && !options.disabled_hooks.contains(&HookName::All) {
+        tracing::warn!(
+            path = %paths.hook.display(),
+            "The CDI hook is not an executable file; the spec has no hooks"
+        );
+    }
+}
+
+/// `--format` wins; otherwise the extension; otherwise YAML. A clash is worth a warning.
+fn output_format(asked: Option<Format>, path: Option<&Path>) -> Format {
+    let implied = path.and_then(Format::from_path);
+    match (asked, implied) {
+        (Some(asked), Some(implied)) if asked != implied => {
+            tracing::warn!(
+                format = asked.as_str(),
+                implied = implied.as_str(),
+                "--format differs from the output file's extension; writing the requested format"
+            );
+            asked
+        }
+        (Some(asked), _) => asked,
+        (None, Some(implied)) => implied,
+        (None, None) => Format::Yaml,
+    }
+}
+
+fn print(text: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(err) => fail(&format!("cannot write the spec to stdout: {err}")),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("gpud: {message}");
+    ExitCode::from(exit::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_follows_flag_then_extension_then_yaml() {
+        let json = Path::new("/var/run/cdi/k8s.json");
+        assert_eq!(output_format(None, Some(json)), Format::Json);
+        assert_eq!(output_format(Some(Format::Yaml), Some(json)), Format::Yaml);
+        assert_eq!(output_format(None, Some(Path::new("spec"))), Format::Yaml);
+        assert_eq!(output_format(Some(Format::Json), None), Format::Json);
+        assert_eq!(output_format(None, None), Format::Yaml);
+    }
+}
