@@ -659,3 +659,43 @@ async fn preferred_allocation_is_the_brute_force_optimum() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_allocation_passes_the_capability_nodes() {
+    let node = Node::new("a100-mig");
+    let inv = inventory(&node);
+    let gpu = &inv["gpus"][0];
+    let minor = gpu["minor_number"].as_u64().unwrap();
+    let mig = gpu["mig"]["devices"].as_array().unwrap().iter().find(|m| m["profile"] == "1g.10gb").unwrap().clone();
+    let (gi, ci) = (mig["gpu_instance_id"].as_u64().unwrap(), mig["compute_instance_id"].as_u64().unwrap());
+    let proc_root = node.dir.path().join("proc");
+    let gi_dir = proc_root.join(format!("driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"));
+    std::fs::create_dir_all(gi_dir.join(format!("ci{ci}"))).unwrap();
+    std::fs::write(gi_dir.join("access"), "DeviceFileMinor: 93\nDeviceFileMode: 292\nDeviceFileModify: 1\n").unwrap();
+    std::fs::write(gi_dir.join(format!("ci{ci}/access")), "DeviceFileMinor: 94\nDeviceFileMode: 292\nDeviceFileModify: 1\n").unwrap();
+    let dev_root = node.dir.path().join("devroot");
+    std::fs::create_dir_all(&dev_root).unwrap();
+
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(
+        &node,
+        &kubelet,
+        &["--mig-strategy", "mixed", "--pass-device-specs", "--dev-root", dev_root.to_str().unwrap(),
+          "--proc-root", proc_root.to_str().unwrap()],
+    );
+    for _ in 0..3 {
+        kubelet.next_registration(10).await;
+    }
+    let mut client = kubelet.plugin("nvidia-mig-1g.10gb.sock").await;
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest { devices_ids: vec![mig["uuid"].as_str().unwrap().to_owned()] }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &response.container_responses[0];
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], mig["uuid"].as_str().unwrap());
+    let paths: Vec<&str> = c.devices.iter().map(|d| d.container_path.as_str()).collect();
+    assert_eq!(paths, [format!("/dev/nvidia{minor}").as_str(), "/dev/nvidia-caps/nvidia-cap93", "/dev/nvidia-caps/nvidia-cap94"]);
+}

@@ -49,6 +49,10 @@ struct Args {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     rescan_interval: Duration,
 
+    /// The procfs holding the driver's MIG capability tree (for MIG device nodes).
+    #[arg(long, value_name = "PATH", default_value = "/proc")]
+    proc_root: PathBuf,
+
     /// Kernel log the health watcher follows; "" disables it.
     #[arg(
         long,
@@ -146,6 +150,7 @@ async fn serve(
         kubelet_socket: (!args.kubelet_socket.is_empty())
             .then(|| PathBuf::from(&args.kubelet_socket)),
         plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+        proc_root: args.proc_root.clone(),
     };
     let mut plugins = tokio::spawn(manager::run(cancel.clone(), inventory, settings_rx, config));
 

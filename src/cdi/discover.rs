@@ -246,7 +246,7 @@ fn binaries(root: &Path, root_text: &str) -> Vec<HostPath> {
 }
 
 /// Reads every GPU's MIG access capabilities; no tree means no MIG instances.
-fn mig_caps(dir: &Path) -> Result<MigCaps, DiscoverError> {
+pub fn mig_caps(dir: &Path) -> Result<MigCaps, DiscoverError> {
     let mut caps = MigCaps::new(utf8(dir)?);
     for gpu_entry in sorted_entries(dir)? {
         let Some(gpu_minor) = numbered(&gpu_entry, "gpu") else {

@@ -37,6 +37,8 @@ pub struct ManagerConfig {
     pub kubelet_socket: Option<PathBuf>,
     /// Directory for plugin sockets when there is no kubelet socket.
     pub plugin_dir: PathBuf,
+    /// The procfs holding the MIG capability tree (`/proc`).
+    pub proc_root: PathBuf,
 }
 
 /// Errors that stop the device plugin.
@@ -147,7 +149,7 @@ fn reconcile(
             stop(plugin);
         }
     }
-    let host = HostFacts::read(&settings.dev_root);
+    let host = HostFacts::read(&settings.dev_root, &config.proc_root, snapshot);
     for resource in wanted {
         let state = PluginState {
             resource: Arc::new(resource),
@@ -177,7 +179,7 @@ struct HostFacts {
 }
 
 impl HostFacts {
-    fn read(dev_root: &Path) -> HostFacts {
+    fn read(dev_root: &Path, proc_root: &Path, snapshot: &Snapshot) -> HostFacts {
         let control_nodes = CONTROL_NODES
             .iter()
             .copied()
@@ -185,9 +187,41 @@ impl HostFacts {
             .collect();
         HostFacts {
             control_nodes: Arc::new(control_nodes),
-            mig_caps: Arc::new(HashMap::new()),
+            mig_caps: Arc::new(mig_cap_nodes(proc_root, snapshot)),
         }
     }
+}
+
+/// `/dev/nvidia-caps/nvidia-cap<N>` for the GPU- and compute-instance access capabilities of
+/// every MIG device, from the driver's capability tree. A missing or unreadable tree (no MIG
+/// on the node, or procfs not mounted where expected) leaves MIG devices with their parent
+/// node only, and says so once per reconcile at debug level.
+fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<String>> {
+    let mut out = HashMap::new();
+    if snapshot.gpus.iter().all(|g| g.mig.devices.is_empty()) {
+        return out;
+    }
+    let caps = match crate::cdi::discover::mig_caps(&proc_root.join(crate::cdi::discover::CAPABILITIES_DIR)) {
+        Ok(caps) => caps,
+        Err(err) => {
+            debug!(error = %err, "MIG capability tree unavailable");
+            return out;
+        }
+    };
+    for gpu in &snapshot.gpus {
+        let Some(minor) = gpu.minor_number else { continue };
+        for mig in &gpu.mig.devices {
+            let gi = caps.gpu_instance(minor, mig.gpu_instance_id);
+            let ci = caps.compute_instance(minor, mig.gpu_instance_id, mig.compute_instance_id);
+            let nodes: Vec<String> = [gi, ci]
+                .into_iter()
+                .flatten()
+                .map(|cap| format!("/dev/nvidia-caps/nvidia-cap{cap}"))
+                .collect();
+            out.insert(mig.uuid.clone(), nodes);
+        }
+    }
+    out
 }
 
 fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugin, ManagerError> {
