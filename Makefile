@@ -49,6 +49,7 @@ demo: build mock
 ## bench: performance measurements (release build)
 bench:
 	$(CARGO) bench --bench health_latency
+	$(CARGO) bench --bench device_plugin
 
 clean-mock:
 	rm -rf $(MOCK_DIR)
