@@ -60,7 +60,15 @@ async fn main() {
 
     let mut kubelet = FakeKubelet::start(dir.path()).await;
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpud"))
-        .args(["device-plugin", "--kubelet-socket", kubelet.socket().to_str().unwrap(), "--kmsg", "", "--health-poll-interval", "20ms"])
+        .args([
+            "device-plugin",
+            "--kubelet-socket",
+            kubelet.socket().to_str().unwrap(),
+            "--kmsg",
+            "",
+            "--health-poll-interval",
+            "20ms",
+        ])
         .env("GPUD_NVML_LIB", &mock)
         .env("NVML_MOCK_FIXTURE", "dgx-h100")
         .env("NVML_MOCK_CONTROL", &control)
@@ -76,7 +84,10 @@ async fn main() {
     println!("device-plugin on dgx-h100 (release build, simulated driver, fake kubelet)");
 
     // XID -> Unhealthy on ListAndWatch; then reset the GPU so the next round starts healthy.
-    let mut file = std::fs::OpenOptions::new().append(true).open(&control).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&control)
+        .unwrap();
     let mut xid = Vec::with_capacity(XID_ROUNDS);
     for round in 0..XID_ROUNDS {
         let gpu = round % 8;
@@ -99,30 +110,53 @@ async fn main() {
             }
         }
     }
-    report("XID -> ListAndWatch Unhealthy", &mut xid, "goal p99 < 100 ms");
+    report(
+        "XID -> ListAndWatch Unhealthy",
+        &mut xid,
+        "goal p99 < 100 ms",
+    );
 
     let mut allocate = Vec::with_capacity(ALLOCATE_ROUNDS);
     for round in 0..ALLOCATE_ROUNDS {
         let pair = vec![ids[round % 8].clone(), ids[(round + 1) % 8].clone()];
         let start = Instant::now();
         client
-            .allocate(AllocateRequest { container_requests: vec![ContainerAllocateRequest { devices_ids: pair }] })
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest { devices_ids: pair }],
+            })
             .await
             .unwrap();
         allocate.push(start.elapsed());
     }
-    report("Allocate (2 GPUs, round trip)", &mut allocate, "gRPC over the unix socket");
+    report(
+        "Allocate (2 GPUs, round trip)",
+        &mut allocate,
+        "gRPC over the unix socket",
+    );
 
-    let resource = resources(&snapshot, &Settings::default()).unwrap().remove(0);
+    let resource = resources(&snapshot, &Settings::default())
+        .unwrap()
+        .remove(0);
     let mut pref = Vec::with_capacity(PREFERRED_ROUNDS);
     for round in 0..PREFERRED_ROUNDS {
         let size = 1 + round % 8;
         let start = Instant::now();
-        let chosen = preferred(&resource, &snapshot, &ids, &[], size, SharedPolicy::Distributed);
+        let chosen = preferred(
+            &resource,
+            &snapshot,
+            &ids,
+            &[],
+            size,
+            SharedPolicy::Distributed,
+        );
         pref.push(start.elapsed());
         assert_eq!(chosen.len(), size);
     }
-    report("GetPreferredAllocation (8 GPUs)", &mut pref, "all sizes 1-8, in-process; goal < 1 ms");
+    report(
+        "GetPreferredAllocation (8 GPUs)",
+        &mut pref,
+        "all sizes 1-8, in-process; goal < 1 ms",
+    );
 
     let _ = child.kill();
     let _ = child.wait();

@@ -666,13 +666,30 @@ async fn mig_allocation_passes_the_capability_nodes() {
     let inv = inventory(&node);
     let gpu = &inv["gpus"][0];
     let minor = gpu["minor_number"].as_u64().unwrap();
-    let mig = gpu["mig"]["devices"].as_array().unwrap().iter().find(|m| m["profile"] == "1g.10gb").unwrap().clone();
-    let (gi, ci) = (mig["gpu_instance_id"].as_u64().unwrap(), mig["compute_instance_id"].as_u64().unwrap());
+    let mig = gpu["mig"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["profile"] == "1g.10gb")
+        .unwrap()
+        .clone();
+    let (gi, ci) = (
+        mig["gpu_instance_id"].as_u64().unwrap(),
+        mig["compute_instance_id"].as_u64().unwrap(),
+    );
     let proc_root = node.dir.path().join("proc");
     let gi_dir = proc_root.join(format!("driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"));
     std::fs::create_dir_all(gi_dir.join(format!("ci{ci}"))).unwrap();
-    std::fs::write(gi_dir.join("access"), "DeviceFileMinor: 93\nDeviceFileMode: 292\nDeviceFileModify: 1\n").unwrap();
-    std::fs::write(gi_dir.join(format!("ci{ci}/access")), "DeviceFileMinor: 94\nDeviceFileMode: 292\nDeviceFileModify: 1\n").unwrap();
+    std::fs::write(
+        gi_dir.join("access"),
+        "DeviceFileMinor: 93\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        gi_dir.join(format!("ci{ci}/access")),
+        "DeviceFileMinor: 94\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+    )
+    .unwrap();
     let dev_root = node.dir.path().join("devroot");
     std::fs::create_dir_all(&dev_root).unwrap();
 
@@ -680,8 +697,15 @@ async fn mig_allocation_passes_the_capability_nodes() {
     let _gpud = start(
         &node,
         &kubelet,
-        &["--mig-strategy", "mixed", "--pass-device-specs", "--dev-root", dev_root.to_str().unwrap(),
-          "--proc-root", proc_root.to_str().unwrap()],
+        &[
+            "--mig-strategy",
+            "mixed",
+            "--pass-device-specs",
+            "--dev-root",
+            dev_root.to_str().unwrap(),
+            "--proc-root",
+            proc_root.to_str().unwrap(),
+        ],
     );
     for _ in 0..3 {
         kubelet.next_registration(10).await;
@@ -689,13 +713,89 @@ async fn mig_allocation_passes_the_capability_nodes() {
     let mut client = kubelet.plugin("nvidia-mig-1g.10gb.sock").await;
     let response = client
         .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest { devices_ids: vec![mig["uuid"].as_str().unwrap().to_owned()] }],
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![mig["uuid"].as_str().unwrap().to_owned()],
+            }],
         })
         .await
         .unwrap()
         .into_inner();
     let c = &response.container_responses[0];
-    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], mig["uuid"].as_str().unwrap());
-    let paths: Vec<&str> = c.devices.iter().map(|d| d.container_path.as_str()).collect();
-    assert_eq!(paths, [format!("/dev/nvidia{minor}").as_str(), "/dev/nvidia-caps/nvidia-cap93", "/dev/nvidia-caps/nvidia-cap94"]);
+    assert_eq!(
+        c.envs["NVIDIA_VISIBLE_DEVICES"],
+        mig["uuid"].as_str().unwrap()
+    );
+    let paths: Vec<&str> = c
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/dev/nvidia{minor}").as_str(),
+            "/dev/nvidia-caps/nvidia-cap93",
+            "/dev/nvidia-caps/nvidia-cap94"
+        ]
+    );
+}
+
+/// Writes the simulated driver's MIG state for the `a100-mig` GPU (atomically, as the driver
+/// state changes at once): `three` = a 3g.40gb instance, `one` = a 1g.10gb instance.
+fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
+    let mut instances = Vec::new();
+    if three {
+        instances.push(serde_json::json!({"id": 1, "profile_id": 9, "placement": {"start": 4, "size": 4},
+            "compute_instances": [{"id": 0, "profile_id": 2, "placement": {"start": 0, "size": 3}}]}));
+    }
+    if one {
+        instances.push(serde_json::json!({"id": 7, "profile_id": 19, "placement": {"start": 0, "size": 1},
+            "compute_instances": [{"id": 0, "profile_id": 0, "placement": {"start": 0, "size": 1}}]}));
+    }
+    let state = serde_json::json!({"version": 1, "gpus": {uuid: {"current": 1, "pending": 1, "gpu_instances": instances}}});
+    let tmp = node.dir.path().join("state.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&state).unwrap()).unwrap();
+    std::fs::rename(&tmp, node.state_path()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_reconfiguration_adds_and_removes_resources() {
+    let node = Node::new("a100-mig");
+    let uuid = inventory(&node)["gpus"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    write_mig_state(&node, &uuid, true, false);
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let _gpud = start(
+        &node,
+        &kubelet,
+        &["--mig-strategy", "mixed", "--rescan-interval", "100ms"],
+    );
+    assert_eq!(
+        kubelet.next_registration(10).await.resource_name,
+        "nvidia.com/mig-3g.40gb"
+    );
+    assert!(kubelet.registration_within(300).await.is_none());
+
+    write_mig_state(&node, &uuid, true, true);
+    let reg = kubelet.next_registration(5).await;
+    assert_eq!(
+        (reg.resource_name.as_str(), reg.endpoint.as_str()),
+        ("nvidia.com/mig-1g.10gb", "nvidia-mig-1g.10gb.sock")
+    );
+
+    write_mig_state(&node, &uuid, false, true);
+    let gone = node.dir.path().join("nvidia-mig-3g.40gb.sock");
+    for _ in 0..100 {
+        if !gone.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        !gone.exists(),
+        "the vanished profile's plugin stopped and removed its socket"
+    );
+    assert!(node.dir.path().join("nvidia-mig-1g.10gb.sock").exists());
 }

@@ -201,7 +201,9 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     if snapshot.gpus.iter().all(|g| g.mig.devices.is_empty()) {
         return out;
     }
-    let caps = match crate::cdi::discover::mig_caps(&proc_root.join(crate::cdi::discover::CAPABILITIES_DIR)) {
+    let caps = match crate::cdi::discover::mig_caps(
+        &proc_root.join(crate::cdi::discover::CAPABILITIES_DIR),
+    ) {
         Ok(caps) => caps,
         Err(err) => {
             debug!(error = %err, "MIG capability tree unavailable");
@@ -209,7 +211,9 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
         }
     };
     for gpu in &snapshot.gpus {
-        let Some(minor) = gpu.minor_number else { continue };
+        let Some(minor) = gpu.minor_number else {
+            continue;
+        };
         for mig in &gpu.mig.devices {
             let gi = caps.gpu_instance(minor, mig.gpu_instance_id);
             let ci = caps.compute_instance(minor, mig.gpu_instance_id, mig.compute_instance_id);
