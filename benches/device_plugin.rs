@@ -29,7 +29,7 @@ fn pct(samples: &mut [Duration], p: f64) -> Duration {
     samples[((samples.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn report(name: &str, samples: &mut Vec<Duration>, goal: &str) {
+fn report(name: &str, samples: &mut [Duration], goal: &str) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (p50, p99) = (pct(samples, 0.5), pct(samples, 0.99));
     let max = samples[samples.len() - 1];
