@@ -24,28 +24,10 @@ use serde::Deserialize;
 /// Environment variable naming the config file (same as `--config`).
 pub const CONFIG_ENV: &str = "GPUD_CONFIG";
 
-/// A config file that could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file cannot be read.
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file does not parse or has a field of the wrong type or name.
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    /// A field parses but its value is not acceptable.
-    #[error("{path}: field {field}: invalid value {value:?}: {why}")]
-    Invalid {
-        path: PathBuf,
-        field: &'static str,
-        value: String,
-        why: String,
-    },
-}
+/// A config file that could not be used: the same errors, worded the same way, as NVIDIA's
+/// config file (file, field and value named).
+pub use crate::nvidia_config::NvidiaConfigError as ConfigError;
+use crate::nvidia_config::Origin;
 
 /// The file as written.
 #[derive(Debug, Default, Deserialize)]
@@ -116,9 +98,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             message: err.to_string(),
         })?
     };
+    let origin = Origin::File(path.to_path_buf());
     let invalid = |field: &'static str, value: &str, why: String| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        field,
+        origin: origin.clone(),
+        field: field.to_owned(),
         value: value.to_owned(),
         why,
     };
