@@ -10,6 +10,7 @@ pub mod exit;
 pub mod health;
 pub mod inventory;
 pub mod multicall;
+pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;
 pub mod signals;
