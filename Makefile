@@ -37,9 +37,10 @@ demo: build mock
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
 
-## bench: performance measurements (release build)
+## bench: performance measurements (release build): health latency, labeller costs
 bench:
 	$(CARGO) bench --bench health_latency
+	$(CARGO) bench --bench labeller
 
 clean-mock:
 	rm -rf $(MOCK_DIR)

@@ -9,6 +9,7 @@ pub mod config;
 pub mod exit;
 pub mod health;
 pub mod inventory;
+pub mod labeller;
 pub mod multicall;
 pub mod nvidia_config;
 pub mod nvml;

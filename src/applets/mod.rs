@@ -2,6 +2,7 @@
 
 mod health;
 mod inventory;
+mod labeller;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -28,5 +29,10 @@ pub static APPLETS: &[Applet] = &[
         name: "inventory",
         about: "print the node's GPUs, MIG devices, topology and health (JSON or table)",
         run: inventory::main,
+    },
+    Applet {
+        name: "labeller",
+        about: "GFD-compatible node labels, as an NFD features file or on the Node object",
+        run: labeller::main,
     },
 ];
