@@ -166,10 +166,10 @@ impl NodeState {
         };
         let result = match tokio::time::timeout(NODE_SYNC_TIMEOUT, self.sink.sync(&wanted)).await {
             Ok(result) => result,
-            Err(_) => Err(NodeSinkError::Config(format!(
-                "node {}: no answer from the API server within {NODE_SYNC_TIMEOUT:?}",
-                self.sink.node()
-            ))),
+            Err(_) => Err(NodeSinkError::Timeout {
+                node: self.sink.node().to_owned(),
+                after: NODE_SYNC_TIMEOUT,
+            }),
         };
         match result {
             Ok(patched) => {

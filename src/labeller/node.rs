@@ -32,6 +32,9 @@ pub enum NodeSinkError {
     /// No kubeconfig and not in a cluster, or a kubeconfig that does not load.
     #[error("cannot configure the Kubernetes client: {0}")]
     Config(String),
+    /// The API server did not answer in time.
+    #[error("node {node}: no answer from the API server within {after:?}")]
+    Timeout { node: String, after: Duration },
     /// A request failed.
     #[error("node {node}: {source}")]
     Api {
