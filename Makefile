@@ -46,10 +46,11 @@ demo: build mock
 	target/release/examples/kubelet_sim $$dir $$dir/control; status=$$?; \
 	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
-## bench: performance measurements (release build)
+## bench: performance measurements (release build): health, device plugin, labeller
 bench:
 	$(CARGO) bench --bench health_latency
 	$(CARGO) bench --bench device_plugin
+	$(CARGO) bench --bench labeller
 
 clean-mock:
 	rm -rf $(MOCK_DIR)

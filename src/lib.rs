@@ -11,6 +11,7 @@ pub mod device_plugin;
 pub mod exit;
 pub mod health;
 pub mod inventory;
+pub mod labeller;
 pub mod multicall;
 pub mod nvidia_config;
 pub mod nvml;

@@ -4,6 +4,7 @@ mod cdi;
 mod device_plugin;
 mod health;
 mod inventory;
+mod labeller;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -40,5 +41,10 @@ pub static APPLETS: &[Applet] = &[
         name: "inventory",
         about: "print the node's GPUs, MIG devices, topology and health (JSON or table)",
         run: inventory::main,
+    },
+    Applet {
+        name: "labeller",
+        about: "GFD-compatible node labels, as an NFD features file or on the Node object",
+        run: labeller::main,
     },
 ];

@@ -1,0 +1,397 @@
+//! The labeller: GFD's node labels (plus gpud's health summary), kept current from the
+//! inventory and written to an NFD features file, stdout, and/or the Node object.
+//!
+//! - [`labels`] is the pure core: snapshot + settings → labels.
+//! - [`run`] is the loop: it recomputes whenever the inventory publishes a change, every
+//!   `sleepInterval` (after a rescan, as GFD re-enumerates every cycle), and when new settings
+//!   arrive (SIGHUP). The features file is rewritten when a label other than the timestamp
+//!   changed or the interval passed; the Node is patched when its labels differ.
+//! - [`features_file`] and [`node`] are the sinks; [`pci`] reads the PCI class NVML lacks.
+//!
+//! Writing failures are logged and retried (the node sink with backoff); only `--oneshot`
+//! turns them into an error, since it has no later pass to recover in.
+
+pub mod features_file;
+pub mod labels;
+pub mod node;
+pub mod pci;
+pub mod syntax;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+pub use labels::{LabelConfig, Labels, labels, warnings};
+pub use node::{NodeSink, NodeSinkError};
+
+use crate::inventory::model::Node as NodeFacts;
+use crate::inventory::{Inventory, Snapshot};
+use crate::nvidia_config::{self, MigStrategy, OutputTarget, Sharing, SleepInterval};
+
+/// The labeller's settings: GFD's (from NVIDIA's config) and gpud's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `flags.migStrategy`.
+    pub mig_strategy: MigStrategy,
+    /// `sharing`.
+    pub sharing: Sharing,
+    /// `flags.gfd.noTimestamp`.
+    pub no_timestamp: bool,
+    /// `flags.gfd.oneshot`.
+    pub oneshot: bool,
+    /// `flags.gfd.sleepInterval`.
+    pub sleep_interval: SleepInterval,
+    /// `flags.gfd.outputFile`; `None` when the file sink is off (Node sink only).
+    pub output: Option<OutputTarget>,
+    /// `flags.gfd.machineTypeFile`; `None` means machine type `unknown`.
+    pub machine_type_file: Option<PathBuf>,
+    /// Where sysfs is mounted (for PCI classes).
+    pub sysfs_root: PathBuf,
+    /// Whether to add gpud's health-summary labels.
+    pub health_labels: bool,
+}
+
+impl Settings {
+    /// The labeller's part of a resolved NVIDIA config.
+    pub fn from_config(
+        config: &nvidia_config::Config,
+        file_sink: bool,
+        sysfs_root: PathBuf,
+        health_labels: bool,
+    ) -> Self {
+        let gfd = &config.flags.gfd;
+        Settings {
+            mig_strategy: config.flags.mig_strategy,
+            sharing: config.sharing.clone(),
+            no_timestamp: gfd.no_timestamp,
+            oneshot: gfd.oneshot,
+            sleep_interval: gfd.sleep_interval,
+            output: file_sink.then(|| gfd.output.clone()),
+            machine_type_file: gfd.machine_type_file.clone(),
+            sysfs_root,
+            health_labels,
+        }
+    }
+}
+
+/// Failures that end the labeller.
+#[derive(Debug, thiserror::Error)]
+pub enum LabellerError {
+    /// The features file cannot be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stdout is closed or failing.
+    #[error("cannot write the labels to stdout: {0}")]
+    Stdout(#[source] std::io::Error),
+    /// The Node could not be labelled (after retries, in oneshot mode).
+    #[error(transparent)]
+    Node(#[from] NodeSinkError),
+}
+
+/// Attempts at the Node API in oneshot mode before giving up.
+pub const ONESHOT_NODE_ATTEMPTS: u32 = 5;
+/// Longest a single Node API sync may take before it counts as failed.
+pub const NODE_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Builds the label settings for one pass: reads the machine-type file and the PCI classes
+/// (host facts NVML does not give).
+pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) -> LabelConfig {
+    LabelConfig {
+        mig_strategy: settings.mig_strategy,
+        sharing: settings.sharing.clone(),
+        timestamp: (!settings.no_timestamp).then_some(timestamp),
+        machine_type: settings
+            .machine_type_file
+            .as_deref()
+            .and_then(read_machine_type),
+        pci_classes: pci::read_classes(&settings.sysfs_root, snapshot),
+        health_labels: settings.health_labels,
+    }
+}
+
+fn read_machine_type(path: &Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(text.trim().to_owned()),
+        Err(err) => {
+            tracing::debug!(path = %path.display(), error = %err, "Machine type unreadable; using unknown");
+            None
+        }
+    }
+}
+
+/// The snapshot used when NVML could not be initialised and `failOnInitError` is false: a node
+/// without GPUs, which gets only the timestamp label (as GFD does).
+pub fn empty_snapshot() -> Snapshot {
+    Snapshot {
+        node: NodeFacts {
+            hostname: String::new(),
+            driver_version: String::new(),
+            cuda_driver_version: None,
+            nvml_version: None,
+            machine_type: None,
+        },
+        gpus: Vec::new(),
+        topology: Vec::new(),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Pending work for the Node sink.
+#[derive(Debug)]
+struct NodeState {
+    sink: NodeSink,
+    pending: Option<Labels>,
+    retry_at: Option<Instant>,
+    backoff: node::Backoff,
+}
+
+impl NodeState {
+    /// Tries to apply the pending labels once; schedules a retry on failure.
+    async fn push(&mut self) -> Result<(), NodeSinkError> {
+        let Some(wanted) = self.pending.clone() else {
+            return Ok(());
+        };
+        let result = match tokio::time::timeout(NODE_SYNC_TIMEOUT, self.sink.sync(&wanted)).await {
+            Ok(result) => result,
+            Err(_) => Err(NodeSinkError::Timeout {
+                node: self.sink.node().to_owned(),
+                after: NODE_SYNC_TIMEOUT,
+            }),
+        };
+        match result {
+            Ok(patched) => {
+                if patched {
+                    info!(node = %self.sink.node(), labels = wanted.len(), "Node labels updated");
+                }
+                self.pending = None;
+                self.retry_at = None;
+                self.backoff.reset();
+                Ok(())
+            }
+            Err(err) => {
+                let delay = self.backoff.next_delay();
+                warn!(error = %err, retry_in = ?delay, "Cannot label the node; retrying");
+                self.retry_at = Some(Instant::now() + delay);
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Writes labels to the file sink (or stdout).
+fn write_output(target: &OutputTarget, labels: &Labels) -> Result<(), LabellerError> {
+    let text = features_file::render(labels);
+    match target {
+        OutputTarget::Stdout => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(LabellerError::Stdout)
+        }
+        OutputTarget::File(path) => {
+            features_file::write_atomic(path, text.as_bytes()).map_err(|source| {
+                LabellerError::Write {
+                    path: path.clone(),
+                    source,
+                }
+            })
+        }
+    }
+}
+
+/// GFD removes its features file on a clean exit of a looping labeller, so NFD drops the
+/// labels of a node that no longer runs it; a oneshot or infinite-sleep labeller leaves it.
+fn removes_on_exit(settings: &Settings) -> Option<&Path> {
+    match (&settings.output, settings.oneshot, settings.sleep_interval) {
+        (Some(OutputTarget::File(path)), false, SleepInterval::Every(_)) => Some(path),
+        _ => None,
+    }
+}
+
+/// Runs until `cancel` fires (or after one pass with `oneshot`).
+///
+/// `inventory` is `None` when NVML is unavailable and `failOnInitError` is false. New
+/// settings arriving on `reload` replace the current ones and restart the timestamp, as GFD's
+/// SIGHUP restart does.
+pub async fn run(
+    cancel: CancellationToken,
+    inventory: Option<Inventory>,
+    mut settings: Settings,
+    node_sink: Option<NodeSink>,
+    mut reload: mpsc::Receiver<Settings>,
+) -> Result<(), LabellerError> {
+    let empty = std::sync::Arc::new(empty_snapshot());
+    let mut updates = inventory.as_ref().map(Inventory::subscribe);
+    let mut timestamp = unix_now();
+    let mut written: Option<Labels> = None;
+    let mut logged_warnings: Vec<String> = Vec::new();
+    let seed = node_sink.as_ref().map_or(1, |s| {
+        s.node()
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+    });
+    let mut node = node_sink.map(|sink| NodeState {
+        sink,
+        pending: None,
+        retry_at: None,
+        backoff: node::Backoff::new(seed ^ timestamp),
+    });
+    let mut force = true;
+    let mut reload_open = true;
+    let mut next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+
+    loop {
+        let snapshot = match &mut updates {
+            Some(rx) => rx.borrow_and_update().clone(),
+            None => empty.clone(),
+        };
+        let config = label_config(&settings, &snapshot, timestamp);
+        let current = labels(&snapshot, &config);
+        let found = warnings(&snapshot, &config);
+        if found != logged_warnings {
+            for warning in &found {
+                warn!("{warning}");
+            }
+            logged_warnings = found;
+        }
+        if current.len() <= 1 && force {
+            warn!("No labels generated from any source");
+        }
+        let core = labels::without_timestamp(&current);
+        if force || written.as_ref() != Some(&core) {
+            if let Some(target) = &settings.output {
+                match write_output(target, &current) {
+                    Ok(()) => tracing::debug!(labels = current.len(), "Labels written"),
+                    Err(err) if settings.oneshot => return Err(err),
+                    Err(err @ LabellerError::Stdout(_)) => return Err(err),
+                    Err(err) => {
+                        error!(error = %err, "Cannot write the features file; retrying on the next pass")
+                    }
+                }
+            }
+            if let Some(node) = &mut node {
+                node.pending = Some(current.clone());
+                node.retry_at = Some(Instant::now());
+            }
+            written = Some(core);
+        }
+        force = false;
+        if settings.oneshot {
+            if let Some(node) = &mut node {
+                return oneshot_node(node, &cancel).await;
+            }
+            return Ok(());
+        }
+        if let Some(node) = &mut node
+            && node.retry_at.is_some_and(|at| at <= Instant::now())
+        {
+            let _ = node.push().await;
+        }
+
+        let retry_at = node.as_ref().and_then(|n| n.retry_at);
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            changed = changed_or_pending(&mut updates) => {
+                if !changed {
+                    updates = None;
+                }
+            }
+            () = sleep_until(next_tick), if next_tick.is_some() => {
+                if let Some(inventory) = &inventory
+                    && let Err(err) = inventory.rescan().await
+                {
+                    warn!(error = %err, "Rescan failed");
+                }
+                force = true;
+                next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+            }
+            () = sleep_until(retry_at), if retry_at.is_some() => {
+                if let Some(node) = &mut node {
+                    let _ = node.push().await;
+                }
+            }
+            new = reload.recv(), if reload_open => {
+                let Some(new) = new else {
+                    // Nobody can send new settings any more: keep running with these.
+                    reload_open = false;
+                    continue;
+                };
+                if new != settings {
+                    if let Some(old) = removes_on_exit(&settings)
+                        && removes_on_exit(&new) != Some(old)
+                    {
+                        let _ = features_file::remove(old);
+                    }
+                    info!("Configuration reloaded");
+                }
+                settings = new;
+                timestamp = unix_now();
+                force = true;
+                next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+            }
+        }
+    }
+    if let Some(path) = removes_on_exit(&settings)
+        && let Err(err) = features_file::remove(path)
+    {
+        warn!(path = %path.display(), error = %err, "Cannot remove the features file");
+    }
+    Ok(())
+}
+
+/// Waits for the next inventory change (`false` when the inventory is gone); never resolves
+/// without an inventory.
+async fn changed_or_pending(
+    updates: &mut Option<tokio::sync::watch::Receiver<std::sync::Arc<Snapshot>>>,
+) -> bool {
+    match updates {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Oneshot with the Node sink: a bounded number of attempts with backoff.
+async fn oneshot_node(
+    node: &mut NodeState,
+    cancel: &CancellationToken,
+) -> Result<(), LabellerError> {
+    let mut last = None;
+    for _ in 0..ONESHOT_NODE_ATTEMPTS {
+        match node.push().await {
+            Ok(()) => return Ok(()),
+            Err(err) => last = Some(err),
+        }
+        let wait = node
+            .retry_at
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(wait.unwrap_or_default()) => {}
+        }
+    }
+    match last {
+        Some(err) => Err(err.into()),
+        None => Ok(()),
+    }
+}

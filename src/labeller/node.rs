@@ -1,0 +1,329 @@
+//! Sink 2: the node's own labels, through the Kubernetes API, for clusters without NFD.
+//!
+//! The labeller owns exactly the keys it wrote: their names are kept in the node annotation
+//! [`OWNED_ANNOTATION`] (as NFD keeps `nfd.node.kubernetes.io/feature-labels`). Each sync reads
+//! the node, then sends one JSON merge patch that sets the current labels, deletes owned keys
+//! that are no longer produced, and updates the annotation. Labels set by anyone else are
+//! never in the patch, so they survive. A value Kubernetes would reject is left out with a
+//! warning (one bad value must not block every other label), as NFD does.
+//!
+//! The patch itself is a pure function ([`plan`]); the client is a thin shell around it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Map, Value, json};
+use tracing::warn;
+
+use super::labels::Labels;
+use super::syntax::{is_valid_label_key, is_valid_label_value};
+
+/// Node annotation listing the label keys the labeller manages (comma-separated, sorted).
+pub const OWNED_ANNOTATION: &str = "gpud.io/labels";
+/// Field manager recorded by the API server for the labeller's patches.
+pub const FIELD_MANAGER: &str = "gpud-labeller";
+
+/// Failures of the node sink.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeSinkError {
+    /// No kubeconfig and not in a cluster, or a kubeconfig that does not load.
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Config(String),
+    /// The API server did not answer in time.
+    #[error("node {node}: no answer from the API server within {after:?}")]
+    Timeout { node: String, after: Duration },
+    /// A request failed.
+    #[error("node {node}: {source}")]
+    Api {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What one sync changes on the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The merge patch to send, `None` when the node already carries exactly these labels.
+    pub patch: Option<Value>,
+    /// Labels left out because Kubernetes would reject them, as `key=value`.
+    pub rejected: Vec<String>,
+}
+
+/// Works out the patch from the node's current labels and annotations and the wanted labels.
+pub fn plan(
+    current_labels: &std::collections::BTreeMap<String, String>,
+    current_owned: Option<&str>,
+    wanted: &Labels,
+) -> Plan {
+    let mut rejected = Vec::new();
+    let valid: Labels = wanted
+        .iter()
+        .filter(|(k, v)| {
+            let ok = is_valid_label_key(k) && is_valid_label_value(v);
+            if !ok {
+                rejected.push(format!("{k}={v}"));
+            }
+            ok
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let owned: BTreeSet<&str> = current_owned
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    let mut labels = Map::new();
+    for (key, value) in &valid {
+        if current_labels.get(key) != Some(value) {
+            labels.insert(key.clone(), Value::String(value.clone()));
+        }
+    }
+    for key in owned.iter().filter(|k| !valid.contains_key(**k)) {
+        if current_labels.contains_key(*key) {
+            labels.insert((*key).to_owned(), Value::Null);
+        }
+    }
+    let owned_now = valid
+        .keys()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(",");
+    let owned_before = owned.iter().copied().collect::<Vec<_>>().join(",");
+    if labels.is_empty() && owned_now == owned_before && current_owned.is_some() {
+        return Plan {
+            patch: None,
+            rejected,
+        };
+    }
+    Plan {
+        patch: Some(json!({
+            "metadata": {
+                "labels": labels,
+                "annotations": { OWNED_ANNOTATION: owned_now },
+            }
+        })),
+        rejected,
+    }
+}
+
+/// A client for one node's labels.
+#[derive(Clone)]
+pub struct NodeSink {
+    api: Api<Node>,
+    node: String,
+}
+
+impl std::fmt::Debug for NodeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSink")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl NodeSink {
+    /// Connects with `kubeconfig` when given, else as kube's inference does (`KUBECONFIG`,
+    /// `~/.kube/config`, then the in-cluster service account).
+    pub async fn connect(kubeconfig: Option<&Path>, node: String) -> Result<Self, NodeSinkError> {
+        let config = match kubeconfig {
+            Some(path) => {
+                let file = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| NodeSinkError::Config(format!("{}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(
+                    file,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .map_err(|e| NodeSinkError::Config(format!("{}: {e}", path.display())))?
+            }
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| NodeSinkError::Config(e.to_string()))?,
+        };
+        let client =
+            kube::Client::try_from(config).map_err(|e| NodeSinkError::Config(e.to_string()))?;
+        Ok(NodeSink {
+            api: Api::all(client),
+            node,
+        })
+    }
+
+    /// The node this sink labels.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// One attempt: reads the node and patches its labels if they differ. Returns whether a
+    /// patch was sent.
+    pub async fn sync(&self, wanted: &Labels) -> Result<bool, NodeSinkError> {
+        let api_err = |source| NodeSinkError::Api {
+            node: self.node.clone(),
+            source,
+        };
+        let node = self.api.get(&self.node).await.map_err(api_err)?;
+        let labels = node.metadata.labels.unwrap_or_default();
+        let owned = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(OWNED_ANNOTATION))
+            .map(String::as_str);
+        let plan = plan(&labels, owned, wanted);
+        for label in &plan.rejected {
+            warn!(node = %self.node, label = %label, "Label is not valid Kubernetes syntax; not set on the node");
+        }
+        let Some(patch) = plan.patch else {
+            return Ok(false);
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        self.api
+            .patch(&self.node, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(api_err)?;
+        Ok(true)
+    }
+}
+
+/// Exponential backoff with jitter for retrying the API server: 500 ms doubling to 30 s.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    seed: u64,
+}
+
+/// First retry delay.
+pub const BACKOFF_START: Duration = Duration::from_millis(500);
+/// Longest retry delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+impl Backoff {
+    /// A fresh backoff; `seed` spreads the retries of many nodes apart.
+    pub fn new(seed: u64) -> Self {
+        Backoff {
+            next: BACKOFF_START,
+            seed: seed | 1,
+        }
+    }
+
+    /// The delay before the next attempt: the current step plus up to 25 % jitter.
+    pub fn next_delay(&mut self) -> Duration {
+        // xorshift: cheap, deterministic per seed, good enough to de-synchronise nodes.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let step = self.next;
+        let jitter = step.mul_f64((self.seed % 1000) as f64 / 4000.0);
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        step + jitter
+    }
+
+    /// Back to the first step after a success.
+    pub fn reset(&mut self) {
+        self.next = BACKOFF_START;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn first_sync_sets_labels_and_records_ownership() {
+        let current = map(&[("kubernetes.io/hostname", "n1")]);
+        let wanted = map(&[
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ]);
+        let plan = plan(&current, None, &wanted);
+        assert_eq!(
+            plan.patch,
+            Some(json!({"metadata": {
+                "labels": {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                "annotations": {"gpud.io/labels": "nvidia.com/gpu.count,nvidia.com/gpu.product"}
+            }}))
+        );
+    }
+
+    #[test]
+    fn removes_only_owned_keys_no_longer_produced() {
+        let current = map(&[
+            ("kubernetes.io/hostname", "n1"),
+            ("nvidia.com/gpu.count", "8"),
+            ("nvidia.com/mig-1g.10gb.count", "7"),
+            ("nvidia.com/device-plugin.config", "a100"),
+        ]);
+        let owned = "nvidia.com/gpu.count,nvidia.com/mig-1g.10gb.count";
+        let wanted = map(&[("nvidia.com/gpu.count", "8")]);
+        let plan = plan(&current, Some(owned), &wanted);
+        assert_eq!(
+            plan.patch,
+            Some(json!({"metadata": {
+                "labels": {"nvidia.com/mig-1g.10gb.count": null},
+                "annotations": {"gpud.io/labels": "nvidia.com/gpu.count"}
+            }}))
+        );
+    }
+
+    #[test]
+    fn nothing_to_do_sends_nothing() {
+        let current = map(&[("nvidia.com/gpu.count", "8")]);
+        let wanted = current.clone();
+        assert_eq!(
+            plan(&current, Some("nvidia.com/gpu.count"), &wanted).patch,
+            None
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_left_out() {
+        let wanted = map(&[
+            (
+                "nvidia.com/gpu.machine",
+                "a-very-long-machine-name-that-goes-on-and-on-and-on-past-63-chars",
+            ),
+            ("nvidia.com/gpu.count", "1"),
+        ]);
+        let plan = plan(&BTreeMap::new(), None, &wanted);
+        assert_eq!(plan.rejected.len(), 1);
+        assert_eq!(
+            plan.patch,
+            Some(json!({"metadata": {
+                "labels": {"nvidia.com/gpu.count": "1"},
+                "annotations": {"gpud.io/labels": "nvidia.com/gpu.count"}
+            }}))
+        );
+    }
+
+    #[test]
+    fn backoff_grows_to_the_cap_with_bounded_jitter() {
+        let mut backoff = Backoff::new(42);
+        let delays: Vec<Duration> = (0..10).map(|_| backoff.next_delay()).collect();
+        let mut step = BACKOFF_START;
+        for delay in &delays {
+            assert!(
+                *delay >= step && *delay <= step.mul_f64(1.25),
+                "{delay:?} vs {step:?}"
+            );
+            step = (step * 2).min(BACKOFF_MAX);
+        }
+        backoff.reset();
+        assert!(backoff.next_delay() < Duration::from_millis(700));
+    }
+}

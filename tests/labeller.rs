@@ -1,0 +1,746 @@
+//! `gpud labeller` end to end on the simulated nodes: exact labels per fixture and strategy,
+//! the features file's atomic rewrite under a concurrent reader, relabelling on inventory
+//! changes and SIGHUP, removal on exit, bad configs, and the Node sink against a fake
+//! Kubernetes API server on loopback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Node, assert_golden, stdout_ok};
+use serde_json::{Value, json};
+
+const FIXTURES: &[&str] = &[
+    "dgx-h100",
+    "dgx-a100",
+    "pcie-4gpu",
+    "mixed",
+    "a100-mig",
+    "empty",
+];
+
+/// A sysfs tree with a PCI `class` file for every GPU of `fixture` (from its inventory
+/// golden): 3D controllers, except the L40S, which is a VGA controller.
+fn fake_sysfs(node: &Node, fixture: &str) -> PathBuf {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/golden/inventory")
+        .join(format!("{fixture}.json"));
+    let inventory: Value = serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
+    let root = node.dir.path().join("sys");
+    for gpu in inventory["gpus"].as_array().unwrap() {
+        let bus = gpu["pci"]["bus_id"].as_str().unwrap();
+        let address = bus[4..].to_ascii_lowercase();
+        let dir = root.join("bus/pci/devices").join(address);
+        std::fs::create_dir_all(&dir).unwrap();
+        let class = if gpu["name"].as_str().unwrap().contains("L40S") {
+            "0x030000"
+        } else {
+            "0x030200"
+        };
+        std::fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    root
+}
+
+fn labeller(node: &Node, sysfs: &Path, extra: &[&str]) -> Command {
+    let mut cmd = node.gpud(&["labeller", "--sysfs-root", sysfs.to_str().unwrap()]);
+    cmd.args(extra);
+    cmd
+}
+
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not key=value: {l:?}"));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn oneshot_file_matches_golden_for_every_fixture_and_strategy() {
+    for fixture in FIXTURES {
+        for strategy in ["none", "single", "mixed"] {
+            let node = Node::new(fixture);
+            let sysfs = fake_sysfs(&node, fixture);
+            let out = node.dir.path().join("features.d/gfd");
+            std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+            let output = labeller(
+                &node,
+                &sysfs,
+                &[
+                    "--oneshot",
+                    "--no-timestamp",
+                    "--mig-strategy",
+                    strategy,
+                    "-o",
+                    out.to_str().unwrap(),
+                ],
+            )
+            .output()
+            .unwrap();
+            assert!(
+                output.status.success(),
+                "{fixture}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(output.stdout.is_empty());
+            let text = std::fs::read_to_string(&out).unwrap();
+            assert_golden(&format!("labeller/{fixture}.{strategy}.txt"), &text);
+            // A oneshot run leaves its file in place.
+            assert!(out.exists());
+        }
+    }
+}
+
+#[test]
+fn timestamp_is_unix_seconds_and_stdout_works() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for dash in ["-", ""] {
+        let text = stdout_ok(
+            &labeller(&node, &sysfs, &["--oneshot", "-o", dash])
+                .output()
+                .unwrap(),
+        );
+        let labels = parse_labels(&text);
+        let ts: u64 = labels["nvidia.com/gfd.timestamp"].parse().unwrap();
+        assert!(ts >= before && ts <= before + 60, "{ts}");
+        assert_eq!(labels["nvidia.com/gpu.product"], "NVIDIA-A100-80GB-PCIe");
+    }
+}
+
+#[test]
+fn config_file_and_environment_with_gfd_precedence() {
+    let node = Node::new("a100-mig");
+    let sysfs = fake_sysfs(&node, "a100-mig");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nflags:\n  migStrategy: mixed\n  gfd:\n    noTimestamp: true\n    oneshot: true\n    outputFile: \"\"\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/mig-1g.10gb\n      replicas: 3\n",
+    )
+    .unwrap();
+    // The config file through CONFIG_FILE: mixed strategy and time-slicing of one profile.
+    let mut cmd = labeller(&node, &sysfs, &[]);
+    cmd.env("CONFIG_FILE", &config);
+    let labels = parse_labels(&stdout_ok(&cmd.output().unwrap()));
+    assert_eq!(labels["nvidia.com/mig.strategy"], "mixed");
+    assert_eq!(
+        labels["nvidia.com/mig-1g.10gb.product"],
+        "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED"
+    );
+    assert_eq!(labels["nvidia.com/mig-1g.10gb.replicas"], "3");
+    assert!(!labels.contains_key("nvidia.com/gfd.timestamp"));
+
+    // GFD_MIG_STRATEGY beats the file; the flag beats the environment.
+    let mut cmd = labeller(&node, &sysfs, &["--config-file", config.to_str().unwrap()]);
+    cmd.env("GFD_MIG_STRATEGY", "single");
+    let labels = parse_labels(&stdout_ok(&cmd.output().unwrap()));
+    assert_eq!(labels["nvidia.com/mig.strategy"], "single");
+    assert_eq!(
+        labels["nvidia.com/gpu.product"],
+        "NVIDIA-A100-SXM4-80GB-MIG-INVALID"
+    );
+    let mut cmd = labeller(
+        &node,
+        &sysfs,
+        &[
+            "--config-file",
+            config.to_str().unwrap(),
+            "--mig-strategy",
+            "none",
+        ],
+    );
+    cmd.env("GFD_MIG_STRATEGY", "single");
+    let labels = parse_labels(&stdout_ok(&cmd.output().unwrap()));
+    assert!(!labels.contains_key("nvidia.com/mig.strategy"));
+}
+
+#[test]
+fn bad_config_exits_65_naming_file_field_and_value() {
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n",
+    )
+    .unwrap();
+    let out = labeller(
+        &node,
+        &sysfs,
+        &["--oneshot", "--config-file", config.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(65));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "gpud: {}: field sharing.timeSlicing.resources[0].replicas: invalid value \"1\": must be at least 2\n",
+            config.display()
+        )
+    );
+
+    let mut cmd = labeller(&node, &sysfs, &["--oneshot"]);
+    cmd.env("GFD_SLEEP_INTERVAL", "often");
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(65));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("gpud: environment variable GFD_SLEEP_INTERVAL: field flags.gfd.sleepInterval: invalid value \"often\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = labeller(&node, &sysfs, &["--mig-strategy", "both"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mig-strategy"));
+}
+
+#[test]
+fn without_nvml_fails_unless_fail_on_init_error_is_false() {
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let out = labeller(
+        &node,
+        &sysfs,
+        &[
+            "--oneshot",
+            "-o",
+            "-",
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let out = labeller(
+        &node,
+        &sysfs,
+        &[
+            "--oneshot",
+            "-o",
+            "-",
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+            "--fail-on-init-error=false",
+        ],
+    )
+    .output()
+    .unwrap();
+    let labels = parse_labels(&stdout_ok(&out));
+    assert_eq!(
+        labels.keys().collect::<Vec<_>>(),
+        ["nvidia.com/gfd.timestamp"]
+    );
+}
+
+#[test]
+fn gpu_mode_is_unknown_without_sysfs() {
+    let node = Node::new("dgx-h100");
+    let empty = node.dir.path().join("no-sys");
+    std::fs::create_dir_all(&empty).unwrap();
+    let text = stdout_ok(
+        &labeller(&node, &empty, &["--oneshot", "-o", "-"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(parse_labels(&text)["nvidia.com/gpu.mode"], "unknown");
+}
+
+/// Waits until `path` holds labels for which `done` holds; returns them.
+fn wait_for(
+    path: &Path,
+    secs: u64,
+    done: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let labels = parse_labels(&text);
+            if done(&labels) {
+                return labels;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {secs}s in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn spawn(mut cmd: Command) -> std::process::Child {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(child: std::process::Child) -> (Option<i32>, String) {
+    signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn concurrent_reader_never_sees_a_partial_file_and_exit_removes_it() {
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let out = node.dir.path().join("gfd");
+    // Every 5 ms the interval passes: a rescan and a rewrite.
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &["--sleep-interval", "5ms", "-o", out.to_str().unwrap()],
+    ));
+    let first = wait_for(&out, 20, |l| l.contains_key("nvidia.com/gpu.product"));
+    let expected = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(parse_labels(&expected), first);
+
+    use std::os::unix::fs::MetadataExt;
+    // Each rewrite is a new file: (inode, mtime) identifies a version even when the file
+    // system reuses the inode number of the one it replaced.
+    let mut versions = std::collections::BTreeSet::new();
+    let (mut reads, deadline) = (0u32, Instant::now() + Duration::from_secs(3));
+    while Instant::now() < deadline {
+        let meta = std::fs::metadata(&out).unwrap();
+        let version = (meta.ino(), meta.mtime(), meta.mtime_nsec());
+        let seen = std::fs::read_to_string(&out).unwrap();
+        // The timestamp is fixed for the run, so every complete version is identical.
+        assert_eq!(
+            seen, expected,
+            "partial or different file after {reads} reads"
+        );
+        versions.insert(version);
+        reads += 1;
+    }
+    assert!(
+        versions.len() >= 10,
+        "the file was replaced only {} times",
+        versions.len()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(node.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.len() <= 1, "temporary files left: {leftovers:?}");
+
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        !out.exists(),
+        "a looping labeller removes its file on a clean exit"
+    );
+}
+
+#[test]
+fn relabels_when_the_inventory_changes_not_only_on_the_timer() {
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let out = node.dir.path().join("gfd");
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "--sleep-interval",
+            "1h",
+            "--rescan-interval",
+            "100ms",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    ));
+    let before = wait_for(&out, 20, |l| {
+        l.get("gpud.io/gpu.healthy").map(String::as_str) == Some("8")
+    });
+    node.inject("lost 3");
+    let after = wait_for(&out, 20, |l| {
+        l.get("gpud.io/gpu.unhealthy").map(String::as_str) == Some("1")
+    });
+    assert_eq!(after["gpud.io/gpu.health"], "unhealthy");
+    assert_eq!(after["gpud.io/gpu.healthy"], "7");
+    // GFD's labels and the run's timestamp are unchanged.
+    assert_eq!(after["nvidia.com/gpu.count"], "8");
+    assert_eq!(
+        after["nvidia.com/gfd.timestamp"],
+        before["nvidia.com/gfd.timestamp"]
+    );
+    node.inject("recover 3");
+    wait_for(&out, 20, |l| {
+        l.get("gpud.io/gpu.health").map(String::as_str) == Some("healthy")
+    });
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn sighup_reloads_the_config_and_keeps_the_old_one_when_bad() {
+    let node = Node::new("a100-mig");
+    let sysfs = fake_sysfs(&node, "a100-mig");
+    let out = node.dir.path().join("gfd");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "flags:\n  migStrategy: none\n").unwrap();
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "--sleep-interval",
+            "infinite",
+            "--config-file",
+            config.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    ));
+    wait_for(&out, 20, |l| l.get("nvidia.com/gpu.product").is_some());
+    assert!(!std::fs::read_to_string(&out).unwrap().contains("mig-"));
+
+    std::fs::write(&config, "flags:\n  migStrategy: mixed\n").unwrap();
+    signal(&child, "HUP");
+    let mixed = wait_for(&out, 20, |l| l.contains_key("nvidia.com/mig-3g.40gb.count"));
+    assert_eq!(mixed["nvidia.com/mig.strategy"], "mixed");
+
+    std::fs::write(&config, "flags:\n  migStrategy: sometimes\n").unwrap();
+    signal(&child, "HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    let still = parse_labels(&std::fs::read_to_string(&out).unwrap());
+    assert_eq!(still, mixed, "a bad reload keeps the previous labels");
+
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("Config reload failed; keeping the previous configuration"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("flags.migStrategy"), "{stderr}");
+    assert!(
+        out.exists(),
+        "an infinite-sleep labeller leaves its file, as GFD does"
+    );
+}
+
+// === the Node sink against a fake API server ===
+
+/// What the fake API server saw and holds.
+#[derive(Default)]
+struct ApiState {
+    node: Value,
+    /// (content type, body) of every PATCH.
+    patches: Vec<(String, Value)>,
+    /// Requests to fail with 500 before answering.
+    fail_next: u32,
+    requests: u32,
+}
+
+/// Applies an RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let object = target.as_object_mut().unwrap();
+            for (key, value) in fields {
+                if value.is_null() {
+                    object.remove(key);
+                } else {
+                    merge(object.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+struct FakeApi {
+    state: Arc<Mutex<ApiState>>,
+    port: u16,
+    _runtime: std::thread::JoinHandle<()>,
+}
+
+impl FakeApi {
+    fn start(labels: Value) -> FakeApi {
+        use axum::Router;
+        use axum::body::Bytes;
+        use axum::extract::{Path as UrlPath, State};
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::routing::get;
+
+        let state = Arc::new(Mutex::new(ApiState {
+            node: json!({"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": "test-node", "labels": labels}}),
+            ..ApiState::default()
+        }));
+        type Shared = Arc<Mutex<ApiState>>;
+        fn gate(state: &mut ApiState) -> Result<(), StatusCode> {
+            state.requests += 1;
+            if state.fail_next > 0 {
+                state.fail_next -= 1;
+                return Err(StatusCode::INTERNAL_SERVER_ERROR);
+            }
+            Ok(())
+        }
+        async fn get_node(
+            State(s): State<Shared>,
+            UrlPath(name): UrlPath<String>,
+        ) -> Result<axum::Json<Value>, StatusCode> {
+            let mut state = s.lock().unwrap();
+            gate(&mut state)?;
+            if name != "test-node" {
+                return Err(StatusCode::NOT_FOUND);
+            }
+            Ok(axum::Json(state.node.clone()))
+        }
+        async fn patch_node(
+            State(s): State<Shared>,
+            UrlPath(_): UrlPath<String>,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> Result<axum::Json<Value>, StatusCode> {
+            let mut state = s.lock().unwrap();
+            gate(&mut state)?;
+            let patch: Value =
+                serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+            let kind = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let mut node = state.node.clone();
+            merge(&mut node, &patch);
+            state.node = node.clone();
+            state.patches.push((kind, patch));
+            Ok(axum::Json(node))
+        }
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = Router::new()
+            .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+            .with_state(Arc::clone(&state));
+        let runtime = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        FakeApi {
+            state,
+            port,
+            _runtime: runtime,
+        }
+    }
+
+    fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+                self.port
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    fn node_labels(&self) -> BTreeMap<String, String> {
+        serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
+            .unwrap()
+    }
+}
+
+#[test]
+fn node_sink_patches_owned_labels_and_keeps_foreign_ones() {
+    let api = FakeApi::start(json!({
+        "kubernetes.io/hostname": "test-node",
+        "nvidia.com/device-plugin.config": "a100-shared",
+        "nvidia.com/gpu.product": "stale-from-an-old-gfd",
+    }));
+    let node = Node::new("a100-mig");
+    let sysfs = fake_sysfs(&node, "a100-mig");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let run = |strategy: &str| {
+        let output = labeller(
+            &node,
+            &sysfs,
+            &[
+                "--oneshot",
+                "--no-timestamp",
+                "--sink",
+                "node",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--mig-strategy",
+                strategy,
+            ],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.stdout.is_empty(),
+            "the node sink alone writes no file or stdout"
+        );
+    };
+
+    run("mixed");
+    let expected: BTreeMap<String, String> = {
+        let node = Node::new("a100-mig");
+        let sysfs = fake_sysfs(&node, "a100-mig");
+        let text = stdout_ok(
+            &labeller(
+                &node,
+                &sysfs,
+                &[
+                    "--oneshot",
+                    "--no-timestamp",
+                    "--mig-strategy",
+                    "mixed",
+                    "-o",
+                    "-",
+                ],
+            )
+            .output()
+            .unwrap(),
+        );
+        parse_labels(&text)
+    };
+    {
+        let state = api.state.lock().unwrap();
+        assert_eq!(state.patches.len(), 1);
+        let (kind, body) = &state.patches[0];
+        assert_eq!(kind, "application/merge-patch+json");
+        let owned: Vec<&str> = expected.keys().map(String::as_str).collect();
+        let mut labels = serde_json::Map::new();
+        for (k, v) in &expected {
+            labels.insert(k.clone(), Value::String(v.clone()));
+        }
+        assert_eq!(
+            body,
+            &json!({"metadata": {"labels": labels, "annotations": {"gpud.io/labels": owned.join(",")}}})
+        );
+    }
+    let on_node = api.node_labels();
+    assert_eq!(on_node["kubernetes.io/hostname"], "test-node");
+    assert_eq!(on_node["nvidia.com/device-plugin.config"], "a100-shared");
+    assert_eq!(on_node["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB");
+    assert_eq!(on_node["nvidia.com/mig-1g.10gb.count"], "1");
+
+    // Switching to the none strategy removes the MIG labels it no longer produces, and only
+    // those.
+    run("none");
+    {
+        let state = api.state.lock().unwrap();
+        assert_eq!(state.patches.len(), 2);
+        let removed: Vec<&String> = state.patches[1].1["metadata"]["labels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_null())
+            .map(|(k, _)| k)
+            .collect();
+        assert!(!removed.is_empty());
+        assert!(
+            removed.iter().all(|k| k.starts_with("nvidia.com/mig")),
+            "{removed:?}"
+        );
+    }
+    let on_node = api.node_labels();
+    assert!(
+        !on_node.keys().any(|k| k.starts_with("nvidia.com/mig-")),
+        "{on_node:?}"
+    );
+    assert!(!on_node.contains_key("nvidia.com/mig.strategy"));
+    assert_eq!(on_node["nvidia.com/device-plugin.config"], "a100-shared");
+    assert_eq!(on_node["kubernetes.io/hostname"], "test-node");
+
+    // Unchanged labels: the node is read, nothing is patched.
+    run("none");
+    assert_eq!(api.state.lock().unwrap().patches.len(), 2);
+}
+
+#[test]
+fn node_sink_retries_with_backoff() {
+    let api = FakeApi::start(json!({"kubernetes.io/hostname": "test-node"}));
+    api.state.lock().unwrap().fail_next = 2;
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let started = Instant::now();
+    let output = labeller(
+        &node,
+        &sysfs,
+        &[
+            "--oneshot",
+            "--sink",
+            "node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Two failed GETs, then GET + PATCH; the retries waited (0.5 s, then 1 s, plus jitter).
+    let state = api.state.lock().unwrap();
+    assert_eq!(state.requests, 4);
+    assert_eq!(state.patches.len(), 1);
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("Cannot label the node; retrying"));
+}
+
+#[test]
+fn node_sink_needs_a_node_name() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let mut cmd = labeller(&node, &sysfs, &["--oneshot", "--sink", "node"]);
+    cmd.env_remove("NODE_NAME");
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NODE_NAME"));
+}
