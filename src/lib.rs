@@ -7,6 +7,7 @@ pub mod applets;
 pub mod cli;
 pub mod config;
 pub mod exit;
+pub mod exporter;
 pub mod health;
 pub mod inventory;
 pub mod multicall;

@@ -1,5 +1,6 @@
 //! The applet table: every `gpud <applet>` that exists, with its one-line description.
 
+mod exporter;
 mod health;
 mod inventory;
 
@@ -19,6 +20,11 @@ pub struct Applet {
 
 /// All applets, in the order `gpud --list` prints them.
 pub static APPLETS: &[Applet] = &[
+    Applet {
+        name: "exporter",
+        about: "serve dcgm-exporter-compatible GPU metrics for Prometheus, with pod attribution",
+        run: exporter::main,
+    },
     Applet {
         name: "health",
         about: "watch GPU health (XID, ECC, row remapping, lost GPUs) and print transitions",

@@ -29,24 +29,64 @@ pub fn supported(architecture: u32) -> bool {
 }
 
 /// Short name, long name and unit NVML reports with each metric.
-pub fn describe(id: u32) -> (&'static std::ffi::CStr, &'static std::ffi::CStr, &'static std::ffi::CStr) {
+pub fn describe(
+    id: u32,
+) -> (
+    &'static std::ffi::CStr,
+    &'static std::ffi::CStr,
+    &'static std::ffi::CStr,
+) {
     match id {
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => (c"GR_UTIL", c"Graphics engine utilization", c"%"),
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL => {
+            (c"GR_UTIL", c"Graphics engine utilization", c"%")
+        }
         b::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => (c"SM_UTIL", c"SM utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => (c"SM_OCCUPANCY", c"SM occupancy", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_INTEGER_UTIL => (c"INT_UTIL", c"Integer pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL => (c"TENSOR_UTIL", c"Any tensor pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_DFMA_TENSOR_UTIL => (c"DFMA_UTIL", c"DFMA tensor pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_HMMA_TENSOR_UTIL => (c"HMMA_UTIL", c"HMMA tensor pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_IMMA_TENSOR_UTIL => (c"IMMA_UTIL", c"IMMA tensor pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => (c"DRAM_BW_UTIL", c"DRAM bandwidth utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL => (c"FP64_UTIL", c"FP64 pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL => (c"FP32_UTIL", c"FP32 pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL => (c"FP16_UTIL", c"FP16 pipe utilization", c"%"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC => (c"PCIE_TX", c"PCIe traffic from this GPU", c"MiB/sec"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC => (c"PCIE_RX", c"PCIe traffic to this GPU", c"MiB/sec"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC => (c"NVLINK_RX", c"NVLink read bandwidth for all links", c"MiB/sec"),
-        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC => (c"NVLINK_TX", c"NVLink write bandwidth for all links", c"MiB/sec"),
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => {
+            (c"SM_OCCUPANCY", c"SM occupancy", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_INTEGER_UTIL => {
+            (c"INT_UTIL", c"Integer pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL => {
+            (c"TENSOR_UTIL", c"Any tensor pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_DFMA_TENSOR_UTIL => {
+            (c"DFMA_UTIL", c"DFMA tensor pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_HMMA_TENSOR_UTIL => {
+            (c"HMMA_UTIL", c"HMMA tensor pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_IMMA_TENSOR_UTIL => {
+            (c"IMMA_UTIL", c"IMMA tensor pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL => {
+            (c"DRAM_BW_UTIL", c"DRAM bandwidth utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP64_UTIL => {
+            (c"FP64_UTIL", c"FP64 pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP32_UTIL => {
+            (c"FP32_UTIL", c"FP32 pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_FP16_UTIL => {
+            (c"FP16_UTIL", c"FP16 pipe utilization", c"%")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_TX_PER_SEC => {
+            (c"PCIE_TX", c"PCIe traffic from this GPU", c"MiB/sec")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_PCIE_RX_PER_SEC => {
+            (c"PCIE_RX", c"PCIe traffic to this GPU", c"MiB/sec")
+        }
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC => (
+            c"NVLINK_RX",
+            c"NVLink read bandwidth for all links",
+            c"MiB/sec",
+        ),
+        b::nvmlGpmMetricId_t_NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC => (
+            c"NVLINK_TX",
+            c"NVLink write bandwidth for all links",
+            c"MiB/sec",
+        ),
         _ => (c"", c"", c""),
     }
 }
@@ -72,7 +112,10 @@ pub fn metric(probe: &Probe<'_>, gi: Option<u32>, links_up: &[u32], id: u32) -> 
             return Err(rc::NOT_SUPPORTED);
         }
         let busy = f64::from(probe.gpu_util()) / 100.0;
-        let kib: u64 = links_up.iter().map(|l| probe.nvlink_kib_per_s(*l, tx)).sum();
+        let kib: u64 = links_up
+            .iter()
+            .map(|l| probe.nvlink_kib_per_s(*l, tx))
+            .sum();
         Ok(mib_per_s((kib as f64 * busy) as u64))
     };
     Ok(match id {
@@ -129,8 +172,13 @@ mod tests {
                 gpu: &node.gpus[2],
                 t,
             };
-            let gr = metric(&p, None, &[], b::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL)
-                .unwrap();
+            let gr = metric(
+                &p,
+                None,
+                &[],
+                b::nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL,
+            )
+            .unwrap();
             assert_eq!(gr, f64::from(p.gpu_util()));
             for id in [1, 2, 3, 5, 10, 11, 12, 13] {
                 let v = metric(&p, Some(3), &[], id).unwrap();

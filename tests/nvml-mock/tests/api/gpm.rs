@@ -80,7 +80,10 @@ fn two_samples_give_utilisation_and_bandwidth() {
     assert_eq!(call!(nvmlGpmSampleGet(h, a)), rc::SUCCESS);
     assert_eq!(call!(nvmlGpmSampleGet(h, b)), rc::SUCCESS);
     let mut util = nvmlUtilization_t { gpu: 0, memory: 0 };
-    assert_eq!(call!(nvmlDeviceGetUtilizationRates(h, &mut util)), rc::SUCCESS);
+    assert_eq!(
+        call!(nvmlDeviceGetUtilizationRates(h, &mut util)),
+        rc::SUCCESS
+    );
     let got = metrics(
         a,
         b,
@@ -101,7 +104,11 @@ fn two_samples_give_utilisation_and_bandwidth() {
     assert_eq!(got[1], (rc::SUCCESS, mib, "MiB/sec".to_owned()));
     assert_eq!(got[2].0, rc::NOT_SUPPORTED);
     assert_eq!(call!(nvmlGpmSampleFree(a)), rc::SUCCESS);
-    assert_eq!(call!(nvmlGpmSampleFree(a)), rc::INVALID_ARGUMENT, "freed twice");
+    assert_eq!(
+        call!(nvmlGpmSampleFree(a)),
+        rc::INVALID_ARGUMENT,
+        "freed twice"
+    );
     assert_eq!(call!(nvmlGpmSampleFree(b)), rc::SUCCESS);
 }
 
@@ -112,7 +119,11 @@ fn samples_must_match_and_be_filled() {
     assert_eq!(call!(nvmlGpmSampleGet(gpu(0), a)), rc::SUCCESS);
     assert_eq!(call!(nvmlGpmSampleGet(gpu(1), b)), rc::SUCCESS);
     assert_eq!(metrics(a, b, &[1]), Err(rc::INVALID_ARGUMENT), "two GPUs");
-    assert_eq!(metrics(a, empty, &[1]), Err(rc::INVALID_ARGUMENT), "unfilled");
+    assert_eq!(
+        metrics(a, empty, &[1]),
+        Err(rc::INVALID_ARGUMENT),
+        "unfilled"
+    );
     assert_eq!(
         call!(nvmlGpmMigSampleGet(gpu(0), 1, a)),
         rc::NOT_SUPPORTED,
@@ -134,6 +145,8 @@ fn a_gpu_lost_between_samples_fails_the_metrics() {
     assert_eq!(call!(nvmlGpmSampleGet(h, a)), rc::SUCCESS);
     assert_eq!(call!(nvmlGpmSampleGet(h, b)), rc::SUCCESS);
     inject(&control, "lost 2\n");
-    assert!(eventually(|| call!(nvmlGpmSampleGet(h, a)) == rc::GPU_IS_LOST));
+    assert!(eventually(
+        || call!(nvmlGpmSampleGet(h, a)) == rc::GPU_IS_LOST
+    ));
     assert_eq!(metrics(a, b, &[1]), Err(rc::GPU_IS_LOST));
 }
