@@ -13,7 +13,7 @@ use common::{Node, gpud_bin, stdout_ok};
 #[test]
 fn list_names_exactly_the_working_applets() {
     let out = Command::new(gpud_bin()).arg("--list").output().unwrap();
-    assert_eq!(stdout_ok(&out), "health\ninventory\n");
+    assert_eq!(stdout_ok(&out), "exporter\nhealth\ninventory\n");
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //! `window_size_in_ms`, `xid`). Integers print as integers and decimals with six places, as
 //! dcgm-exporter prints them. A MIG-enabled GPU with GPU instances is reported once per
 //! instance and not as a whole, device-wide values repeated on each instance. gpud's own
-//! families (`gpud_*`) follow.
+//! families (`gpud_*`) follow, with the same labels except `modelName` (so they pass
+//! Prometheus' snake_case lint) and without label fields or pods.
 //!
 //! Pure: everything comes in through [`Frame`]; the body is appended to a `String`.
 
@@ -139,17 +140,27 @@ pub fn gpu_instance_profile(mig: &MigDevice) -> &str {
     }
 }
 
+/// Whether a label set carries `modelName`: dcgm-exporter's families do; gpud's own leave it
+/// out, so they pass Prometheus' snake_case lint (join on `UUID` for the model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    Include,
+    Omit,
+}
+
 /// `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, the GPU-instance labels, `Hostname`.
-fn identity(frame: &Frame<'_>, gpu: &Gpu, instance: Option<(&str, u32)>) -> String {
+fn identity(frame: &Frame<'_>, gpu: &Gpu, instance: Option<(&str, u32)>, model: Model) -> String {
     let mut s = String::with_capacity(160);
     push_label(&mut s, "gpu", &gpu.index.to_string());
     push_label(&mut s, "UUID", &gpu.uuid);
     push_label(&mut s, "pci_bus_id", &gpu.pci.bus_id);
     push_label(&mut s, "device", &format!("nvidia{}", gpu.index));
-    if frame.labels.replace_blanks_in_model_name {
-        push_label(&mut s, "modelName", &gpu.name.replace(' ', "-"));
-    } else {
-        push_label(&mut s, "modelName", &gpu.name);
+    if model == Model::Include {
+        if frame.labels.replace_blanks_in_model_name {
+            push_label(&mut s, "modelName", &gpu.name.replace(' ', "-"));
+        } else {
+            push_label(&mut s, "modelName", &gpu.name);
+        }
     }
     if let Some((profile, id)) = instance {
         push_label(&mut s, "GPU_I_PROFILE", profile);
@@ -215,6 +226,7 @@ fn entities<'a>(frame: &'a Frame<'a>) -> Vec<Entity<'a>> {
                     frame,
                     gpu,
                     Some((gpu_instance_profile(mig), mig.gpu_instance_id)),
+                    Model::Include,
                 ));
                 let own = t
                     .instances
@@ -228,7 +240,7 @@ fn entities<'a>(frame: &'a Frame<'a>) -> Vec<Entity<'a>> {
                 });
             }
         } else {
-            let prefix = with_fields(identity(frame, gpu, None));
+            let prefix = with_fields(identity(frame, gpu, None, Model::Include));
             out.push(Entity {
                 gpu,
                 telemetry: t,
@@ -452,7 +464,7 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
             let Some(gpu) = snapshot.gpu(gpu_t.index) else {
                 continue;
             };
-            let labels = identity(frame, gpu, None);
+            let labels = identity(frame, gpu, None, Model::Omit);
             let ok = gpu_t.status == SampleStatus::Ok;
             let _ = writeln!(out, "gpud_gpu_sampled{{{labels}}} {}", u8::from(ok));
         }
@@ -467,7 +479,7 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
     for gpu in &snapshot.gpus {
         health_line(
             out,
-            &identity(frame, gpu, None),
+            &identity(frame, gpu, None, Model::Omit),
             gpu.health.state,
             gpu.health.reason.as_deref(),
         );
@@ -484,7 +496,12 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
         }
         instances.sort_by_key(|(gi, _)| *gi);
         for (gi, mig) in instances {
-            let labels = identity(frame, gpu, Some((gpu_instance_profile(mig), gi)));
+            let labels = identity(
+                frame,
+                gpu,
+                Some((gpu_instance_profile(mig), gi)),
+                Model::Omit,
+            );
             health_line(out, &labels, mig.health.state, mig.health.reason.as_deref());
         }
     }
@@ -508,7 +525,7 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
                     .find(|m| m.gpu_instance_id == gi)
                     .map(|m| (gpu_instance_profile(m), gi))
             });
-            let mut labels = identity(frame, gpu, profile);
+            let mut labels = identity(frame, gpu, profile, Model::Omit);
             push_label(&mut labels, "xid", &code.to_string());
             let _ = writeln!(out, "gpud_xid_errors_total{{{labels}}} {count}");
         }
@@ -831,12 +848,13 @@ mod tests {
         };
         let mut body = String::new();
         render(&frame, &mut body);
-        let id = |i: u32| {
+        let own_id = |i: u32| {
             format!(
-                "gpu=\"{i}\",UUID=\"GPU-{i}\",pci_bus_id=\"00000000:{:02X}:00.0\",device=\"nvidia{i}\",modelName=\"NVIDIA-H100-80GB-HBM3\"",
+                "gpu=\"{i}\",UUID=\"GPU-{i}\",pci_bus_id=\"00000000:{:02X}:00.0\",device=\"nvidia{i}\"",
                 0x18 + i
             )
         };
+        let id = |i: u32| format!("{},modelName=\"NVIDIA-H100-80GB-HBM3\"", own_id(i));
         let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
             samples,
@@ -849,12 +867,12 @@ mod tests {
                 "gpud_nvml_up 1".to_owned(),
                 "gpud_samples_total 3".to_owned(),
                 "gpud_sample_duration_seconds 0.25".to_owned(),
-                format!("gpud_gpu_sampled{{{}}} 1", id(0)),
-                format!("gpud_gpu_sampled{{{}}} 0", id(1)),
-                format!("gpud_gpu_health{{{},state=\"healthy\"}} 0", id(0)),
+                format!("gpud_gpu_sampled{{{}}} 1", own_id(0)),
+                format!("gpud_gpu_sampled{{{}}} 0", own_id(1)),
+                format!("gpud_gpu_health{{{},state=\"healthy\"}} 0", own_id(0)),
                 format!(
                     "gpud_gpu_health{{{},state=\"unhealthy\",reason=\"{}\"}} 2",
-                    id(1),
+                    own_id(1),
                     crate::inventory::health::LOST_REASON
                 ),
                 "gpud_pod_resources_up 0".to_owned(),
