@@ -333,10 +333,13 @@ mod tests {
         }
     }
 
+    /// A device ID and what it should resolve to.
+    type Case<'a> = (&'a str, Option<(DeviceKey, Option<&'a str>)>);
+
     #[test]
     fn every_device_id_form_resolves() {
         let n = node();
-        let cases: &[(&str, Option<(DeviceKey, Option<&str>)>)] = &[
+        let cases: &[Case<'_>] = &[
             ("GPU-aaaa", Some((whole(0), None))),
             ("GPU-aaaa::3", Some((whole(0), Some("3")))),
             ("MIG-b-8", Some((instance(1, 8), None))),

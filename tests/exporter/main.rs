@@ -11,4 +11,5 @@ mod faults;
 mod harness;
 mod kubelet;
 mod metrics;
+mod packaging;
 mod pods;
