@@ -7,7 +7,7 @@ MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
 
-.PHONY: all build mock test lint demo bench clean-mock
+.PHONY: all build mock test lint demo bench e2e clean-mock
 
 all: build
 
@@ -37,9 +37,16 @@ demo: build mock
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
 
-## bench: performance measurements (release build)
+## bench: performance measurements (release build): health latency, then exporter scrape
+## throughput/p99 against nginx serving the same bytes, CPU per sample cycle, RSS
 bench:
 	$(CARGO) bench --bench health_latency
+	CARGO=$(CARGO) benches/exporter.sh
+
+## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must
+## return DCGM_FI_DEV_GPU_UTIL for all 8 GPUs (needs Debian's prometheus package)
+e2e: build mock
+	tests/e2e/prometheus.sh $(GPUD) $(MOCK_LIB)
 
 clean-mock:
 	rm -rf $(MOCK_DIR)

@@ -64,6 +64,10 @@ pub fn parse_address(text: &str) -> Result<(Option<String>, u16), ListenError> {
     Ok(((!host.is_empty()).then(|| host.to_owned()), port))
 }
 
+/// Send buffer of every connection: a large body (a MIG node's is a few hundred KiB) leaves in
+/// one write instead of trickling out as the kernel's small default buffer drains.
+const SEND_BUFFER: u32 = 4 << 20;
+
 /// Binds the listen address. Without a host it listens on every address, IPv6 and IPv4, or
 /// IPv4 only where IPv6 is disabled.
 pub async fn bind(text: &str) -> Result<TcpListener, ListenError> {
@@ -72,17 +76,36 @@ pub async fn bind(text: &str) -> Result<TcpListener, ListenError> {
         address: text.to_owned(),
         source,
     };
-    match host {
-        Some(host) => TcpListener::bind((host.as_str(), port))
+    let addresses: Vec<SocketAddr> = match host {
+        Some(host) => tokio::net::lookup_host((host.as_str(), port))
             .await
-            .map_err(bind_error),
-        None => match TcpListener::bind(SocketAddr::from(([0u16; 8], port))).await {
-            Ok(listener) => Ok(listener),
-            Err(_) => TcpListener::bind(SocketAddr::from(([0u8; 4], port)))
-                .await
-                .map_err(bind_error),
-        },
+            .map_err(bind_error)?
+            .collect(),
+        None => vec![
+            SocketAddr::from(([0u16; 8], port)),
+            SocketAddr::from(([0u8; 4], port)),
+        ],
+    };
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address to bind");
+    for address in addresses {
+        match listen(address) {
+            Ok(listener) => return Ok(listener),
+            Err(err) => last = err,
+        }
     }
+    Err(bind_error(last))
+}
+
+fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    // Accepted connections inherit it; the kernel caps it at net.core.wmem_max.
+    let _ = socket.set_send_buffer_size(SEND_BUFFER);
+    socket.bind(address)?;
+    socket.listen(1024)
 }
 
 /// The routes.
@@ -102,6 +125,12 @@ pub async fn serve(
     shared: Shared,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // A body is written in one go: without Nagle its last segment is not held back waiting
+    // for the peer's ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(shared))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await

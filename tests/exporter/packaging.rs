@@ -6,12 +6,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn packaging(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging").join(file)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging")
+        .join(file)
 }
 
 /// Runs promtool; `None` (with a notice) when it is not installed.
 fn promtool(args: &[&str], dir: &Path) -> Option<(bool, String)> {
-    match Command::new("promtool").args(args).current_dir(dir).output() {
+    match Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+    {
         Ok(out) => Some((
             out.status.success(),
             format!(
@@ -43,7 +49,8 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
 /// counter, which appears with the first XID.
 fn served_families() -> BTreeSet<String> {
     let golden = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden/exporter/dgx-h100.metrics"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/golden/exporter/dgx-h100.metrics"),
     )
     .unwrap();
     let mut names: BTreeSet<String> = golden
@@ -83,9 +90,10 @@ fn metric_names(expr: &str) -> Vec<String> {
 #[test]
 fn dashboard_and_rules_only_use_served_metrics() {
     let served = served_families();
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(packaging("grafana/gpud-dashboard.json")).unwrap())
-            .unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(packaging("grafana/gpud-dashboard.json")).unwrap(),
+    )
+    .unwrap();
     let mut exprs: Vec<String> = dashboard["panels"]
         .as_array()
         .unwrap()
