@@ -7,7 +7,7 @@ MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
 
-.PHONY: all build mock test lint demo bench clean-mock
+.PHONY: all build mock test lint demo bench e2e clean-mock
 
 all: build
 
@@ -46,11 +46,19 @@ demo: build mock
 	target/release/examples/kubelet_sim $$dir $$dir/control; status=$$?; \
 	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
-## bench: performance measurements (release build): health, device plugin, labeller
+## bench: performance measurements (release build): health latency, device plugin, labeller,
+## then exporter scrape throughput/p99 against nginx serving the same bytes, CPU per sample
+## cycle, RSS
 bench:
 	$(CARGO) bench --bench health_latency
 	$(CARGO) bench --bench device_plugin
 	$(CARGO) bench --bench labeller
+	CARGO=$(CARGO) benches/exporter.sh
+
+## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must
+## return DCGM_FI_DEV_GPU_UTIL for all 8 GPUs (needs Debian's prometheus package)
+e2e: build mock
+	tests/e2e/prometheus.sh $(GPUD) $(MOCK_LIB)
 
 clean-mock:
 	rm -rf $(MOCK_DIR)

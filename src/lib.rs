@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod device_plugin;
 pub mod exit;
+pub mod exporter;
 pub mod health;
 pub mod inventory;
 pub mod labeller;

@@ -13,7 +13,10 @@ use common::{Node, gpud_bin, stdout_ok};
 #[test]
 fn list_names_exactly_the_working_applets() {
     let out = Command::new(gpud_bin()).arg("--list").output().unwrap();
-    assert_eq!(stdout_ok(&out), "cdi\ndevice-plugin\nhealth\ninventory\nlabeller\n");
+    assert_eq!(
+        stdout_ok(&out),
+        "cdi\ndevice-plugin\nexporter\nhealth\ninventory\nlabeller\n"
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 mod cdi;
 mod device_plugin;
+mod exporter;
 mod health;
 mod inventory;
 mod labeller;
@@ -31,6 +32,11 @@ pub static APPLETS: &[Applet] = &[
         name: "device-plugin",
         about: "advertise GPUs to the kubelet (NVIDIA k8s-device-plugin compatible), withdraw and return sick ones",
         run: device_plugin::main,
+    },
+    Applet {
+        name: "exporter",
+        about: "serve dcgm-exporter-compatible GPU metrics for Prometheus, with pod attribution",
+        run: exporter::main,
     },
     Applet {
         name: "health",

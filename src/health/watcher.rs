@@ -56,12 +56,39 @@ impl Default for WatcherConfig {
 /// Queue depth between the source threads and the tracker.
 const QUEUE: usize = 1024;
 
+/// One XID occurrence, after the NVML event and the kernel-log line for it were merged:
+/// what the exporter counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidSeen {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// The XID.
+    pub code: u32,
+    /// `(gpu instance, compute instance)` when the driver attributed it to a MIG device.
+    pub mig: Option<(u32, u32)>,
+    /// When gpud saw it.
+    pub at: SystemTime,
+}
+
 /// Runs until `cancel` fires. Fails only when the NVML event source cannot be set up.
 pub async fn run(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: WatcherConfig,
+) -> Result<(), NvmlError> {
+    run_with_xids(cancel, nvml, inventory, config, None).await
+}
+
+/// [`run`], also sending every XID occurrence (ignored ones included, duplicates merged) to
+/// `xids`. The send never waits: if the receiver falls behind, occurrences are dropped rather
+/// than stalling health.
+pub async fn run_with_xids(
+    cancel: CancellationToken,
+    nvml: Nvml,
+    inventory: Inventory,
+    config: WatcherConfig,
+    xids: Option<mpsc::Sender<XidSeen>>,
 ) -> Result<(), NvmlError> {
     let (event_tx, mut events) = mpsc::channel(QUEUE);
     // ECC events count whatever the XID policy says, so the event source always runs.
@@ -82,16 +109,16 @@ pub async fn run(
             () = cancel.cancelled() => return Ok(()),
             Some(event) = events.recv() => {
                 let bus = bus_ids(&inventory.current());
-                on_event(&mut tracker, &mut dedup, &bus, event);
+                on_event(&mut tracker, &mut dedup, &bus, event, xids.as_ref());
                 while let Ok(event) = events.try_recv() {
-                    on_event(&mut tracker, &mut dedup, &bus, event);
+                    on_event(&mut tracker, &mut dedup, &bus, event, xids.as_ref());
                 }
             }
             Some(line) = kmsg.recv() => {
                 let bus = bus_ids(&inventory.current());
-                on_kmsg(&mut tracker, &mut dedup, &bus, line);
+                on_kmsg(&mut tracker, &mut dedup, &bus, line, xids.as_ref());
                 while let Ok(line) = kmsg.try_recv() {
-                    on_kmsg(&mut tracker, &mut dedup, &bus, line);
+                    on_kmsg(&mut tracker, &mut dedup, &bus, line, xids.as_ref());
                 }
             }
             _ = poll.tick() => {
@@ -153,7 +180,20 @@ fn now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-fn on_event(tracker: &mut Tracker, dedup: &mut Deduper, bus: &BusMap, event: GpuEvent) {
+/// Passes an XID occurrence on to the exporter, if one listens.
+fn forward(xids: Option<&mpsc::Sender<XidSeen>>, seen: XidSeen) {
+    if let Some(tx) = xids {
+        let _ = tx.try_send(seen);
+    }
+}
+
+fn on_event(
+    tracker: &mut Tracker,
+    dedup: &mut Deduper,
+    bus: &BusMap,
+    event: GpuEvent,
+    xids: Option<&mpsc::Sender<XidSeen>>,
+) {
     let now = SystemTime::now();
     match event.kind {
         EventKind::Xid(code) => {
@@ -162,6 +202,15 @@ fn on_event(tracker: &mut Tracker, dedup: &mut Deduper, bus: &BusMap, event: Gpu
             {
                 return;
             }
+            forward(
+                xids,
+                XidSeen {
+                    gpu: event.gpu,
+                    code,
+                    mig: event.mig,
+                    at: now,
+                },
+            );
             tracker.observe_xid(event.gpu, code, event.mig, now);
         }
         EventKind::DoubleBitEcc => tracker.observe_dbe_event(event.gpu, now),
@@ -169,7 +218,13 @@ fn on_event(tracker: &mut Tracker, dedup: &mut Deduper, bus: &BusMap, event: Gpu
     }
 }
 
-fn on_kmsg(tracker: &mut Tracker, dedup: &mut Deduper, bus: &BusMap, event: KmsgEvent) {
+fn on_kmsg(
+    tracker: &mut Tracker,
+    dedup: &mut Deduper,
+    bus: &BusMap,
+    event: KmsgEvent,
+    xids: Option<&mpsc::Sender<XidSeen>>,
+) {
     let now = SystemTime::now();
     let Some(&gpu) = bus.by_bus.get(&event.pci_bus_id().to_ascii_uppercase()) else {
         return; // a GPU this node's NVML does not know (or not a GPU at all)
@@ -186,9 +241,29 @@ fn on_kmsg(tracker: &mut Tracker, dedup: &mut Deduper, bus: &BusMap, event: Kmsg
                 return;
             }
             let mig = gpu_instance_id.zip(compute_instance_id);
+            forward(
+                xids,
+                XidSeen {
+                    gpu,
+                    code,
+                    mig,
+                    at: now,
+                },
+            );
             tracker.observe_xid(gpu, code, mig, now);
         }
-        KmsgEvent::FallenOffBus { .. } => tracker.observe_xid(gpu, 79, None, now),
+        KmsgEvent::FallenOffBus { .. } => {
+            forward(
+                xids,
+                XidSeen {
+                    gpu,
+                    code: 79,
+                    mig: None,
+                    at: now,
+                },
+            );
+            tracker.observe_xid(gpu, 79, None, now);
+        }
         KmsgEvent::GpuIdentified { .. } => {}
     }
 }

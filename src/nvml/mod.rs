@@ -15,6 +15,7 @@ pub mod library;
 mod probe;
 mod raw;
 mod signals;
+pub mod telemetry;
 
 use std::path::{Path, PathBuf};
 

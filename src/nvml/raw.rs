@@ -155,3 +155,88 @@ pub fn remapped_rows(
     })?;
     Ok((corrected, uncorrected, pending != 0, failure != 0))
 }
+
+/// Reads field values with explicit scopes (NVLink fields take the link number as scope, which
+/// nvml-wrapper's `field_values_for` cannot pass). The outer error is the call's; each field
+/// carries its own. Field ids must be ones whose numbering did not change in NVML 13.0 U1
+/// (outside 251–273), as they are passed through untranslated. Values come back as integers:
+/// signed values below zero read as 0, doubles are truncated.
+pub fn field_values(
+    nvml: &Nvml,
+    device: &Device<'_>,
+    requests: &[(u32, u32)],
+) -> Result<Vec<Result<u64, NvmlError>>, NvmlError> {
+    use nvml_wrapper_sys::bindings::{
+        nvmlFieldValue_t, nvmlValue_t, nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE as DOUBLE,
+        nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_INT as SINT,
+        nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG as SLL,
+        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT as UINT,
+        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG as ULONG,
+        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG as ULL,
+        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT as USHORT,
+    };
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetFieldValues.as_ref())?;
+    let count = i32::try_from(requests.len()).map_err(|_| NvmlError::InvalidArg)?;
+    let mut values: Vec<nvmlFieldValue_t> = requests
+        .iter()
+        .map(|&(field, scope)| nvmlFieldValue_t {
+            fieldId: field,
+            scopeId: scope,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: 0,
+            nvmlReturn: 0,
+            value: nvmlValue_t { ullVal: 0 },
+        })
+        .collect();
+    // SAFETY: a live NVML device handle; `values` holds exactly `count` initialised entries
+    // that NVML reads (field and scope ids) and writes back in place.
+    nvml_try(unsafe { sym(device.handle(), count, values.as_mut_ptr()) })?;
+    Ok(values
+        .iter()
+        .map(|v| {
+            nvml_try(v.nvmlReturn)?;
+            // SAFETY: NVML wrote the union member that `valueType` names; every member is plain
+            // data, so reading the one named is a read of initialised memory of that type.
+            let value = unsafe {
+                match v.valueType {
+                    UINT => u64::from(v.value.uiVal),
+                    // `c_ulong` is 64-bit here but not on every platform NVML exists for.
+                    #[allow(clippy::useless_conversion)]
+                    ULONG => u64::from(v.value.ulVal),
+                    ULL => v.value.ullVal,
+                    SLL => u64::try_from(v.value.sllVal).unwrap_or(0),
+                    SINT => u64::try_from(v.value.siVal).unwrap_or(0),
+                    USHORT => u64::from(v.value.usVal),
+                    DOUBLE => v.value.dVal.max(0.0) as u64,
+                    _ => return Err(NvmlError::UnexpectedVariant(v.valueType)),
+                }
+            };
+            Ok(value)
+        })
+        .collect())
+}
+
+/// Fills an already allocated GPM sample from the whole GPU (`gpu_instance: None`) or from one
+/// of its GPU instances, so a sampler can alternate two samples instead of allocating one per
+/// reading.
+pub fn gpm_fill(
+    nvml: &Nvml,
+    device: &Device<'_>,
+    gpu_instance: Option<u32>,
+    sample: &nvml_wrapper::GpmSample<'_>,
+) -> Result<(), NvmlError> {
+    match gpu_instance {
+        None => {
+            let sym = nvml_sym(nvml.lib().nvmlGpmSampleGet.as_ref())?;
+            // SAFETY: a live device handle and a live sample owned by `sample`, which outlives
+            // the call and is not freed here; NVML writes only into the sample.
+            nvml_try(unsafe { sym(device.handle(), sample.handle()) })
+        }
+        Some(id) => {
+            let sym = nvml_sym(nvml.lib().nvmlGpmMigSampleGet.as_ref())?;
+            // SAFETY: as above, for the GPU-instance variant of the call.
+            nvml_try(unsafe { sym(device.handle(), id, sample.handle()) })
+        }
+    }
+}

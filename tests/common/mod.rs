@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -19,6 +19,7 @@ use crate::events::{Event, EventSet, NO_INSTANCE};
 use crate::faults::{Faults, RetiredPage};
 use crate::ffi::{Res, rc};
 use crate::fixture;
+use crate::gpm::GpmSample;
 use crate::mig::{MigState, mig_uuid};
 use crate::node::Node;
 use crate::registry::{Obj, Registry};
@@ -103,6 +104,8 @@ pub struct Runtime {
     pub registry: Registry,
     event_sets: HashMap<u64, Arc<EventSet>>,
     next_event_set: u64,
+    gpm_samples: HashMap<u64, GpmSample>,
+    next_gpm_sample: u64,
     store: Option<StateStore>,
     /// State-file entries for GPUs this fixture does not have; written back untouched.
     foreign: BTreeMap<String, MigState>,
@@ -118,6 +121,8 @@ impl Runtime {
             registry: Registry::default(),
             event_sets: HashMap::new(),
             next_event_set: 1,
+            gpm_samples: HashMap::new(),
+            next_gpm_sample: 1,
             store: None,
             foreign: BTreeMap::new(),
             warned: HashSet::new(),
@@ -265,6 +270,44 @@ impl Runtime {
         }
         self.registry.forget(Obj::EventSet(id));
         Ok(())
+    }
+
+    /// A new, empty GPM sample and its handle.
+    pub fn alloc_gpm_sample(&mut self) -> usize {
+        let id = self.next_gpm_sample;
+        self.next_gpm_sample += 1;
+        self.gpm_samples.insert(id, GpmSample::Empty);
+        self.registry.handle(Obj::GpmSample(id))
+    }
+
+    /// The sample behind a handle, for reading or filling.
+    pub fn gpm_sample(&mut self, handle: usize) -> Res<&mut GpmSample> {
+        match self.registry.lookup(handle) {
+            Some(Obj::GpmSample(id)) => self.gpm_samples.get_mut(&id).ok_or(rc::INVALID_ARGUMENT),
+            _ => Err(rc::INVALID_ARGUMENT),
+        }
+    }
+
+    /// Frees a GPM sample; its handle is retired.
+    pub fn free_gpm_sample(&mut self, handle: usize) -> Res {
+        let Some(Obj::GpmSample(id)) = self.registry.lookup(handle) else {
+            return Err(rc::INVALID_ARGUMENT);
+        };
+        self.gpm_samples.remove(&id);
+        self.registry.forget(Obj::GpmSample(id));
+        Ok(())
+    }
+
+    /// The NVLinks of a GPU that are trained and up now.
+    pub fn links_up(&self, node: &Node, gpu: usize) -> Vec<u32> {
+        node.gpus[gpu]
+            .links
+            .iter()
+            .zip(&self.faults[gpu].link_up)
+            .enumerate()
+            .filter(|(_, (link, up))| **up && link.remote != crate::node::Remote::None)
+            .map(|(i, _)| i as u32)
+            .collect()
     }
 
     fn close_event_sets(&mut self) {

@@ -40,6 +40,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../fixtures/nodes/a100-mig.json"),
     ),
     ("empty", include_str!("../../fixtures/nodes/empty.json")),
+    (
+        "h100-mig",
+        include_str!("../../fixtures/nodes/h100-mig.json"),
+    ),
 ];
 
 // ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ pub mod events;
 pub mod faults;
 pub mod ffi;
 pub mod fixture;
+pub mod gpm;
 pub mod jsonpath;
 pub mod mig;
 pub mod models;

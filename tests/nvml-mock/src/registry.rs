@@ -1,5 +1,5 @@
-//! Opaque handles: every `nvmlDevice_t`, `nvmlGpuInstance_t`, `nvmlComputeInstance_t` and
-//! `nvmlEventSet_t` the mock hands out is the address of a small leaked allocation, looked up
+//! Opaque handles: every `nvmlDevice_t`, `nvmlGpuInstance_t`, `nvmlComputeInstance_t`,
+//! `nvmlEventSet_t` and `nvmlGpmSample_t` the mock hands out is the address of a small leaked allocation, looked up
 //! here to find what it stands for.
 //!
 //! Handles are interned (the same object always gets the same handle, as NVML's do), are never
@@ -29,6 +29,7 @@ pub enum Obj {
         ci: u32,
     },
     EventSet(u64),
+    GpmSample(u64),
 }
 
 /// The allocation behind a handle; non-zero-sized so every handle has its own address.
@@ -57,6 +58,7 @@ impl Registry {
             Obj::GpuInstance { .. } => 3,
             Obj::ComputeInstance { .. } => 4,
             Obj::EventSet(_) => 5,
+            Obj::GpmSample(_) => 6,
         };
         let addr = Box::leak(Box::new(Slot { kind })) as *mut Slot as usize;
         self.by_addr.insert(addr, obj);
@@ -69,7 +71,7 @@ impl Registry {
         self.by_addr.get(&addr).copied()
     }
 
-    /// Retires a handle for good (used for freed event sets).
+    /// Retires a handle for good (used for freed event sets and GPM samples).
     pub fn forget(&mut self, obj: Obj) {
         if let Some(addr) = self.by_obj.remove(&obj) {
             self.by_addr.remove(&addr);

@@ -30,6 +30,7 @@ enum Field {
     Replay,
     Bar1,
     MigMem,
+    MigUtil,
 }
 
 /// SplitMix64: a tiny, well-mixed hash, ample for test data.
@@ -192,9 +193,20 @@ impl Probe<'_> {
 
     /// Cumulative NVLink data counter of one link, KiB: a per-link rate times `t`.
     pub fn nvlink_kib(&self, link: u32, tx: bool) -> u64 {
+        self.nvlink_kib_per_s(link, tx) * self.t
+    }
+
+    /// Data rate of one link, KiB/s (constant per link, so the counter grows linearly).
+    pub fn nvlink_kib_per_s(&self, link: u32, tx: bool) -> u64 {
         let k = (link as u64) << 1 | tx as u64;
-        let rate = 50_000 + hash(self.seed, self.gpu.index, Field::NvLink, k) % 950_000;
-        rate * self.t
+        50_000 + hash(self.seed, self.gpu.index, Field::NvLink, k) % 950_000
+    }
+
+    /// Activity of one GPU instance, percent: its own load, independent of its neighbours'.
+    pub fn mig_util(&self, gi: u32) -> u32 {
+        let seed = self.seed ^ ((Field::MigUtil as u64) << 16) ^ u64::from(gi);
+        let v = noise(seed, self.gpu.index, Field::MigUtil, self.t, 120);
+        (v * 100.0).round().min(100.0) as u32
     }
 
     /// BAR1 in use, MiB.

@@ -8,6 +8,7 @@
 pub mod device;
 pub mod events;
 pub mod fields;
+pub mod gpm;
 pub mod health;
 pub mod mig;
 pub mod mig_admin;
@@ -18,6 +19,7 @@ pub mod topology;
 pub use device::*;
 pub use events::*;
 pub use fields::*;
+pub use gpm::*;
 pub use health::*;
 pub use mig::*;
 pub use mig_admin::*;

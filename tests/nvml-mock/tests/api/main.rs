@@ -8,6 +8,7 @@
 
 mod common;
 mod faults;
+mod gpm;
 mod inventory;
 mod mig;
 mod telemetry;

@@ -1,0 +1,324 @@
+//! `gpud exporter`: dcgm-exporter-compatible Prometheus metrics, with pod attribution and
+//! live GPU health.
+//!
+//! Flags and environment variables are dcgm-exporter's where it has them, so a DaemonSet can
+//! switch images without changing its arguments. The health watcher runs in the same process:
+//! `gpud_gpu_health` is live and XIDs are counted from the same events and kernel-log lines.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use clap::builder::FalseyValueParser;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::cli::{self, CommonArgs, NodeArgs};
+use crate::config::{self, Config};
+use crate::exit;
+use crate::exporter::counters::{self, DEFAULT_COUNTERS, DEFAULT_COUNTERS_NAME};
+use crate::exporter::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
+use crate::exporter::pods::ResourceFilter;
+use crate::exporter::render::LabelOptions;
+use crate::exporter::{self, ExporterConfig, fields};
+use crate::health::kmsg_source::DEFAULT_KMSG_PATH;
+use crate::health::tracker::{DEFAULT_XID_QUIET_PERIOD, TrackerConfig};
+use crate::health::watcher::{self, DEFAULT_POLL_INTERVAL, WatcherConfig};
+use crate::health::xid::{ENV_DISABLE_HEALTHCHECKS, ENV_ENABLE_HEALTHCHECKS, XidPolicy};
+use crate::inventory::Inventory;
+
+/// Serve dcgm-exporter-compatible GPU metrics for Prometheus.
+///
+/// NVML is sampled every collect interval on a background thread and the exposition body is
+/// rendered once per sample; /metrics returns the last body without touching the driver or the
+/// kubelet. Also serves /health (as dcgm-exporter), /healthz and /readyz.
+#[derive(Debug, Parser)]
+#[command(name = "gpud exporter", version)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(flatten)]
+    node: NodeArgs,
+
+    /// Address to listen on, [HOST]:PORT.
+    #[arg(short = 'a', long, value_name = "ADDRESS", env = "DCGM_EXPORTER_LISTEN",
+          default_value = exporter::DEFAULT_ADDRESS)]
+    address: String,
+
+    /// Counters file in dcgm-exporter's CSV format [default: dcgm-exporter's default counters].
+    #[arg(
+        short = 'f',
+        long,
+        value_name = "FILE",
+        env = "DCGM_EXPORTER_COLLECTORS"
+    )]
+    collectors: Option<PathBuf>,
+
+    /// Milliseconds between two NVML samples (at least 100).
+    #[arg(
+        short = 'c',
+        long,
+        value_name = "MS",
+        env = "DCGM_EXPORTER_INTERVAL",
+        default_value_t = 30_000
+    )]
+    collect_interval: u64,
+
+    /// Attribute GPUs to pods through the kubelet's pod-resources API.
+    #[arg(short = 'k', long, env = "DCGM_EXPORTER_KUBERNETES", value_parser = FalseyValueParser::new())]
+    kubernetes: bool,
+
+    /// The kubelet's pod-resources socket.
+    #[arg(long, value_name = "PATH", env = "DCGM_POD_RESOURCES_KUBELET_SOCKET",
+          default_value = DEFAULT_SOCKET)]
+    pod_resources_kubelet_socket: PathBuf,
+
+    /// More resource names that are GPUs (comma-separated), e.g. nvidia.com/gpu.shared.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        env = "NVIDIA_RESOURCE_NAMES",
+        value_delimiter = ','
+    )]
+    nvidia_resource_names: Vec<String>,
+
+    /// How device IDs are spelled (uid or device-name). Accepted for compatibility: gpud
+    /// understands both forms without being told.
+    #[arg(long, value_name = "TYPE", env = "DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE",
+          value_parser = ["uid", "device-name"], default_value = "uid")]
+    kubernetes_gpu_id_type: String,
+
+    /// Time between two pod-resources List calls.
+    #[arg(long, value_name = "DURATION", env = "GPUD_POD_RESOURCES_POLL_INTERVAL",
+          default_value = "5s", value_parser = positive_duration)]
+    pod_resources_poll_interval: Duration,
+
+    /// Leave out the host label.
+    #[arg(short = 'n', long, env = "DCGM_EXPORTER_NO_HOSTNAME", value_parser = FalseyValueParser::new())]
+    no_hostname: bool,
+
+    /// Name of the host label: Hostname (dcgm-exporter up to 4.5) or hostname (later).
+    #[arg(long, value_name = "NAME", env = "GPUD_HOSTNAME_LABEL",
+          value_parser = ["Hostname", "hostname"], default_value = "Hostname")]
+    hostname_label: String,
+
+    /// Replace spaces in the modelName label with dashes.
+    #[arg(long, env = "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", value_parser = FalseyValueParser::new())]
+    replace_blanks_in_model_name: bool,
+
+    /// Milliseconds of XID history DCGM_EXP_XID_ERRORS_COUNT counts.
+    #[arg(
+        short = 'x',
+        long,
+        value_name = "MS",
+        env = "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE",
+        default_value_t = 300_000
+    )]
+    xid_count_window_size: u64,
+
+    /// gpud config file (YAML or JSON); its `health` section applies.
+    #[arg(long, value_name = "PATH", env = config::CONFIG_ENV)]
+    config: Option<PathBuf>,
+
+    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
+    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
+    kmsg: Option<String>,
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be longer than zero".into()),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> ExitCode {
+    let args: Args = match cli::parse(argv) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    let file = match args.config.as_deref().map(config::load).transpose() {
+        Ok(file) => file.unwrap_or_default(),
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            return ExitCode::from(exit::DATA);
+        }
+    };
+    let rows = match &args.collectors {
+        Some(path) => counters::load(path),
+        None => counters::parse(Path::new(DEFAULT_COUNTERS_NAME), DEFAULT_COUNTERS),
+    };
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            return ExitCode::from(exit::DATA);
+        }
+    };
+    if let Err(err) = exporter::server::parse_address(&args.address) {
+        eprintln!("gpud: {err}");
+        return ExitCode::from(exit::USAGE);
+    }
+    let nvml = match args.common.start() {
+        Ok(nvml) => nvml,
+        Err(code) => return code,
+    };
+    let source = args
+        .collectors
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_COUNTERS_NAME));
+    let gpm_available = nvml.gpm_support().iter().any(|(_, supported)| *supported);
+    let selection = match fields::select(&source, &rows, gpm_available) {
+        Ok(selection) => selection,
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            return ExitCode::from(exit::DATA);
+        }
+    };
+    for skipped in &selection.skipped {
+        info!(
+            line = skipped.line,
+            "Skipping {}: {}", skipped.field, skipped.reason
+        );
+    }
+    let inventory = match Inventory::discover(nvml.clone(), args.node.facts()) {
+        Ok(inventory) => inventory,
+        Err(err) => return cli::fail_nvml(&err),
+    };
+    let config = exporter_config(&args, selection);
+    let watcher = watcher_config(&args, &file);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("gpud: cannot start the runtime: {err}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    runtime.block_on(serve(nvml, inventory, config, watcher))
+}
+
+fn exporter_config(args: &Args, selection: fields::Selection) -> ExporterConfig {
+    let mut interval = Duration::from_millis(args.collect_interval);
+    if interval < exporter::MIN_COLLECT_INTERVAL {
+        warn!(
+            requested_ms = args.collect_interval,
+            "The collect interval is in milliseconds; {} ms is below the minimum, using {} ms",
+            args.collect_interval,
+            exporter::MIN_COLLECT_INTERVAL.as_millis()
+        );
+        interval = exporter::MIN_COLLECT_INTERVAL;
+    }
+    ExporterConfig {
+        address: args.address.clone(),
+        selection,
+        collect_interval: interval,
+        labels: LabelOptions {
+            hostname_label: (!args.no_hostname).then(|| args.hostname_label.clone()),
+            replace_blanks_in_model_name: args.replace_blanks_in_model_name,
+        },
+        kubernetes: args.kubernetes.then(|| PodResourcesConfig {
+            socket: args.pod_resources_kubelet_socket.clone(),
+            resources: ResourceFilter {
+                extra: args
+                    .nvidia_resource_names
+                    .iter()
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            },
+            poll_interval: args.pod_resources_poll_interval,
+        }),
+        xid_window: Duration::from_millis(args.xid_count_window_size),
+    }
+}
+
+/// The health watcher's settings: flags, then the config file, then defaults.
+fn watcher_config(args: &Args, file: &Config) -> WatcherConfig {
+    let disable = std::env::var(ENV_DISABLE_HEALTHCHECKS).ok();
+    let enable = std::env::var(ENV_ENABLE_HEALTHCHECKS).ok();
+    let (policy, warnings) =
+        XidPolicy::from_config_and_env(&file.health.xid, disable.as_deref(), enable.as_deref());
+    for warning in warnings {
+        eprintln!("gpud: {warning}");
+    }
+    let kmsg_path = match (&args.kmsg, &file.health.kmsg_path) {
+        (Some(flag), _) => (!flag.is_empty()).then(|| PathBuf::from(flag)),
+        (None, Some(from_file)) => from_file.clone(),
+        (None, None) => Some(PathBuf::from(DEFAULT_KMSG_PATH)),
+    };
+    WatcherConfig {
+        poll_interval: file.health.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
+        kmsg_path,
+        policy,
+        tracker: TrackerConfig {
+            xid_quiet_period: file
+                .health
+                .xid_quiet_period
+                .unwrap_or(DEFAULT_XID_QUIET_PERIOD),
+            ..TrackerConfig::default()
+        },
+        ..WatcherConfig::default()
+    }
+}
+
+/// Queue between the health watcher and the exporter's XID record.
+const XID_QUEUE: usize = 1024;
+
+async fn serve(
+    nvml: crate::nvml::Nvml,
+    inventory: Inventory,
+    config: ExporterConfig,
+    watcher_config: WatcherConfig,
+) -> ExitCode {
+    let cancel = CancellationToken::new();
+    let (xid_tx, xid_rx) = mpsc::channel(XID_QUEUE);
+    let health = tokio::spawn({
+        let cancel = cancel.clone();
+        let nvml = nvml.clone();
+        let inventory = inventory.clone();
+        async move {
+            if let Err(err) =
+                watcher::run_with_xids(cancel, nvml, inventory, watcher_config, Some(xid_tx)).await
+            {
+                warn!(error = %err, "Health watching is off: gpud_gpu_health shows discovery's view only");
+            }
+        }
+    });
+    let exporter = tokio::spawn(exporter::run(
+        cancel.clone(),
+        nvml,
+        inventory,
+        config,
+        Some(xid_rx),
+    ));
+    let stop = crate::signals::shutdown();
+    tokio::pin!(stop);
+    let code = tokio::select! {
+        () = &mut stop => ExitCode::SUCCESS,
+        result = exporter => match result {
+            Ok(Ok(())) => ExitCode::SUCCESS,
+            Ok(Err(err)) => {
+                eprintln!("gpud: {err}");
+                ExitCode::from(exit::FAILURE)
+            }
+            Err(err) => {
+                eprintln!("gpud: exporter task failed: {err}");
+                ExitCode::from(exit::FAILURE)
+            }
+        },
+    };
+    cancel.cancel();
+    let _ = health.await;
+    info!("Exporter stopped");
+    code
+}

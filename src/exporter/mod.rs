@@ -1,0 +1,224 @@
+//! The exporter: dcgm-exporter's metrics, names, units and labels, served from a body rendered
+//! off the scrape path.
+//!
+//! # Design
+//!
+//! Three producers and one renderer:
+//!
+//! * the sampling thread ([`sampler`]) reads NVML every collect interval;
+//! * the pod-resources poller ([`podresources`]) asks the kubelet who uses which GPU on its
+//!   own interval;
+//! * the health watcher (run by the applet) publishes health through the inventory and sends
+//!   every XID it sees.
+//!
+//! The renderer task wakes on any of them, renders the whole exposition body once
+//! ([`render`]) and publishes it; the HTTP server ([`server`]) hands out the last body. A scrape
+//! therefore never waits on the driver or the kubelet, and costs the same whatever the node
+//! size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
+//! the sampler, poller and server are thin shells around them.
+
+pub mod counters;
+pub mod fields;
+pub mod podresources;
+pub mod pods;
+pub mod render;
+pub mod sampler;
+pub mod server;
+pub mod xids;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::health::watcher::XidSeen;
+use crate::inventory::Inventory;
+use crate::nvml::{Nvml, NvmlError};
+use fields::Selection;
+use podresources::{PodResourcesConfig, PodsState};
+use render::{Frame, LabelOptions, OwnStats};
+use sampler::Sampled;
+use server::{ListenError, Published, Shared};
+use xids::XidState;
+
+/// dcgm-exporter's default listen address.
+pub const DEFAULT_ADDRESS: &str = ":9400";
+/// dcgm-exporter's default collect interval.
+pub const DEFAULT_COLLECT_INTERVAL: Duration = Duration::from_millis(30_000);
+/// The shortest collect interval accepted: the interval is in milliseconds, and a value
+/// meant as seconds (`3`) would otherwise sample NVML 333 times a second.
+pub const MIN_COLLECT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Settings of one exporter.
+#[derive(Debug, Clone)]
+pub struct ExporterConfig {
+    /// `[host]:port` to listen on.
+    pub address: String,
+    /// What to collect.
+    pub selection: Selection,
+    /// Time between two NVML samples.
+    pub collect_interval: Duration,
+    /// How labels are spelled.
+    pub labels: LabelOptions,
+    /// Pod attribution, when enabled.
+    pub kubernetes: Option<PodResourcesConfig>,
+    /// Window of `DCGM_EXP_XID_ERRORS_COUNT`.
+    pub xid_window: Duration,
+}
+
+/// What stops the exporter from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExporterError {
+    /// The listen address is invalid or cannot be bound.
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    /// The sampling thread could not start.
+    #[error(transparent)]
+    Nvml(#[from] NvmlError),
+    /// The HTTP server stopped with an error.
+    #[error("metrics server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Runs the exporter until `cancel` fires. `xids` carries XID occurrences from the health
+/// watcher (none when it does not run). Fails only on setup (listen address, threads) or if the
+/// server itself fails.
+pub async fn run(
+    cancel: CancellationToken,
+    nvml: Nvml,
+    inventory: Inventory,
+    config: ExporterConfig,
+    xids: Option<mpsc::Receiver<XidSeen>>,
+) -> Result<(), ExporterError> {
+    let listener = server::bind(&config.address).await?;
+    if let Ok(local) = listener.local_addr() {
+        info!(address = %local, interval = ?config.collect_interval, "Serving metrics");
+    }
+    let (sample_tx, sample_rx) = watch::channel(None);
+    let _sampler = sampler::start(
+        nvml,
+        inventory.clone(),
+        config.selection.plan.clone(),
+        config.collect_interval,
+        sample_tx,
+    )?;
+    let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
+    let poller = config.kubernetes.clone().map(|k8s| {
+        tokio::spawn(podresources::run(
+            cancel.clone(),
+            k8s,
+            inventory.clone(),
+            pods_tx,
+        ))
+    });
+    let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
+    let renderer = tokio::spawn(render_loop(
+        cancel.clone(),
+        config.clone(),
+        inventory,
+        sample_rx,
+        pods_rx,
+        xids,
+        Arc::clone(&shared),
+    ));
+    let served = server::serve(listener, shared, cancel.clone()).await;
+    cancel.cancel();
+    let _ = renderer.await;
+    if let Some(poller) = poller {
+        let _ = poller.await;
+    }
+    served.map_err(ExporterError::Serve)
+}
+
+/// Renders a new body whenever a sample, the pod attribution, the inventory or the XID record
+/// changes.
+async fn render_loop(
+    cancel: CancellationToken,
+    config: ExporterConfig,
+    inventory: Inventory,
+    mut samples: watch::Receiver<Option<Arc<Sampled>>>,
+    mut pods: watch::Receiver<Arc<PodsState>>,
+    mut xid_rx: Option<mpsc::Receiver<XidSeen>>,
+    shared: Shared,
+) {
+    let mut snapshots = inventory.subscribe();
+    let mut xids = XidState::new(config.xid_window);
+    let mut capacity = 16 * 1024;
+    // Without pod attribution the pods channel's sender is gone at once; stop watching it.
+    let mut pods_live = true;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = samples.changed() => if changed.is_err() { return },
+            changed = pods.changed(), if pods_live => if changed.is_err() { pods_live = false },
+            changed = snapshots.changed() => if changed.is_err() { return },
+            seen = next_xid(&mut xid_rx) => match seen {
+                Some(seen) => {
+                    observe(&mut xids, &inventory, seen);
+                    // A storm is one render, not one per XID.
+                    while let Some(rx) = xid_rx.as_mut() {
+                        match rx.try_recv() {
+                            Ok(seen) => observe(&mut xids, &inventory, seen),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                None => xid_rx = None,
+            },
+        }
+        let sample = samples.borrow_and_update().clone();
+        let Some(sample) = sample else {
+            continue; // nothing to serve before the first sample
+        };
+        let now = SystemTime::now();
+        xids.expire(now);
+        let pods_state = pods.borrow_and_update().clone();
+        let snapshot = snapshots.borrow_and_update().clone();
+        let own = OwnStats {
+            samples: sample.cycles,
+            last_sample_seconds: sample.duration.as_secs_f64(),
+            pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
+        };
+        let frame = Frame {
+            selection: &config.selection,
+            labels: &config.labels,
+            snapshot: &snapshot,
+            telemetry: Some(&sample.telemetry),
+            nvlink_rates: &sample.nvlink_rates,
+            pods: &pods_state.attribution,
+            xids: &xids,
+            now,
+            own: &own,
+        };
+        let mut body = String::with_capacity(capacity);
+        render::render(&frame, &mut body);
+        capacity = body.len() + body.len() / 8;
+        let published = Published {
+            body: Bytes::from(body),
+            ready: true,
+            nvml_up: sample.telemetry.nvml_up,
+        };
+        shared.send_replace(published);
+    }
+}
+
+async fn next_xid(rx: &mut Option<mpsc::Receiver<XidSeen>>) -> Option<XidSeen> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Records an XID against the GPU instance the driver named, when the GPU has one with that id.
+fn observe(xids: &mut XidState, inventory: &Inventory, seen: XidSeen) {
+    let gi = seen.mig.map(|(gi, _)| gi).filter(|gi| {
+        inventory
+            .current()
+            .gpu(seen.gpu)
+            .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == *gi))
+    });
+    xids.observe(seen.gpu, gi, seen.code, seen.at);
+}

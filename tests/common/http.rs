@@ -1,0 +1,69 @@
+//! A minimal HTTP/1.1 client for black-box tests of gpud's HTTP endpoints: one request per
+//! connection, `Connection: close`, the whole answer read to EOF.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Status code and body of one answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: String,
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// `GET path` on `127.0.0.1:port`; `Err` when nothing answers.
+pub fn get(port: u16, path: &str) -> std::io::Result<Answer> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8(raw).map_err(std::io::Error::other)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let content_type = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .map(str::to_owned);
+    Ok(Answer {
+        status,
+        content_type,
+        body: body.to_owned(),
+    })
+}
+
+/// Polls `GET path` until `accept` says yes, failing the test after `secs` seconds.
+pub fn wait_for(port: u16, path: &str, secs: u64, accept: impl Fn(&Answer) -> bool) -> Answer {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(answer) = get(port, path)
+            && accept(&answer)
+        {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GET {path} on port {port} did not give the expected answer within {secs}s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,15 @@
+//! `gpud exporter` end to end: the real binary on the simulated NVML library, scraped over
+//! HTTP. Golden bodies for whole nodes, promtool's verdict, fault handling, and pod attribution
+//! against a fake kubelet pod-resources server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod faults;
+mod harness;
+mod kubelet;
+mod metrics;
+mod packaging;
+mod pods;
