@@ -87,6 +87,27 @@ pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
+/// A clap value parser for durations that must be longer than zero ("5s", "500ms", "10m").
+pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be longer than zero".into()),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// Loads gpud's own config file when one is named; a bad one is reported in one line and
+/// mapped to exit 65.
+pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, ExitCode> {
+    match path.map(crate::config::load).transpose() {
+        Ok(file) => Ok(file.unwrap_or_default()),
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            Err(ExitCode::from(exit::DATA))
+        }
+    }
+}
+
 /// How an applet prints a document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {

@@ -94,7 +94,7 @@ struct Args {
 
     /// Time between two pod-resources List calls.
     #[arg(long, value_name = "DURATION", env = "GPUD_POD_RESOURCES_POLL_INTERVAL",
-          default_value = "5s", value_parser = positive_duration)]
+          default_value = "5s", value_parser = cli::positive_duration)]
     pod_resources_poll_interval: Duration,
 
     /// Leave out the host label.
@@ -129,26 +129,15 @@ struct Args {
     kmsg: Option<String>,
 }
 
-fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(err) => Err(err.to_string()),
-    }
-}
-
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     let args: Args = match cli::parse(argv) {
         Ok(args) => args,
         Err(code) => return code,
     };
-    let file = match args.config.as_deref().map(config::load).transpose() {
-        Ok(file) => file.unwrap_or_default(),
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
+    let file = match cli::load_config(args.config.as_deref()) {
+        Ok(file) => file,
+        Err(code) => return code,
     };
     let rows = match &args.collectors {
         Some(path) => counters::load(path),

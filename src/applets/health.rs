@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{self, CommonArgs, NodeArgs};
 use crate::config::{self, Config};
-use crate::exit;
 use crate::health::kmsg_source::DEFAULT_KMSG_PATH;
 use crate::health::tracker::{DEFAULT_XID_QUIET_PERIOD, Tracker, TrackerConfig};
 use crate::health::transitions::{self, state_word};
@@ -47,24 +46,16 @@ struct Args {
     config: Option<PathBuf>,
 
     /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
-    #[arg(long, value_name = "DURATION", env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = positive_duration)]
+    #[arg(long, value_name = "DURATION", env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = cli::positive_duration)]
     poll_interval: Option<Duration>,
 
     /// How long a non-fatal XID condition must stay quiet before it clears [default: 10m].
-    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = positive_duration)]
+    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = cli::positive_duration)]
     xid_quiet_period: Option<Duration>,
 
     /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
     #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
     kmsg: Option<String>,
-}
-
-fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(err) => Err(err.to_string()),
-    }
 }
 
 /// Entry point.
@@ -73,12 +64,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(args) => args,
         Err(code) => return code,
     };
-    let file = match args.config.as_deref().map(config::load).transpose() {
-        Ok(file) => file.unwrap_or_default(),
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
+    let file = match cli::load_config(args.config.as_deref()) {
+        Ok(file) => file,
+        Err(code) => return code,
     };
     let settings = watcher_config(&args, &file);
     let nvml = match args.common.start() {

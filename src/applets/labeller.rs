@@ -70,7 +70,7 @@ struct Args {
     /// Rescan the GPUs this often, relabelling as soon as something changed (MIG layout,
     /// a GPU lost or back).
     #[arg(long, value_name = "DURATION", env = "GPUD_LABELLER_RESCAN_INTERVAL",
-          default_value = "10s", value_parser = positive_duration)]
+          default_value = "10s", value_parser = cli::positive_duration)]
     rescan_interval: Duration,
 
     /// Add gpud's health-summary labels (gpud.io/gpu.health …).
@@ -88,14 +88,6 @@ enum Sink {
     Node,
     /// Both.
     Both,
-}
-
-fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(err) => Err(err.to_string()),
-    }
 }
 
 impl Args {
