@@ -18,8 +18,7 @@ use crate::device_plugin::manager::{self, ManagerConfig};
 use crate::device_plugin::settings::Settings;
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::exit;
-use crate::health::watcher::{self, WatcherConfig};
-use crate::health::xid::{ENV_DISABLE_HEALTHCHECKS, ENV_ENABLE_HEALTHCHECKS, XidPolicy};
+use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
 use crate::inventory::Inventory;
 
 /// Advertise the node's GPUs to the kubelet (Device Plugin API v1beta1), as NVIDIA's
@@ -109,18 +108,17 @@ async fn serve(
     let cancel = CancellationToken::new();
     let (settings_tx, settings_rx) = watch::channel(Arc::new(settings));
 
-    let disable = std::env::var(ENV_DISABLE_HEALTHCHECKS).ok();
-    let enable = std::env::var(ENV_ENABLE_HEALTHCHECKS).ok();
-    let (policy, warnings) = XidPolicy::from_env_values(disable.as_deref(), enable.as_deref());
+    let (health, warnings) = WatcherConfig::resolve(
+        WatcherOverrides {
+            poll_interval: Some(args.health_poll_interval),
+            kmsg: Some(&args.kmsg),
+            ..WatcherOverrides::default()
+        },
+        &crate::config::HealthSection::default(),
+    );
     for warning in warnings {
         warn!("{warning}");
     }
-    let health = WatcherConfig {
-        poll_interval: args.health_poll_interval,
-        kmsg_path: (!args.kmsg.is_empty()).then(|| PathBuf::from(&args.kmsg)),
-        policy,
-        ..WatcherConfig::default()
-    };
     let watcher = tokio::spawn(watcher::run(
         cancel.clone(),
         nvml,

@@ -17,17 +17,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::cli::{self, CommonArgs, NodeArgs};
-use crate::config::{self, Config};
+use crate::config::{self};
 use crate::exit;
 use crate::exporter::counters::{self, DEFAULT_COUNTERS, DEFAULT_COUNTERS_NAME};
 use crate::exporter::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
 use crate::exporter::pods::ResourceFilter;
 use crate::exporter::render::LabelOptions;
 use crate::exporter::{self, ExporterConfig, fields};
-use crate::health::kmsg_source::DEFAULT_KMSG_PATH;
-use crate::health::tracker::{DEFAULT_XID_QUIET_PERIOD, TrackerConfig};
-use crate::health::watcher::{self, DEFAULT_POLL_INTERVAL, WatcherConfig};
-use crate::health::xid::{ENV_DISABLE_HEALTHCHECKS, ENV_ENABLE_HEALTHCHECKS, XidPolicy};
+use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
 use crate::inventory::Inventory;
 
 /// Serve dcgm-exporter-compatible GPU metrics for Prometheus.
@@ -181,7 +178,16 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Err(err) => return cli::fail_nvml(&err),
     };
     let config = exporter_config(&args, selection);
-    let watcher = watcher_config(&args, &file);
+    let (watcher, warnings) = WatcherConfig::resolve(
+        WatcherOverrides {
+            kmsg: args.kmsg.as_deref(),
+            ..WatcherOverrides::default()
+        },
+        &file.health,
+    );
+    for warning in warnings {
+        eprintln!("gpud: {warning}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -228,35 +234,6 @@ fn exporter_config(args: &Args, selection: fields::Selection) -> ExporterConfig 
             poll_interval: args.pod_resources_poll_interval,
         }),
         xid_window: Duration::from_millis(args.xid_count_window_size),
-    }
-}
-
-/// The health watcher's settings: flags, then the config file, then defaults.
-fn watcher_config(args: &Args, file: &Config) -> WatcherConfig {
-    let disable = std::env::var(ENV_DISABLE_HEALTHCHECKS).ok();
-    let enable = std::env::var(ENV_ENABLE_HEALTHCHECKS).ok();
-    let (policy, warnings) =
-        XidPolicy::from_config_and_env(&file.health.xid, disable.as_deref(), enable.as_deref());
-    for warning in warnings {
-        eprintln!("gpud: {warning}");
-    }
-    let kmsg_path = match (&args.kmsg, &file.health.kmsg_path) {
-        (Some(flag), _) => (!flag.is_empty()).then(|| PathBuf::from(flag)),
-        (None, Some(from_file)) => from_file.clone(),
-        (None, None) => Some(PathBuf::from(DEFAULT_KMSG_PATH)),
-    };
-    WatcherConfig {
-        poll_interval: file.health.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
-        kmsg_path,
-        policy,
-        tracker: TrackerConfig {
-            xid_quiet_period: file
-                .health
-                .xid_quiet_period
-                .unwrap_or(DEFAULT_XID_QUIET_PERIOD),
-            ..TrackerConfig::default()
-        },
-        ..WatcherConfig::default()
     }
 }
 

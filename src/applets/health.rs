@@ -11,12 +11,10 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{self, CommonArgs, NodeArgs};
-use crate::config::{self, Config};
-use crate::health::kmsg_source::DEFAULT_KMSG_PATH;
-use crate::health::tracker::{DEFAULT_XID_QUIET_PERIOD, Tracker, TrackerConfig};
+use crate::config::{self};
+use crate::health::tracker::Tracker;
 use crate::health::transitions::{self, state_word};
-use crate::health::watcher::{self, DEFAULT_POLL_INTERVAL, WatcherConfig};
-use crate::health::xid::{ENV_DISABLE_HEALTHCHECKS, ENV_ENABLE_HEALTHCHECKS, XidPolicy};
+use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
 use crate::inventory::{HealthState, Inventory, Snapshot};
 
 /// Watch GPU health: XIDs, ECC errors, row remapping, lost GPUs, temperature and NVLinks.
@@ -68,7 +66,17 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(file) => file,
         Err(code) => return code,
     };
-    let settings = watcher_config(&args, &file);
+    let (settings, warnings) = WatcherConfig::resolve(
+        WatcherOverrides {
+            poll_interval: args.poll_interval,
+            xid_quiet_period: args.xid_quiet_period,
+            kmsg: args.kmsg.as_deref(),
+        },
+        &file.health,
+    );
+    for warning in warnings {
+        eprintln!("gpud: {warning}");
+    }
     let nvml = match args.common.start() {
         Ok(nvml) => nvml,
         Err(code) => return code,
@@ -83,38 +91,6 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     match cli::runtime(1) {
         Ok(runtime) => runtime.block_on(watch(nvml, inventory, settings, args.json)),
         Err(code) => code,
-    }
-}
-
-/// Merges flags/env (already folded by clap) over the config file over the defaults.
-fn watcher_config(args: &Args, file: &Config) -> WatcherConfig {
-    let disable = std::env::var(ENV_DISABLE_HEALTHCHECKS).ok();
-    let enable = std::env::var(ENV_ENABLE_HEALTHCHECKS).ok();
-    let (policy, warnings) =
-        XidPolicy::from_config_and_env(&file.health.xid, disable.as_deref(), enable.as_deref());
-    for warning in warnings {
-        eprintln!("gpud: {warning}");
-    }
-    let kmsg_path = match (&args.kmsg, &file.health.kmsg_path) {
-        (Some(flag), _) => (!flag.is_empty()).then(|| PathBuf::from(flag)),
-        (None, Some(from_file)) => from_file.clone(),
-        (None, None) => Some(PathBuf::from(DEFAULT_KMSG_PATH)),
-    };
-    WatcherConfig {
-        poll_interval: args
-            .poll_interval
-            .or(file.health.poll_interval)
-            .unwrap_or(DEFAULT_POLL_INTERVAL),
-        kmsg_path,
-        policy,
-        tracker: TrackerConfig {
-            xid_quiet_period: args
-                .xid_quiet_period
-                .or(file.health.xid_quiet_period)
-                .unwrap_or(DEFAULT_XID_QUIET_PERIOD),
-            ..TrackerConfig::default()
-        },
-        ..WatcherConfig::default()
     }
 }
 

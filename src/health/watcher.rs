@@ -53,6 +53,53 @@ impl Default for WatcherConfig {
     }
 }
 
+/// Health settings given on the command line (or through their environment variables);
+/// `None` means not given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WatcherOverrides<'a> {
+    pub poll_interval: Option<Duration>,
+    pub xid_quiet_period: Option<Duration>,
+    /// Kernel log path; `""` disables the kernel-log source.
+    pub kmsg: Option<&'a str>,
+}
+
+impl WatcherConfig {
+    /// Flags over gpud's config file over the defaults, with the XID policy from the config
+    /// file and NVIDIA's `DP_DISABLE_HEALTHCHECKS` / `DP_ENABLE_HEALTHCHECKS`. Returns the
+    /// warnings about malformed XID lists, to be logged once.
+    pub fn resolve(
+        flags: WatcherOverrides<'_>,
+        file: &crate::config::HealthSection,
+    ) -> (WatcherConfig, Vec<String>) {
+        let disable = std::env::var(super::xid::ENV_DISABLE_HEALTHCHECKS).ok();
+        let enable = std::env::var(super::xid::ENV_ENABLE_HEALTHCHECKS).ok();
+        let (policy, warnings) =
+            XidPolicy::from_config_and_env(&file.xid, disable.as_deref(), enable.as_deref());
+        let kmsg_path = match (flags.kmsg, &file.kmsg_path) {
+            (Some(flag), _) => (!flag.is_empty()).then(|| PathBuf::from(flag)),
+            (None, Some(from_file)) => from_file.clone(),
+            (None, None) => Some(PathBuf::from(kmsg_source::DEFAULT_KMSG_PATH)),
+        };
+        let config = WatcherConfig {
+            poll_interval: flags
+                .poll_interval
+                .or(file.poll_interval)
+                .unwrap_or(DEFAULT_POLL_INTERVAL),
+            kmsg_path,
+            policy,
+            tracker: TrackerConfig {
+                xid_quiet_period: flags
+                    .xid_quiet_period
+                    .or(file.xid_quiet_period)
+                    .unwrap_or(super::tracker::DEFAULT_XID_QUIET_PERIOD),
+                ..TrackerConfig::default()
+            },
+            ..WatcherConfig::default()
+        };
+        (config, warnings)
+    }
+}
+
 /// Queue depth between the source threads and the tracker.
 const QUEUE: usize = 1024;
 
