@@ -67,12 +67,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     show(&list);
 
     let available: Vec<String> = list.devices.iter().map(|d| d.id.clone()).collect();
+    // Two devices where the node has them; a one-GPU node asks for its only one.
+    let size = i32::try_from(available.len().min(2))?;
     let preferred = client
         .get_preferred_allocation(PreferredAllocationRequest {
             container_requests: vec![ContainerPreferredAllocationRequest {
                 available_device_i_ds: available,
                 must_include_device_i_ds: vec![],
-                allocation_size: 2,
+                allocation_size: size,
             }],
         })
         .await?
@@ -82,7 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .first()
         .map(|c| c.device_i_ds.clone())
         .unwrap_or_default();
-    println!("kubelet-sim: GetPreferredAllocation(2) -> {chosen:?}");
+    println!("kubelet-sim: GetPreferredAllocation({size}) -> {chosen:?}");
     let allocated = client
         .allocate(AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {

@@ -2,35 +2,52 @@
 # Read-only smoke test on a machine with a real NVIDIA GPU and driver.
 #
 # It never changes GPU state: no MIG changes, no clocks, power limits, persistence mode or
-# resets. It only reads: the inventory, one health poll, a few seconds of the health watcher,
-# a CDI spec printed to stdout, and one /metrics scrape when the exporter exists in this build.
+# resets. It only reads: the driver's own view (nvidia-smi, pynvml when present) to compare
+# with, the inventory, one health poll, a few seconds of the health watcher, the labels, a CDI
+# spec printed to stdout, the device plugin against a simulated kubelet (register, list,
+# allocate: nothing on the GPU changes), and /metrics scrapes.
 #
-# Usage: tests/gpu/smoke.sh [path/to/gpud]   (default: target/release/gpud, built if missing)
+# Usage: tests/gpu/smoke.sh [path/to/gpud] [path/to/kubelet_sim]
+#        (defaults: target/release/gpud and target/release/examples/kubelet_sim, built if
+#        missing)
 # Everything it prints also lands in ${OUT:-/tmp/gpud-smoke}/ for comparison with the mock.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 gpud=${1:-$root/target/release/gpud}
+kubelet_sim=${2:-$root/target/release/examples/kubelet_sim}
 out=${OUT:-/tmp/gpud-smoke}
 mkdir -p "$out"
 if [[ ! -x "$gpud" ]]; then
     (cd "$root" && cargo build --release --bin gpud) || exit 1
 fi
+has() { "$gpud" --list | grep -qx "$1"; }
 
 step() { echo; echo "== $*"; }
-run() { # name, command…: runs with a time limit, keeps stdout and stderr
+run() { # name, command…: runs with a time limit, keeps stdout and stderr, prints the wall time
     local name=$1; shift
+    local start end
+    start=$(date +%s%N)
     timeout 60 "$@" >"$out/$name.out" 2>"$out/$name.err"
     local rc=$?
-    echo "exit $rc"
-    head -c 20000 "$out/$name.out"
+    end=$(date +%s%N)
+    echo "exit $rc in $(( (end - start) / 1000000 )) ms"
+    head -c 12000 "$out/$name.out"
     [[ -s "$out/$name.err" ]] && { echo "-- stderr:"; head -c 4000 "$out/$name.err"; }
     return 0
 }
 
-step "nvidia-smi (for comparison)"
-command -v nvidia-smi >/dev/null && run nvidia-smi nvidia-smi -q -d MEMORY,ECC,PAGE_RETIREMENT,TEMPERATURE,POWER
-command -v nvidia-smi >/dev/null && run nvidia-smi-topo nvidia-smi topo -m
+step "the driver's view (for comparison)"
+uname -r; cat /proc/driver/nvidia/version 2>/dev/null
+ls -l /dev/nvidia* 2>/dev/null; ls -R /proc/driver/nvidia/capabilities 2>/dev/null | head -40
+if command -v nvidia-smi >/dev/null; then
+    run nvidia-smi nvidia-smi -q
+    run nvidia-smi-topo nvidia-smi topo -m
+    run nvidia-smi-query nvidia-smi --format=csv --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,temperature.gpu,power.draw,utilization.gpu,clocks.sm,clocks.mem,mig.mode.current,ecc.mode.current,pstate
+fi
+if python3 -c 'import pynvml' 2>/dev/null; then
+    run pynvml python3 "$root/tests/gpu/nvml_facts.py"
+fi
 
 step "gpud --list"
 run list "$gpud" --list
@@ -47,22 +64,50 @@ run health-once "$gpud" health --once
 step "gpud health (watcher, 5 s; kernel log included when readable)"
 run health-watch timeout 5 "$gpud" health --json --poll-interval 1s
 
-step "gpud cdi generate --output - (stdout only, nothing written)"
-if "$gpud" --list | grep -qx cdi; then
+if has labeller; then
+    step "gpud labeller --oneshot --output-file - (stdout only, the Node is not touched)"
+    run labels "$gpud" labeller --oneshot --no-timestamp --output-file -
+fi
+
+if has cdi; then
+    step "gpud cdi generate --output - (stdout only, nothing written)"
     run cdi "$gpud" cdi generate --output - --format yaml
 fi
 
-step "gpud exporter: one /metrics scrape"
-if "$gpud" --list | grep -qx exporter; then
-    "$gpud" exporter --address 127.0.0.1:19400 >"$out/exporter.out" 2>"$out/exporter.err" &
+if has device-plugin && [[ -x "$kubelet_sim" ]]; then
+    step "gpud device-plugin against a simulated kubelet (register, list, preferred, allocate)"
+    dir=$(mktemp -d)
+    "$gpud" device-plugin --kubelet-socket "$dir/kubelet.sock" --kmsg "" \
+        >"$out/device-plugin.out" 2>"$out/device-plugin.err" &
+    pid=$!
+    run kubelet-sim "$kubelet_sim" "$dir"
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "-- device-plugin stderr:"; head -c 4000 "$out/device-plugin.err"
+    rm -rf "$dir"
+fi
+
+if has exporter; then
+    step "gpud exporter: /metrics scrapes (1 s sampling)"
+    "$gpud" exporter --address 127.0.0.1:19400 --collect-interval 1000 \
+        >"$out/exporter.out" 2>"$out/exporter.err" &
     pid=$!
     for _ in $(seq 1 50); do
         curl -fsS http://127.0.0.1:19400/readyz >/dev/null 2>&1 && break
         sleep 0.2
     done
     curl -fsS http://127.0.0.1:19400/metrics >"$out/metrics.prom" 2>&1
-    echo "exit $?"; head -c 20000 "$out/metrics.prom"
+    echo "exit $?"; head -c 16000 "$out/metrics.prom"
+    sleep 3
+    curl -fsS http://127.0.0.1:19400/metrics >"$out/metrics-later.prom" 2>&1
+    echo "-- gpud's own series after 3 s more:"
+    grep -E '^gpud_(sample_duration|nvml_up|gpu_health)' "$out/metrics-later.prom"
+    echo "-- scrape timings (20 scrapes):"
+    for _ in $(seq 1 20); do
+        curl -o /dev/null -sS -w '%{time_total}\n' http://127.0.0.1:19400/metrics
+    done | sort -n | awk '{t[NR]=$1} END {print "min " t[1] " s, median " t[int((NR+1)/2)] " s, max " t[NR] " s"}'
+    echo "-- exporter RSS: $(awk '/VmRSS/ {print $2, $3}' /proc/$pid/status 2>/dev/null)"
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "-- exporter stderr:"; head -c 6000 "$out/exporter.err"
 fi
 
 echo
