@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, ValueEnum};
 
 use crate::exit;
+use crate::health::watcher::{WatcherConfig, WatcherOverrides};
 use crate::nvml::{self, Nvml, NvmlError};
 use crate::telemetry::{self, LogFormat};
 
@@ -52,6 +53,49 @@ impl NodeArgs {
             node_name: self.node_name.clone(),
             machine_type_file: Some(self.machine_type_file.clone()),
         }
+    }
+}
+
+/// The health watcher's options, shared by every applet that runs it (`health`,
+/// `device-plugin`, `exporter`, `run`): flags over gpud's config file over the defaults.
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// gpud config file (YAML or JSON); its `health` section applies.
+    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
+    pub config: Option<PathBuf>,
+
+    /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
+    #[arg(long = "health-poll-interval", visible_alias = "poll-interval", value_name = "DURATION",
+          env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = positive_duration)]
+    pub poll_interval: Option<std::time::Duration>,
+
+    /// How long a non-fatal XID condition must stay quiet before it clears [default: 10m].
+    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = positive_duration)]
+    pub xid_quiet_period: Option<std::time::Duration>,
+
+    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
+    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
+    pub kmsg: Option<String>,
+}
+
+impl HealthArgs {
+    /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings,
+    /// printing the warnings about malformed XID lists once. Also returns the config file for
+    /// the applet's other sections.
+    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), ExitCode> {
+        let file = load_config(self.config.as_deref())?;
+        let (watcher, warnings) = WatcherConfig::resolve(
+            WatcherOverrides {
+                poll_interval: self.poll_interval,
+                xid_quiet_period: self.xid_quiet_period,
+                kmsg: self.kmsg.as_deref(),
+            },
+            &file.health,
+        );
+        for warning in warnings {
+            eprintln!("gpud: {warning}");
+        }
+        Ok((watcher, file))
     }
 }
 

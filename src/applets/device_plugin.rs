@@ -13,12 +13,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::cli::{self, CommonArgs, NodeArgs};
+use crate::cli::{self, CommonArgs, HealthArgs, NodeArgs};
 use crate::device_plugin::manager::{self, ManagerConfig};
 use crate::device_plugin::settings::Settings;
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::exit;
-use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
+use crate::health::watcher::{self, WatcherConfig};
 use crate::inventory::Inventory;
 
 /// Advertise the node's GPUs to the kubelet (Device Plugin API v1beta1), as NVIDIA's
@@ -35,6 +35,20 @@ struct Args {
     #[command(flatten)]
     plugin: PluginArgs,
 
+    #[command(flatten)]
+    kubelet: KubeletArgs,
+
+    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    rescan_interval: Duration,
+
+    #[command(flatten)]
+    health: HealthArgs,
+}
+
+/// Where the kubelet is, shared with `gpud run`.
+#[derive(Debug, Clone, clap::Args)]
+pub(super) struct KubeletArgs {
     /// The kubelet's registration socket; "" serves without registering.
     #[arg(
         long,
@@ -44,33 +58,31 @@ struct Args {
     )]
     kubelet_socket: String,
 
-    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
-    rescan_interval: Duration,
-
     /// The procfs holding the driver's MIG capability tree (for MIG device nodes).
     #[arg(long, value_name = "PATH", default_value = "/proc")]
     proc_root: PathBuf,
+}
 
-    /// Kernel log the health watcher follows; "" disables it.
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "GPUD_KMSG_PATH",
-        default_value = "/dev/kmsg"
-    )]
-    kmsg: String,
-
-    /// How often the health watcher polls counters, temperatures and links.
-    #[arg(long, value_name = "DURATION", env = "GPUD_HEALTH_POLL_INTERVAL", default_value = "5s",
-          value_parser = humantime::parse_duration)]
-    health_poll_interval: Duration,
+impl KubeletArgs {
+    /// The plugin manager's paths.
+    pub(super) fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            kubelet_socket: (!self.kubelet_socket.is_empty())
+                .then(|| PathBuf::from(&self.kubelet_socket)),
+            plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            proc_root: self.proc_root.clone(),
+        }
+    }
 }
 
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     let args: Args = match cli::parse(argv) {
         Ok(args) => args,
+        Err(code) => return code,
+    };
+    let (health, _) = match args.health.resolve() {
+        Ok(resolved) => resolved,
         Err(code) => return code,
     };
     let settings = match settings_source::load(&args.plugin) {
@@ -94,7 +106,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Err(err) => return cli::fail_nvml(&err),
     };
     match cli::runtime(2) {
-        Ok(runtime) => runtime.block_on(serve(args, settings, nvml, inventory)),
+        Ok(runtime) => runtime.block_on(serve(args, settings, health, nvml, inventory)),
         Err(code) => code,
     }
 }
@@ -102,23 +114,13 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 async fn serve(
     args: Args,
     settings: Settings,
+    health: WatcherConfig,
     nvml: crate::nvml::Nvml,
     inventory: Inventory,
 ) -> ExitCode {
     let cancel = CancellationToken::new();
     let (settings_tx, settings_rx) = watch::channel(Arc::new(settings));
 
-    let (health, warnings) = WatcherConfig::resolve(
-        WatcherOverrides {
-            poll_interval: Some(args.health_poll_interval),
-            kmsg: Some(&args.kmsg),
-            ..WatcherOverrides::default()
-        },
-        &crate::config::HealthSection::default(),
-    );
-    for warning in warnings {
-        warn!("{warning}");
-    }
     let watcher = tokio::spawn(watcher::run(
         cancel.clone(),
         nvml,
@@ -144,12 +146,7 @@ async fn serve(
         }
     });
 
-    let config = ManagerConfig {
-        kubelet_socket: (!args.kubelet_socket.is_empty())
-            .then(|| PathBuf::from(&args.kubelet_socket)),
-        plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
-        proc_root: args.proc_root.clone(),
-    };
+    let config = args.kubelet.manager_config();
     let mut plugins = tokio::spawn(manager::run(cancel.clone(), inventory, settings_rx, config));
 
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {

@@ -16,16 +16,16 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::cli::{self, CommonArgs, NodeArgs};
-use crate::config::{self};
+use crate::cli::{self, CommonArgs, HealthArgs, NodeArgs};
 use crate::exit;
 use crate::exporter::counters::{self, DEFAULT_COUNTERS, DEFAULT_COUNTERS_NAME};
 use crate::exporter::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
 use crate::exporter::pods::ResourceFilter;
 use crate::exporter::render::LabelOptions;
 use crate::exporter::{self, ExporterConfig, fields};
-use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
+use crate::health::watcher::{self, WatcherConfig};
 use crate::inventory::Inventory;
+use crate::nvml::Nvml;
 
 /// Serve dcgm-exporter-compatible GPU metrics for Prometheus.
 ///
@@ -41,6 +41,16 @@ struct Args {
     #[command(flatten)]
     node: NodeArgs,
 
+    #[command(flatten)]
+    exporter: ExporterArgs,
+
+    #[command(flatten)]
+    health: HealthArgs,
+}
+
+/// The exporter's own options (dcgm-exporter's flags and environment), shared with `gpud run`.
+#[derive(Debug, Clone, clap::Args)]
+pub(super) struct ExporterArgs {
     /// Address to listen on, [HOST]:PORT.
     #[arg(short = 'a', long, value_name = "ADDRESS", env = "DCGM_EXPORTER_LISTEN",
           default_value = exporter::DEFAULT_ADDRESS)]
@@ -116,14 +126,58 @@ struct Args {
         default_value_t = 300_000
     )]
     xid_count_window_size: u64,
+}
 
-    /// gpud config file (YAML or JSON); its `health` section applies.
-    #[arg(long, value_name = "PATH", env = config::CONFIG_ENV)]
-    config: Option<PathBuf>,
+/// The counters file, read and checked before NVML is opened.
+pub(super) struct Counters {
+    source: PathBuf,
+    rows: Vec<counters::CounterRow>,
+}
 
-    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
-    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
-    kmsg: Option<String>,
+impl ExporterArgs {
+    /// Reads the counters file and checks the listen address: what can fail before NVML is
+    /// opened (exit 65 for a bad file, 64 for a bad address).
+    pub(super) fn counters(&self) -> Result<Counters, ExitCode> {
+        let source = self
+            .collectors
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_COUNTERS_NAME));
+        let rows = match &self.collectors {
+            Some(path) => counters::load(path),
+            None => counters::parse(Path::new(DEFAULT_COUNTERS_NAME), DEFAULT_COUNTERS),
+        }
+        .map_err(|err| {
+            eprintln!("gpud: {err}");
+            ExitCode::from(exit::DATA)
+        })?;
+        if let Err(err) = exporter::server::parse_address(&self.address) {
+            eprintln!("gpud: {err}");
+            return Err(ExitCode::from(exit::USAGE));
+        }
+        Ok(Counters { source, rows })
+    }
+
+    /// The exporter's configuration once NVML says which fields it can give (GPM or not);
+    /// the fields it cannot are logged once.
+    pub(super) fn config(
+        &self,
+        counters: &Counters,
+        nvml: &Nvml,
+    ) -> Result<ExporterConfig, ExitCode> {
+        let gpm_available = nvml.gpm_support().iter().any(|(_, supported)| *supported);
+        let selection =
+            fields::select(&counters.source, &counters.rows, gpm_available).map_err(|err| {
+                eprintln!("gpud: {err}");
+                ExitCode::from(exit::DATA)
+            })?;
+        for skipped in &selection.skipped {
+            info!(
+                line = skipped.line,
+                "Skipping {}: {}", skipped.field, skipped.reason
+            );
+        }
+        Ok(self.with_selection(selection))
+    }
 }
 
 /// Entry point.
@@ -132,108 +186,68 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(args) => args,
         Err(code) => return code,
     };
-    let file = match cli::load_config(args.config.as_deref()) {
-        Ok(file) => file,
+    let (watcher, _) = match args.health.resolve() {
+        Ok(resolved) => resolved,
         Err(code) => return code,
     };
-    let rows = match &args.collectors {
-        Some(path) => counters::load(path),
-        None => counters::parse(Path::new(DEFAULT_COUNTERS_NAME), DEFAULT_COUNTERS),
+    let counters = match args.exporter.counters() {
+        Ok(counters) => counters,
+        Err(code) => return code,
     };
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
-    };
-    if let Err(err) = exporter::server::parse_address(&args.address) {
-        eprintln!("gpud: {err}");
-        return ExitCode::from(exit::USAGE);
-    }
     let nvml = match args.common.start() {
         Ok(nvml) => nvml,
         Err(code) => return code,
     };
-    let source = args
-        .collectors
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_COUNTERS_NAME));
-    let gpm_available = nvml.gpm_support().iter().any(|(_, supported)| *supported);
-    let selection = match fields::select(&source, &rows, gpm_available) {
-        Ok(selection) => selection,
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
+    let config = match args.exporter.config(&counters, &nvml) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    for skipped in &selection.skipped {
-        info!(
-            line = skipped.line,
-            "Skipping {}: {}", skipped.field, skipped.reason
-        );
-    }
     let inventory = match Inventory::discover(nvml.clone(), args.node.facts()) {
         Ok(inventory) => inventory,
         Err(err) => return cli::fail_nvml(&err),
     };
-    let config = exporter_config(&args, selection);
-    let (watcher, warnings) = WatcherConfig::resolve(
-        WatcherOverrides {
-            kmsg: args.kmsg.as_deref(),
-            ..WatcherOverrides::default()
-        },
-        &file.health,
-    );
-    for warning in warnings {
-        eprintln!("gpud: {warning}");
+    match cli::runtime(2) {
+        Ok(runtime) => runtime.block_on(serve(nvml, inventory, config, watcher)),
+        Err(code) => code,
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            return ExitCode::from(exit::FAILURE);
-        }
-    };
-    runtime.block_on(serve(nvml, inventory, config, watcher))
 }
 
-fn exporter_config(args: &Args, selection: fields::Selection) -> ExporterConfig {
-    let mut interval = Duration::from_millis(args.collect_interval);
-    if interval < exporter::MIN_COLLECT_INTERVAL {
-        warn!(
-            requested_ms = args.collect_interval,
-            "The collect interval is in milliseconds; {} ms is below the minimum, using {} ms",
-            args.collect_interval,
-            exporter::MIN_COLLECT_INTERVAL.as_millis()
-        );
-        interval = exporter::MIN_COLLECT_INTERVAL;
-    }
-    ExporterConfig {
-        address: args.address.clone(),
-        selection,
-        collect_interval: interval,
-        labels: LabelOptions {
-            hostname_label: (!args.no_hostname).then(|| args.hostname_label.clone()),
-            replace_blanks_in_model_name: args.replace_blanks_in_model_name,
-        },
-        kubernetes: args.kubernetes.then(|| PodResourcesConfig {
-            socket: args.pod_resources_kubelet_socket.clone(),
-            resources: ResourceFilter {
-                extra: args
-                    .nvidia_resource_names
-                    .iter()
-                    .map(|s| s.trim().to_owned())
-                    .filter(|s| !s.is_empty())
-                    .collect(),
+impl ExporterArgs {
+    /// The configuration for a field selection; a collect interval below the minimum is
+    /// raised to it with a warning (dcgm-exporter's unit is milliseconds, easy to get wrong).
+    fn with_selection(&self, selection: fields::Selection) -> ExporterConfig {
+        let mut interval = Duration::from_millis(self.collect_interval);
+        if interval < exporter::MIN_COLLECT_INTERVAL {
+            warn!(
+                requested_ms = self.collect_interval,
+                "The collect interval is in milliseconds; {} ms is below the minimum, using {} ms",
+                self.collect_interval,
+                exporter::MIN_COLLECT_INTERVAL.as_millis()
+            );
+            interval = exporter::MIN_COLLECT_INTERVAL;
+        }
+        ExporterConfig {
+            address: self.address.clone(),
+            selection,
+            collect_interval: interval,
+            labels: LabelOptions {
+                hostname_label: (!self.no_hostname).then(|| self.hostname_label.clone()),
+                replace_blanks_in_model_name: self.replace_blanks_in_model_name,
             },
-            poll_interval: args.pod_resources_poll_interval,
-        }),
-        xid_window: Duration::from_millis(args.xid_count_window_size),
+            kubernetes: self.kubernetes.then(|| PodResourcesConfig {
+                socket: self.pod_resources_kubelet_socket.clone(),
+                resources: ResourceFilter {
+                    extra: self
+                        .nvidia_resource_names
+                        .iter()
+                        .map(|s| s.trim().to_owned())
+                        .filter(|s| !s.is_empty())
+                        .collect(),
+                },
+                poll_interval: self.pod_resources_poll_interval,
+            }),
+            xid_window: Duration::from_millis(self.xid_count_window_size),
+        }
     }
 }
 

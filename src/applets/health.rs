@@ -3,18 +3,16 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{self, CommonArgs, NodeArgs};
-use crate::config::{self};
+use crate::cli::{self, CommonArgs, HealthArgs, NodeArgs};
 use crate::health::tracker::Tracker;
 use crate::health::transitions::{self, state_word};
-use crate::health::watcher::{self, WatcherConfig, WatcherOverrides};
+use crate::health::watcher::{self, WatcherConfig};
 use crate::inventory::{HealthState, Inventory, Snapshot};
 
 /// Watch GPU health: XIDs, ECC errors, row remapping, lost GPUs, temperature and NVLinks.
@@ -39,21 +37,8 @@ struct Args {
     #[arg(long)]
     json: bool,
 
-    /// gpud config file (YAML or JSON); its `health` section applies.
-    #[arg(long, value_name = "PATH", env = config::CONFIG_ENV)]
-    config: Option<PathBuf>,
-
-    /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
-    #[arg(long, value_name = "DURATION", env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = cli::positive_duration)]
-    poll_interval: Option<Duration>,
-
-    /// How long a non-fatal XID condition must stay quiet before it clears [default: 10m].
-    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = cli::positive_duration)]
-    xid_quiet_period: Option<Duration>,
-
-    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
-    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
-    kmsg: Option<String>,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
 /// Entry point.
@@ -62,21 +47,10 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(args) => args,
         Err(code) => return code,
     };
-    let file = match cli::load_config(args.config.as_deref()) {
-        Ok(file) => file,
+    let (settings, _) = match args.health.resolve() {
+        Ok(resolved) => resolved,
         Err(code) => return code,
     };
-    let (settings, warnings) = WatcherConfig::resolve(
-        WatcherOverrides {
-            poll_interval: args.poll_interval,
-            xid_quiet_period: args.xid_quiet_period,
-            kmsg: args.kmsg.as_deref(),
-        },
-        &file.health,
-    );
-    for warning in warnings {
-        eprintln!("gpud: {warning}");
-    }
     let nvml = match args.common.start() {
         Ok(nvml) => nvml,
         Err(code) => return code,

@@ -6,6 +6,7 @@ mod exporter;
 mod health;
 mod inventory;
 mod labeller;
+mod run;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -52,5 +53,10 @@ pub static APPLETS: &[Applet] = &[
         name: "labeller",
         about: "GFD-compatible node labels, as an NFD features file or on the Node object",
         run: labeller::main,
+    },
+    Applet {
+        name: "run",
+        about: "everything in one process over one inventory: device plugin, labeller, exporter, health",
+        run: run::main,
     },
 ];

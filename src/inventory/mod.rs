@@ -12,8 +12,10 @@ mod rescan;
 pub mod table;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
@@ -72,6 +74,23 @@ impl Inventory {
             *current = Arc::new(merged);
             true
         }))
+    }
+
+    /// Rescans every `every` until `cancel` fires; failures are logged, never fatal.
+    pub async fn rescan_periodically(&self, cancel: CancellationToken, every: Duration) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = ticks.tick() => {
+                    if let Err(err) = self.rescan().await {
+                        tracing::warn!(error = %err, "Rescan failed");
+                    }
+                }
+            }
+        }
     }
 
     /// Applies `change` to a copy of the current snapshot and publishes it if it differs.
