@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use common::{Node, assert_golden, stdout_ok};
 use serde_json::Value;
@@ -186,11 +186,7 @@ fn watch_prints_nothing_while_nothing_changes() {
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(400));
     // SIGTERM ends the watch cleanly.
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    common::send_signal(&child, "TERM");
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{:?}", out.status);
     let text = String::from_utf8(out.stdout).unwrap();

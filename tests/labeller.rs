@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Node, assert_golden, stdout_ok};
+use common::{Node, assert_golden, send_signal, stdout_ok};
 use serde_json::{Value, json};
 
 const FIXTURES: &[&str] = &[
@@ -288,14 +288,6 @@ fn wait_for(
     }
 }
 
-fn signal(child: &std::process::Child, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 fn spawn(mut cmd: Command) -> std::process::Child {
     cmd.stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -304,7 +296,7 @@ fn spawn(mut cmd: Command) -> std::process::Child {
 }
 
 fn stop(child: std::process::Child) -> (Option<i32>, String) {
-    signal(&child, "TERM");
+    send_signal(&child, "TERM");
     let output = child.wait_with_output().unwrap();
     (
         output.status.code(),
@@ -427,12 +419,12 @@ fn sighup_reloads_the_config_and_keeps_the_old_one_when_bad() {
     assert!(!std::fs::read_to_string(&out).unwrap().contains("mig-"));
 
     std::fs::write(&config, "flags:\n  migStrategy: mixed\n").unwrap();
-    signal(&child, "HUP");
+    send_signal(&child, "HUP");
     let mixed = wait_for(&out, 20, |l| l.contains_key("nvidia.com/mig-3g.40gb.count"));
     assert_eq!(mixed["nvidia.com/mig.strategy"], "mixed");
 
     std::fs::write(&config, "flags:\n  migStrategy: sometimes\n").unwrap();
-    signal(&child, "HUP");
+    send_signal(&child, "HUP");
     std::thread::sleep(Duration::from_millis(500));
     let still = parse_labels(&std::fs::read_to_string(&out).unwrap());
     assert_eq!(still, mixed, "a bad reload keeps the previous labels");

@@ -29,7 +29,11 @@ fn systemd_unit_verifies_without_findings() {
         .output()
         .expect("systemd-analyze (Debian's systemd package) is needed; .ci/run installs it");
     // Unknown keys and bad values are reported on stderr with exit 0, so both must be clean.
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
 
@@ -43,7 +47,10 @@ fn systemd_unit_runs_gpud_run_and_reloads_with_sighup() {
 
 #[test]
 fn every_documented_variable_is_read_by_gpud_run() {
-    let help = Command::new(gpud_bin()).args(["run", "--help"]).output().unwrap();
+    let help = Command::new(gpud_bin())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     let env_file = repo_file("systemd/gpud.env");
     let documented: Vec<&str> = env_file
@@ -56,6 +63,9 @@ fn every_documented_variable_is_read_by_gpud_run() {
         if name == "GPUD_ARGS" {
             continue; // the unit's own variable, expanded into ExecStart
         }
-        assert!(help.contains(name), "gpud run --help does not mention {name}");
+        assert!(
+            help.contains(name),
+            "gpud run --help does not mention {name}"
+        );
     }
 }

@@ -197,3 +197,12 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+/// Sends a signal by name (`TERM`, `HUP`, …) to a child process.
+pub fn send_signal(child: &std::process::Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}

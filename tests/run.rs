@@ -1,0 +1,190 @@
+//! `gpud run`: the subsystems in one process over one inventory, against a fake kubelet, a
+//! real HTTP scrape and the simulated node. The point of one process is that one event
+//! reaches every consumer, so the tests follow an XID through all of them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::Node;
+use common::http::{self, free_port};
+use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
+
+/// A running `gpud run`, killed on drop.
+struct Daemon {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Sends SIGTERM and returns the exit code.
+    fn stop(&mut self) -> Option<i32> {
+        common::send_signal(&self.child, "TERM");
+        self.child.wait().unwrap().code()
+    }
+}
+
+fn command(node: &Node, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Command {
+    let socket = kubelet.socket();
+    let address = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "run",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kmsg",
+        "",
+        "--health-poll-interval",
+        "50ms",
+        "-a",
+        &address,
+        "-c",
+        "100",
+    ];
+    args.extend_from_slice(extra);
+    node.gpud(&args)
+}
+
+fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Daemon {
+    let port = free_port();
+    let child = command(node, kubelet, port, extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start gpud run");
+    Daemon { child, port }
+}
+
+/// The metrics body once `accept` holds (blocking HTTP on a worker thread).
+fn metrics_when(port: u16, accept: impl Fn(&str) -> bool) -> String {
+    tokio::task::block_in_place(|| http::wait_for(port, "/metrics", 10, |a| accept(&a.body)).body)
+}
+
+fn lines_starting<'a>(body: &'a str, prefix: &str) -> Vec<&'a str> {
+    body.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_xid_reaches_the_kubelet_and_the_metrics() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let daemon = start(&node, &kubelet, &[]);
+
+    let reg = kubelet.next_registration(10).await;
+    assert_eq!(reg.resource_name, "nvidia.com/gpu");
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let list = next_list(&mut stream, 5).await;
+    assert_eq!(list.devices.len(), 8);
+    assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+    let sick_uuid = list.devices[3].id.clone();
+
+    let body = metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
+    assert_eq!(lines_starting(&body, "DCGM_FI_DEV_GPU_UTIL{").len(), 8);
+
+    node.inject("xid 3 79");
+    let update = next_list(&mut stream, 5).await;
+    let health: Vec<(&str, &str)> = update
+        .devices
+        .iter()
+        .map(|d| (d.id.as_str(), d.health.as_str()))
+        .collect();
+    for (id, state) in health {
+        let expected = if id == sick_uuid {
+            "Unhealthy"
+        } else {
+            "Healthy"
+        };
+        assert_eq!(state, expected, "{id}");
+    }
+
+    let body = metrics_when(daemon.port, |b| b.contains("gpud_xid_errors_total{"));
+    let xids = lines_starting(&body, "gpud_xid_errors_total{");
+    assert_eq!(xids.len(), 1, "{xids:?}");
+    assert!(
+        xids[0].contains(&format!("UUID=\"{sick_uuid}\"")) && xids[0].ends_with("xid=\"79\"} 1")
+    );
+    let unhealthy: Vec<&str> = lines_starting(&body, "gpud_gpu_health{")
+        .into_iter()
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
+    assert!(unhealthy[0].contains("gpu=\"3\"") && unhealthy[0].ends_with(" 2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabled_subsystems_do_not_start() {
+    let node = Node::new("pcie-4gpu");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let daemon = start(&node, &kubelet, &["--disable", "exporter"]);
+    let reg = kubelet.next_registration(10).await;
+    assert_eq!(reg.resource_name, "nvidia.com/gpu");
+    // Registered means running; the exporter's port stays closed.
+    assert!(http::get(daemon.port, "/metrics").is_err());
+
+    let node = Node::new("pcie-4gpu");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let daemon = start(&node, &kubelet, &["--disable", "device-plugin"]);
+    let body = metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
+    assert_eq!(lines_starting(&body, "DCGM_FI_DEV_GPU_UTIL{").len(), 4);
+    assert!(kubelet.registration_within(300).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_cleanly() {
+    let node = Node::new("pcie-4gpu");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let mut daemon = start(&node, &kubelet, &[]);
+    kubelet.next_registration(10).await;
+    metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
+    assert_eq!(daemon.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subsystem_that_cannot_start_stops_the_daemon() {
+    let node = Node::new("pcie-4gpu");
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || command(&node, &kubelet, port, &[]).output()),
+    )
+    .await
+    .expect("gpud run exits when its port is taken")
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "gpud: exporter: cannot listen on 127.0.0.1:{port}"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_nvidia_config_exits_65_naming_the_field() {
+    let node = Node::new("pcie-4gpu");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
+    let out = node.run(&["run", "--config-file", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(65));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("flags.migStrategy") && stderr.contains("sometimes"),
+        "{stderr}"
+    );
+}
