@@ -53,6 +53,7 @@ bench:
 	$(CARGO) bench --bench health_latency
 	$(CARGO) bench --bench device_plugin
 	$(CARGO) bench --bench labeller
+	$(CARGO) bench --bench daemon
 	CARGO=$(CARGO) benches/exporter.sh
 
 ## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must
