@@ -1,7 +1,7 @@
 //! `gpud labeller` end to end on the simulated nodes: exact labels per fixture and strategy,
 //! the features file's atomic rewrite under a concurrent reader, relabelling on inventory
-//! changes and SIGHUP, removal on exit, bad configs, and the Node sink against a fake
-//! Kubernetes API server on loopback.
+//! changes and SIGHUP, removal on exit, bad configs, and the Node and NodeFeature sinks
+//! against a fake Kubernetes API server on loopback.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -442,7 +442,7 @@ fn sighup_reloads_the_config_and_keeps_the_old_one_when_bad() {
     );
 }
 
-// === the Node sink against a fake API server ===
+// === the API sinks against a fake API server ===
 
 /// What the fake API server saw and holds.
 #[derive(Default)]
@@ -453,6 +453,26 @@ struct ApiState {
     /// Requests to fail with 500 before answering.
     fail_next: u32,
     requests: u32,
+    /// NodeFeature objects by `namespace/name`.
+    node_features: BTreeMap<String, Value>,
+    /// (method, path and query, body) of every NodeFeature write.
+    writes: Vec<(String, String, Value)>,
+    /// Pods by `namespace/name`.
+    pods: BTreeMap<String, Value>,
+}
+
+/// A Kubernetes `Status` error body, which kube needs to tell "not found" from a failure.
+fn status(
+    code: axum::http::StatusCode,
+    reason: &str,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    (
+        code,
+        axum::Json(
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "reason": reason, "code": code.as_u16(), "message": reason}),
+        ),
+    )
 }
 
 /// Applies an RFC 7386 JSON merge patch.
@@ -536,11 +556,105 @@ impl FakeApi {
             Ok(axum::Json(node))
         }
 
+        type Reply = Result<axum::Json<Value>, (StatusCode, axum::Json<Value>)>;
+        fn gate_status(state: &mut ApiState) -> Result<(), (StatusCode, axum::Json<Value>)> {
+            gate(state).map_err(|code| status(code, "InternalError"))
+        }
+        async fn get_pod(
+            State(s): State<Shared>,
+            UrlPath((ns, name)): UrlPath<(String, String)>,
+        ) -> Reply {
+            let mut state = s.lock().unwrap();
+            gate_status(&mut state)?;
+            state
+                .pods
+                .get(&format!("{ns}/{name}"))
+                .cloned()
+                .map(axum::Json)
+                .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
+        }
+        async fn get_feature(
+            State(s): State<Shared>,
+            UrlPath((ns, name)): UrlPath<(String, String)>,
+        ) -> Reply {
+            let mut state = s.lock().unwrap();
+            gate_status(&mut state)?;
+            state
+                .node_features
+                .get(&format!("{ns}/{name}"))
+                .cloned()
+                .map(axum::Json)
+                .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
+        }
+        async fn create_feature(
+            State(s): State<Shared>,
+            UrlPath(ns): UrlPath<String>,
+            uri: axum::http::Uri,
+            body: Bytes,
+        ) -> Result<(StatusCode, axum::Json<Value>), (StatusCode, axum::Json<Value>)> {
+            let mut state = s.lock().unwrap();
+            gate_status(&mut state)?;
+            let body: Value = serde_json::from_slice(&body)
+                .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+            state
+                .writes
+                .push(("POST".into(), uri.to_string(), body.clone()));
+            let key = format!("{ns}/{}", body["metadata"]["name"].as_str().unwrap());
+            if state.node_features.contains_key(&key) {
+                return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
+            }
+            // What an API server adds on create.
+            let mut stored = body;
+            stored["metadata"]["uid"] = json!("nf-uid");
+            stored["metadata"]["resourceVersion"] = json!("1");
+            stored["metadata"]["creationTimestamp"] = json!("2025-01-01T00:00:00Z");
+            state.node_features.insert(key, stored.clone());
+            Ok((StatusCode::CREATED, axum::Json(stored)))
+        }
+        async fn replace_feature(
+            State(s): State<Shared>,
+            UrlPath((ns, name)): UrlPath<(String, String)>,
+            uri: axum::http::Uri,
+            body: Bytes,
+        ) -> Reply {
+            let mut state = s.lock().unwrap();
+            gate_status(&mut state)?;
+            let body: Value = serde_json::from_slice(&body)
+                .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+            state
+                .writes
+                .push(("PUT".into(), uri.to_string(), body.clone()));
+            let key = format!("{ns}/{name}");
+            let Some(old) = state.node_features.get(&key) else {
+                return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+            };
+            // Optimistic concurrency, as the API server does it.
+            let version = old["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            if body["metadata"]["resourceVersion"] != json!(version) {
+                return Err(status(StatusCode::CONFLICT, "Conflict"));
+            }
+            let mut stored = body;
+            stored["metadata"]["resourceVersion"] =
+                json!((version.parse::<u64>().unwrap() + 1).to_string());
+            state.node_features.insert(key, stored.clone());
+            Ok(axum::Json(stored))
+        }
+
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
+        let features = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{ns}/nodefeatures";
         let app = Router::new()
             .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+            .route(features, axum::routing::post(create_feature))
+            .route(
+                &format!("{features}/{{name}}"),
+                get(get_feature).put(replace_feature),
+            )
             .with_state(Arc::clone(&state));
         let runtime = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -723,7 +837,10 @@ fn node_sink_retries_with_backoff() {
     assert_eq!(state.requests, 4);
     assert_eq!(state.patches.len(), 1);
     assert!(started.elapsed() >= Duration::from_millis(1500));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("Cannot label the node; retrying"));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("Cannot write the labels to node test-node; retrying")
+    );
 }
 
 #[test]
@@ -735,4 +852,419 @@ fn node_sink_needs_a_node_name() {
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NODE_NAME"));
+}
+
+// === the NodeFeature sink ===
+
+const FEATURES: &str = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces";
+
+/// The labels a oneshot run prints for `args` (what a sink must carry).
+fn printed_labels(node: &Node, sysfs: &Path, args: &[&str]) -> BTreeMap<String, String> {
+    let mut all = vec!["--oneshot", "-o", "-"];
+    all.extend_from_slice(args);
+    parse_labels(&stdout_ok(&labeller(node, sysfs, &all).output().unwrap()))
+}
+
+/// A pod of the DaemonSet `gpu-feature-discovery`, as the API server returns it.
+fn daemon_set_pod(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": "pod-uid-1",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": "gpu-feature-discovery", "uid": "ds-uid-1",
+                                 "controller": true, "blockOwnerDeletion": true}],
+        },
+    })
+}
+
+/// GFD's owner references for [`daemon_set_pod`].
+fn gfd_owners(pod: &str) -> Value {
+    json!([
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery",
+         "uid": "ds-uid-1", "controller": true},
+        {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": "pod-uid-1"},
+    ])
+}
+
+/// Splits a request URI into its path and asserts the labeller's field manager is named.
+fn path_of(uri: &str) -> &str {
+    let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+    assert!(
+        query.split('&').any(|p| p == "fieldManager=gpud-labeller"),
+        "{uri}"
+    );
+    path
+}
+
+fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs}s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn node_feature_sink_creates_updates_and_leaves_an_unchanged_object_alone() {
+    let api = FakeApi::start(json!({}));
+    api.state.lock().unwrap().pods.insert(
+        "gpu-operator/gfd-x7k2p".into(),
+        daemon_set_pod("gpu-operator", "gfd-x7k2p"),
+    );
+    let node = Node::new("a100-mig");
+    let sysfs = fake_sysfs(&node, "a100-mig");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let run = |strategy: &str| {
+        let mut cmd = labeller(
+            &node,
+            &sysfs,
+            &[
+                "--oneshot",
+                "--no-timestamp",
+                "--sink",
+                "node-feature",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--mig-strategy",
+                strategy,
+            ],
+        );
+        cmd.env("NAMESPACE", "gpu-operator")
+            .env("POD_NAME", "gfd-x7k2p");
+        let output = cmd.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.stdout.is_empty(),
+            "the NodeFeature sink alone writes no file or stdout"
+        );
+    };
+    let mixed = printed_labels(
+        &node,
+        &sysfs,
+        &["--no-timestamp", "--mig-strategy", "mixed"],
+    );
+    let none = printed_labels(&node, &sysfs, &["--no-timestamp", "--mig-strategy", "none"]);
+    assert_ne!(mixed, none);
+
+    run("mixed");
+    let created = {
+        let state = api.state.lock().unwrap();
+        assert_eq!(state.writes.len(), 1);
+        let (method, uri, body) = &state.writes[0];
+        assert_eq!(method, "POST");
+        assert_eq!(
+            path_of(uri),
+            format!("{FEATURES}/gpu-operator/nodefeatures")
+        );
+        assert_eq!(
+            body,
+            &json!({
+                "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
+                "kind": "NodeFeature",
+                "metadata": {
+                    "name": "nvidia-features-for-test-node",
+                    "namespace": "gpu-operator",
+                    "labels": {"nfd.node.kubernetes.io/node-name": "test-node"},
+                    "ownerReferences": gfd_owners("gfd-x7k2p"),
+                },
+                "spec": {
+                    "features": {"flags": {}, "attributes": {}, "instances": {}},
+                    "labels": mixed,
+                },
+            })
+        );
+        state.node_features["gpu-operator/nvidia-features-for-test-node"].clone()
+    };
+
+    // Other labels: the stored object, as read (uid, resourceVersion …), with the new spec.
+    run("none");
+    {
+        let state = api.state.lock().unwrap();
+        assert_eq!(state.writes.len(), 2);
+        let (method, uri, body) = &state.writes[1];
+        assert_eq!(method, "PUT");
+        assert_eq!(
+            path_of(uri),
+            format!("{FEATURES}/gpu-operator/nodefeatures/nvidia-features-for-test-node")
+        );
+        let mut expected = created.clone();
+        expected["spec"]["labels"] = serde_json::to_value(&none).unwrap();
+        assert_eq!(body, &expected);
+        assert_eq!(
+            state.node_features["gpu-operator/nvidia-features-for-test-node"]["metadata"]["resourceVersion"],
+            "2"
+        );
+    }
+
+    // The same labels again: the pod and the object are read, nothing is written.
+    let before = api.state.lock().unwrap().requests;
+    run("none");
+    let state = api.state.lock().unwrap();
+    assert_eq!(state.writes.len(), 2);
+    assert_eq!(state.requests, before + 2);
+}
+
+#[test]
+fn node_feature_sink_loop_writes_on_change_only_and_keeps_the_object_on_exit() {
+    let api = FakeApi::start(json!({}));
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    // No NAMESPACE: GFD's default namespace; no POD_NAME: no owner references.
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "--sink",
+            "node-feature",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--sleep-interval",
+            "100ms",
+            "--rescan-interval",
+            "100ms",
+        ],
+    ));
+    let key = "default/nvidia-features-for-test-node";
+    wait_until(20, "the object is created", || {
+        api.state.lock().unwrap().node_features.contains_key(key)
+    });
+    let (created, requests) = {
+        let state = api.state.lock().unwrap();
+        let body = &state.writes[0].2;
+        assert_eq!(state.writes[0].0, "POST");
+        assert_eq!(body["metadata"].get("ownerReferences"), None);
+        assert_eq!(body["metadata"]["namespace"], "default");
+        (state.node_features[key].clone(), state.requests)
+    };
+    let labels: BTreeMap<String, String> =
+        serde_json::from_value(created["spec"]["labels"].clone()).unwrap();
+    assert_eq!(labels["gpud.io/gpu.healthy"], "8");
+    assert!(labels.contains_key("nvidia.com/gfd.timestamp"));
+
+    // Every 100 ms a pass reads the object and finds nothing to change.
+    std::thread::sleep(Duration::from_millis(1000));
+    {
+        let state = api.state.lock().unwrap();
+        assert_eq!(state.writes.len(), 1);
+        assert!(
+            state.requests >= requests + 4,
+            "{} reads after creation",
+            state.requests - requests
+        );
+    }
+
+    node.inject("lost 3");
+    wait_until(20, "the object is updated", || {
+        api.state.lock().unwrap().writes.len() == 2
+    });
+    {
+        let state = api.state.lock().unwrap();
+        let (method, uri, body) = &state.writes[1];
+        assert_eq!(method, "PUT");
+        assert_eq!(
+            path_of(uri),
+            format!("{FEATURES}/default/nodefeatures/nvidia-features-for-test-node")
+        );
+        let mut expected = created.clone();
+        let mut changed = labels.clone();
+        changed.insert("gpud.io/gpu.health".into(), "unhealthy".into());
+        changed.insert("gpud.io/gpu.healthy".into(), "7".into());
+        changed.insert("gpud.io/gpu.unhealthy".into(), "1".into());
+        expected["spec"]["labels"] = serde_json::to_value(&changed).unwrap();
+        assert_eq!(body, &expected);
+    }
+
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0), "{stderr}");
+    let state = api.state.lock().unwrap();
+    assert_eq!(
+        state.writes.len(),
+        2,
+        "nothing is written or deleted on exit"
+    );
+    assert!(state.node_features.contains_key(key));
+}
+
+#[test]
+fn node_feature_sink_retries_after_a_failure() {
+    let api = FakeApi::start(json!({}));
+    {
+        let mut state = api.state.lock().unwrap();
+        state.fail_next = 1;
+        state
+            .pods
+            .insert("gpu/gfd-1".into(), daemon_set_pod("gpu", "gfd-1"));
+    }
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let started = Instant::now();
+    let mut cmd = labeller(
+        &node,
+        &sysfs,
+        &[
+            "--oneshot",
+            "--sink",
+            "node-feature",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    cmd.env("NAMESPACE", "gpu").env("POD_NAME", "gfd-1");
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // The pod read fails once; after 0.5 s (plus jitter): pod, object (404), create. The
+    // failure did not cost the owner references.
+    let state = api.state.lock().unwrap();
+    assert_eq!(state.requests, 4);
+    assert_eq!(state.writes.len(), 1);
+    assert_eq!(
+        state.writes[0].2["metadata"]["ownerReferences"],
+        gfd_owners("gfd-1")
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert!(
+        stderr.contains(
+            "Cannot write the labels to NodeFeature gpu/nvidia-features-for-test-node; retrying"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn explicit_use_node_feature_api_selects_the_node_feature_sink() {
+    let api = FakeApi::start(json!({}));
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let expected = printed_labels(&node, &sysfs, &["--no-timestamp"]);
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags:\n  useNodeFeatureAPI: true\n").unwrap();
+    let config_off = node.dir.path().join("config-off.yaml");
+    std::fs::write(
+        &config_off,
+        "version: v1\nflags:\n  useNodeFeatureAPI: false\n",
+    )
+    .unwrap();
+    let run = |namespace: &str, args: &[&str], vars: &[(&str, &str)]| {
+        let mut all = vec![
+            "--oneshot",
+            "--no-timestamp",
+            "-o",
+            "-",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let mut cmd = labeller(&node, &sysfs, &all);
+        cmd.env("NAMESPACE", namespace).envs(vars.iter().copied());
+        let output = cmd.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{namespace}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let written = || -> Vec<String> {
+        api.state
+            .lock()
+            .unwrap()
+            .writes
+            .iter()
+            .map(|(_, _, body)| body["metadata"]["namespace"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // GFD's default (true) alone keeps the features file, here stdout; the API is not used.
+    assert_eq!(parse_labels(&run("default", &[], &[])), expected);
+    // So does useNodeFeatureAPI set to false, and --sink file over an explicit true.
+    let off = ["--config-file", config_off.to_str().unwrap()];
+    assert_eq!(parse_labels(&run("off", &off, &[])), expected);
+    let on_env = [("USE_NODE_FEATURE_API", "true")];
+    assert_eq!(
+        parse_labels(&run("file", &["--sink", "file"], &on_env)),
+        expected
+    );
+    assert_eq!(api.state.lock().unwrap().requests, 0);
+
+    // Set by the environment (either name), the config file or the flag: the NodeFeature
+    // object, and nothing printed.
+    assert_eq!(run("env", &[], &on_env), "");
+    assert_eq!(
+        run("gfd-env", &[], &[("GFD_USE_NODE_FEATURE_API", "1")]),
+        ""
+    );
+    assert_eq!(
+        run(
+            "file-key",
+            &["--config-file", config.to_str().unwrap()],
+            &[]
+        ),
+        ""
+    );
+    assert_eq!(run("flag", &["--use-node-feature-api"], &[]), "");
+    assert_eq!(written(), ["env", "gfd-env", "file-key", "flag"]);
+    let state = api.state.lock().unwrap();
+    for (_, _, body) in &state.writes {
+        assert_eq!(
+            body["spec"]["labels"],
+            serde_json::to_value(&expected).unwrap()
+        );
+    }
+}
+
+#[test]
+fn node_feature_sink_needs_a_node_name_and_a_namespace() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let usage = |args: &[&str], vars: &[(&str, &str)], unset: &[&str]| {
+        let mut cmd = labeller(&node, &sysfs, args);
+        cmd.envs(vars.iter().copied());
+        for name in unset {
+            cmd.env_remove(name);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(64));
+        String::from_utf8(out.stderr).unwrap()
+    };
+    assert_eq!(
+        usage(
+            &["--oneshot", "--sink", "node-feature"],
+            &[],
+            &["NODE_NAME"]
+        ),
+        "gpud: --sink node-feature needs the node name (--node-name or NODE_NAME)\n"
+    );
+    assert_eq!(
+        usage(
+            &["--oneshot"],
+            &[("USE_NODE_FEATURE_API", "true")],
+            &["NODE_NAME"]
+        ),
+        "gpud: useNodeFeatureAPI (the node-feature sink) needs the node name (--node-name or NODE_NAME)\n"
+    );
+    assert_eq!(
+        usage(
+            &["--oneshot", "--sink", "node-feature", "--namespace", ""],
+            &[],
+            &[]
+        ),
+        "gpud: --sink node-feature needs the namespace (--namespace or NAMESPACE)\n"
+    );
+    assert_eq!(
+        usage(
+            &["--oneshot", "--use-node-feature-api"],
+            &[("NAMESPACE", "")],
+            &[]
+        ),
+        "gpud: useNodeFeatureAPI (the node-feature sink) needs the namespace (--namespace or NAMESPACE)\n"
+    );
 }

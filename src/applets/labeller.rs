@@ -1,6 +1,6 @@
-//! `gpud labeller`: GFD's labels for this node, written as an NFD features file, printed, or
-//! patched onto the Node object; drop-in for gpu-feature-discovery's flags, environment and
-//! config file.
+//! `gpud labeller`: GFD's labels for this node, written as an NFD features file, printed,
+//! patched onto the Node object, or handed to nfd-master in a NodeFeature object; drop-in for
+//! gpu-feature-discovery's flags, environment and config file.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -11,12 +11,12 @@ use clap::{Parser, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cli;
 use crate::exit;
 use crate::inventory::Inventory;
-use crate::labeller::{self, NodeSink, Settings};
+use crate::labeller::{self, ApiSink, NodeFeatureSink, NodeSink, Settings};
 use crate::nvidia_config::{
     self, Component, GfdFlags, GivenFlags, NvidiaConfigError, ProcessEnv, SharedFlags,
 };
@@ -50,15 +50,30 @@ struct Args {
     #[command(flatten)]
     gfd: GfdFlags,
 
-    /// Where labels go: the features file (or stdout), the Node object, or both.
-    #[arg(long, value_enum, default_value_t = Sink::File, env = "GPUD_LABELLER_SINK")]
-    sink: Sink,
+    /// Where labels go [default: node-feature when useNodeFeatureAPI is set to true by flag,
+    /// environment or config file; else file].
+    #[arg(long, value_enum, env = "GPUD_LABELLER_SINK")]
+    sink: Option<Sink>,
 
     /// Node to label (the Kubernetes node name).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node_name: Option<String>,
 
-    /// kubeconfig for the Node sink; without it the in-cluster service account is used.
+    /// Namespace of the NodeFeature object (and of the labeller's pod).
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "NAMESPACE",
+        default_value = "default"
+    )]
+    namespace: String,
+
+    /// The labeller's own pod: its DaemonSet and the pod own the NodeFeature object, so it is
+    /// deleted with the DaemonSet.
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    pod_name: Option<String>,
+
+    /// kubeconfig for the API sinks; without it the in-cluster service account is used.
     #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
 
@@ -86,19 +101,49 @@ enum Sink {
     File,
     /// The Node object's labels, through the Kubernetes API.
     Node,
-    /// Both.
+    /// The features file and the Node.
     Both,
+    /// NFD's NodeFeature object (GFD's useNodeFeatureAPI), through the Kubernetes API.
+    NodeFeature,
+}
+
+impl Sink {
+    /// The sink used when `--sink` is not given: the NodeFeature object only when
+    /// `useNodeFeatureAPI` was asked for, since GFD's default of true would otherwise make
+    /// every plain run need API access; the features file needs none.
+    fn chosen(given: Option<Sink>, flags: &nvidia_config::Flags) -> Sink {
+        given.unwrap_or(
+            if flags.use_node_feature_api && flags.use_node_feature_api_explicit {
+                Sink::NodeFeature
+            } else {
+                Sink::File
+            },
+        )
+    }
+
+    fn writes_file(self) -> bool {
+        matches!(self, Sink::File | Sink::Both)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Sink::File => "file",
+            Sink::Node => "node",
+            Sink::Both => "both",
+            Sink::NodeFeature => "node-feature",
+        }
+    }
 }
 
 impl Args {
     /// Reads the config file and resolves every setting (called at start and on SIGHUP).
-    fn settings(&self) -> Result<(nvidia_config::Config, Settings), NvidiaConfigError> {
+    fn config(&self) -> Result<nvidia_config::Config, NvidiaConfigError> {
         let path = nvidia_config::config_file(
             self.config_file.as_deref(),
             &ProcessEnv,
             Component::FeatureDiscovery,
         );
-        let config = nvidia_config::load_and_resolve(
+        nvidia_config::load_and_resolve(
             path.as_deref(),
             GivenFlags {
                 shared: Some(&self.shared),
@@ -107,14 +152,45 @@ impl Args {
             },
             &ProcessEnv,
             Component::FeatureDiscovery,
-        )?;
-        let settings = Settings::from_config(
-            &config,
-            self.sink != Sink::Node,
+        )
+    }
+
+    /// The labeller's settings for `config` writing to `sink`.
+    fn settings(&self, config: &nvidia_config::Config, sink: Sink) -> Settings {
+        Settings::from_config(
+            config,
+            sink.writes_file(),
             self.sysfs_root.clone(),
             self.health_labels,
-        );
-        Ok((config, settings))
+        )
+    }
+
+    /// What selected `sink`, for messages.
+    fn sink_source(&self, sink: Sink) -> String {
+        match self.sink {
+            Some(_) => format!("--sink {}", sink.name()),
+            None => "useNodeFeatureAPI (the node-feature sink)".to_owned(),
+        }
+    }
+
+    /// The usage error for a sink that lacks what it needs, if any.
+    fn missing_for(&self, sink: Sink) -> Option<String> {
+        if sink == Sink::File {
+            return None;
+        }
+        if self.node_name.as_deref().is_none_or(str::is_empty) {
+            return Some(format!(
+                "{} needs the node name (--node-name or NODE_NAME)",
+                self.sink_source(sink)
+            ));
+        }
+        if sink == Sink::NodeFeature && self.namespace.is_empty() {
+            return Some(format!(
+                "{} needs the namespace (--namespace or NAMESPACE)",
+                self.sink_source(sink)
+            ));
+        }
+        None
     }
 }
 
@@ -125,8 +201,8 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init(args.log_format);
-    let (config, settings) = match args.settings() {
-        Ok(resolved) => resolved,
+    let config = match args.config() {
+        Ok(config) => config,
         Err(err) => {
             eprintln!("gpud: {err}");
             return ExitCode::from(exit::DATA);
@@ -135,19 +211,25 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     for warning in &config.warnings {
         warn!("{warning}");
     }
-    if config.flags.use_node_feature_api {
-        // GFD's default since v0.19; gpud's sinks are the features file and the Node itself.
-        tracing::debug!(
-            "useNodeFeatureAPI is set; gpud writes the features file and/or the Node instead"
-        );
-    }
-    if args.sink != Sink::File && args.node_name.as_deref().is_none_or(str::is_empty) {
-        eprintln!(
-            "gpud: --sink {:?} needs the node name (--node-name or NODE_NAME)",
-            args.sink
-        );
+    let sink = Sink::chosen(args.sink, &config.flags);
+    if let Some(missing) = args.missing_for(sink) {
+        eprintln!("gpud: {missing}");
         return ExitCode::from(exit::USAGE);
     }
+    if config.flags.use_node_feature_api && sink != Sink::NodeFeature {
+        if config.flags.use_node_feature_api_explicit {
+            info!(
+                sink = sink.name(),
+                "useNodeFeatureAPI is set, but --sink decides"
+            );
+        } else {
+            debug!(
+                "useNodeFeatureAPI is true by GFD's default only; writing the features file \
+                 (set it explicitly, or --sink node-feature, for the NodeFeature object)"
+            );
+        }
+    }
+    let settings = args.settings(&config, sink);
     let inventory = match open_inventory(&args, &config) {
         Ok(inventory) => inventory,
         Err(code) => return code,
@@ -162,7 +244,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::from(exit::FAILURE);
         }
     };
-    runtime.block_on(serve(args, inventory, settings))
+    runtime.block_on(serve(args, sink, inventory, settings))
 }
 
 /// Opens NVML and discovers the node; with `failOnInitError: false` a failure means running
@@ -187,17 +269,36 @@ fn open_inventory(
     }
 }
 
-async fn serve(args: Args, inventory: Option<Inventory>, settings: Settings) -> ExitCode {
-    let node_sink = if args.sink == Sink::File {
-        None
+/// Connects the API sink `sink` needs, if any.
+async fn api_sink(args: &Args, sink: Sink) -> Result<Option<ApiSink>, labeller::ApiSinkError> {
+    if sink == Sink::File {
+        return Ok(None);
+    }
+    let client = labeller::api::connect(args.kubeconfig.as_deref()).await?;
+    let node = args.node_name.clone().unwrap_or_default();
+    Ok(Some(if sink == Sink::NodeFeature {
+        ApiSink::NodeFeature(Box::new(NodeFeatureSink::new(
+            client,
+            args.namespace.clone(),
+            node,
+            args.pod_name.clone(),
+        )))
     } else {
-        let name = args.node_name.clone().unwrap_or_default();
-        match NodeSink::connect(args.kubeconfig.as_deref(), name).await {
-            Ok(sink) => Some(sink),
-            Err(err) => {
-                eprintln!("gpud: {err}");
-                return ExitCode::from(exit::FAILURE);
-            }
+        ApiSink::Node(Box::new(NodeSink::new(client, node)))
+    }))
+}
+
+async fn serve(
+    args: Args,
+    sink: Sink,
+    inventory: Option<Inventory>,
+    settings: Settings,
+) -> ExitCode {
+    let api_sink = match api_sink(&args, sink).await {
+        Ok(api_sink) => api_sink,
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            return ExitCode::from(exit::FAILURE);
         }
     };
     let cancel = CancellationToken::new();
@@ -217,7 +318,7 @@ async fn serve(args: Args, inventory: Option<Inventory>, settings: Settings) -> 
         cancel.clone(),
         inventory,
         settings,
-        node_sink,
+        api_sink,
         reload_rx,
     ));
     let mut hangup = signal(SignalKind::hangup()).ok();
@@ -231,13 +332,18 @@ async fn serve(args: Args, inventory: Option<Inventory>, settings: Settings) -> 
                 break (&mut task).await;
             }
             Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                match args.settings() {
-                    Ok((config, settings)) => {
+                match args.config() {
+                    Ok(config) => {
                         for warning in &config.warnings {
                             warn!("{warning}");
                         }
+                        let now = Sink::chosen(args.sink, &config.flags);
+                        if now != sink {
+                            warn!(keeping = sink.name(), wanted = now.name(),
+                                  "useNodeFeatureAPI changed; the sink changes on restart");
+                        }
                         info!("SIGHUP: configuration read");
-                        let _ = reload_tx.send(settings).await;
+                        let _ = reload_tx.send(args.settings(&config, sink)).await;
                     }
                     Err(err) => error!(error = %err, "Config reload failed; keeping the previous configuration"),
                 }

@@ -1,19 +1,24 @@
 //! The labeller: GFD's node labels (plus gpud's health summary), kept current from the
-//! inventory and written to an NFD features file, stdout, and/or the Node object.
+//! inventory and written to an NFD features file, stdout, the Node object, or NFD's
+//! NodeFeature object.
 //!
 //! - [`labels`] is the pure core: snapshot + settings → labels.
 //! - [`run`] is the loop: it recomputes whenever the inventory publishes a change, every
 //!   `sleepInterval` (after a rescan, as GFD re-enumerates every cycle), and when new settings
 //!   arrive (SIGHUP). The features file is rewritten when a label other than the timestamp
-//!   changed or the interval passed; the Node is patched when its labels differ.
-//! - [`features_file`] and [`node`] are the sinks; [`pci`] reads the PCI class NVML lacks.
+//!   changed or the interval passed; an API sink writes when what it holds differs.
+//! - [`features_file`], [`node`] and [`node_feature`] are the sinks; the last two go through
+//!   the Kubernetes API and share [`api`] (connection, errors, backoff). [`pci`] reads the
+//!   PCI class NVML lacks.
 //!
-//! Writing failures are logged and retried (the node sink with backoff); only `--oneshot`
+//! Writing failures are logged and retried (an API sink with backoff); only `--oneshot`
 //! turns them into an error, since it has no later pass to recover in.
 
+pub mod api;
 pub mod features_file;
 pub mod labels;
 pub mod node;
+pub mod node_feature;
 pub mod pci;
 pub mod syntax;
 
@@ -25,8 +30,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+pub use api::{ApiSink, ApiSinkError};
 pub use labels::{LabelConfig, Labels, labels, warnings};
-pub use node::{NodeSink, NodeSinkError};
+pub use node::NodeSink;
+pub use node_feature::NodeFeatureSink;
 
 use crate::inventory::model::Node as NodeFacts;
 use crate::inventory::{Inventory, Snapshot};
@@ -45,7 +52,7 @@ pub struct Settings {
     pub oneshot: bool,
     /// `flags.gfd.sleepInterval`.
     pub sleep_interval: SleepInterval,
-    /// `flags.gfd.outputFile`; `None` when the file sink is off (Node sink only).
+    /// `flags.gfd.outputFile`; `None` when the file sink is off (an API sink only).
     pub output: Option<OutputTarget>,
     /// `flags.gfd.machineTypeFile`; `None` means machine type `unknown`.
     pub machine_type_file: Option<PathBuf>,
@@ -91,15 +98,15 @@ pub enum LabellerError {
     /// Stdout is closed or failing.
     #[error("cannot write the labels to stdout: {0}")]
     Stdout(#[source] std::io::Error),
-    /// The Node could not be labelled (after retries, in oneshot mode).
+    /// An API sink could not be written (after retries, in oneshot mode).
     #[error(transparent)]
-    Node(#[from] NodeSinkError),
+    Api(#[from] ApiSinkError),
 }
 
-/// Attempts at the Node API in oneshot mode before giving up.
-pub const ONESHOT_NODE_ATTEMPTS: u32 = 5;
-/// Longest a single Node API sync may take before it counts as failed.
-pub const NODE_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+/// Attempts at the API in oneshot mode before giving up.
+pub const ONESHOT_API_ATTEMPTS: u32 = 5;
+/// Longest a single API sync may take before it counts as failed.
+pub const API_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Builds the label settings for one pass: reads the machine-type file and the PCI classes
 /// (host facts NVML does not give).
@@ -149,32 +156,42 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Pending work for the Node sink.
+/// Pending work for the API sink: the labels still to write, and when to try next.
 #[derive(Debug)]
-struct NodeState {
-    sink: NodeSink,
+struct ApiState {
+    sink: ApiSink,
     pending: Option<Labels>,
     retry_at: Option<Instant>,
-    backoff: node::Backoff,
+    backoff: api::Backoff,
 }
 
-impl NodeState {
-    /// Tries to apply the pending labels once; schedules a retry on failure.
-    async fn push(&mut self) -> Result<(), NodeSinkError> {
+impl ApiState {
+    fn new(sink: ApiSink, timestamp: u64) -> Self {
+        let seed = sink.seed();
+        ApiState {
+            sink,
+            pending: None,
+            retry_at: None,
+            backoff: api::Backoff::new(seed ^ timestamp),
+        }
+    }
+
+    /// Tries to write the pending labels once; schedules a retry on failure.
+    async fn push(&mut self) -> Result<(), ApiSinkError> {
         let Some(wanted) = self.pending.clone() else {
             return Ok(());
         };
-        let result = match tokio::time::timeout(NODE_SYNC_TIMEOUT, self.sink.sync(&wanted)).await {
+        let result = match tokio::time::timeout(API_SYNC_TIMEOUT, self.sink.sync(&wanted)).await {
             Ok(result) => result,
-            Err(_) => Err(NodeSinkError::Timeout {
-                node: self.sink.node().to_owned(),
-                after: NODE_SYNC_TIMEOUT,
+            Err(_) => Err(ApiSinkError::Timeout {
+                target: self.sink.target(),
+                after: API_SYNC_TIMEOUT,
             }),
         };
         match result {
-            Ok(patched) => {
-                if patched {
-                    info!(node = %self.sink.node(), labels = wanted.len(), "Node labels updated");
+            Ok(written) => {
+                if written {
+                    info!(sink = %self.sink.target(), labels = wanted.len(), "Labels written");
                 }
                 self.pending = None;
                 self.retry_at = None;
@@ -183,7 +200,7 @@ impl NodeState {
             }
             Err(err) => {
                 let delay = self.backoff.next_delay();
-                warn!(error = %err, retry_in = ?delay, "Cannot label the node; retrying");
+                warn!(error = %err, retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
                 self.retry_at = Some(Instant::now() + delay);
                 Err(err)
             }
@@ -231,7 +248,7 @@ pub async fn run(
     cancel: CancellationToken,
     inventory: Option<Inventory>,
     mut settings: Settings,
-    node_sink: Option<NodeSink>,
+    api_sink: Option<ApiSink>,
     mut reload: mpsc::Receiver<Settings>,
 ) -> Result<(), LabellerError> {
     let empty = std::sync::Arc::new(empty_snapshot());
@@ -239,17 +256,7 @@ pub async fn run(
     let mut timestamp = unix_now();
     let mut written: Option<Labels> = None;
     let mut logged_warnings: Vec<String> = Vec::new();
-    let seed = node_sink.as_ref().map_or(1, |s| {
-        s.node()
-            .bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
-    });
-    let mut node = node_sink.map(|sink| NodeState {
-        sink,
-        pending: None,
-        retry_at: None,
-        backoff: node::Backoff::new(seed ^ timestamp),
-    });
+    let mut api = api_sink.map(|sink| ApiState::new(sink, timestamp));
     let mut force = true;
     let mut reload_open = true;
     let mut next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
@@ -283,26 +290,26 @@ pub async fn run(
                     }
                 }
             }
-            if let Some(node) = &mut node {
-                node.pending = Some(current.clone());
-                node.retry_at = Some(Instant::now());
+            if let Some(api) = &mut api {
+                api.pending = Some(current.clone());
+                api.retry_at = Some(Instant::now());
             }
             written = Some(core);
         }
         force = false;
         if settings.oneshot {
-            if let Some(node) = &mut node {
-                return oneshot_node(node, &cancel).await;
+            if let Some(api) = &mut api {
+                return oneshot_api(api, &cancel).await;
             }
             return Ok(());
         }
-        if let Some(node) = &mut node
-            && node.retry_at.is_some_and(|at| at <= Instant::now())
+        if let Some(api) = &mut api
+            && api.retry_at.is_some_and(|at| at <= Instant::now())
         {
-            let _ = node.push().await;
+            let _ = api.push().await;
         }
 
-        let retry_at = node.as_ref().and_then(|n| n.retry_at);
+        let retry_at = api.as_ref().and_then(|a| a.retry_at);
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = changed_or_pending(&mut updates) => {
@@ -320,8 +327,8 @@ pub async fn run(
                 next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
             }
             () = sleep_until(retry_at), if retry_at.is_some() => {
-                if let Some(node) = &mut node {
-                    let _ = node.push().await;
+                if let Some(api) = &mut api {
+                    let _ = api.push().await;
                 }
             }
             new = reload.recv(), if reload_open => {
@@ -371,18 +378,15 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Oneshot with the Node sink: a bounded number of attempts with backoff.
-async fn oneshot_node(
-    node: &mut NodeState,
-    cancel: &CancellationToken,
-) -> Result<(), LabellerError> {
+/// Oneshot with an API sink: a bounded number of attempts with backoff.
+async fn oneshot_api(api: &mut ApiState, cancel: &CancellationToken) -> Result<(), LabellerError> {
     let mut last = None;
-    for _ in 0..ONESHOT_NODE_ATTEMPTS {
-        match node.push().await {
+    for _ in 0..ONESHOT_API_ATTEMPTS {
+        match api.push().await {
             Ok(()) => return Ok(()),
             Err(err) => last = Some(err),
         }
-        let wait = node
+        let wait = api
             .retry_at
             .map(|at| at.saturating_duration_since(Instant::now()));
         tokio::select! {

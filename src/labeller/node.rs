@@ -10,39 +10,18 @@
 //! The patch itself is a pure function ([`plan`]); the client is a thin shell around it.
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
+use super::api::{ApiSinkError, FIELD_MANAGER};
 use super::labels::Labels;
 use super::syntax::{is_valid_label_key, is_valid_label_value};
 
 /// Node annotation listing the label keys the labeller manages (comma-separated, sorted).
 pub const OWNED_ANNOTATION: &str = "gpud.io/labels";
-/// Field manager recorded by the API server for the labeller's patches.
-pub const FIELD_MANAGER: &str = "gpud-labeller";
-
-/// Failures of the node sink.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeSinkError {
-    /// No kubeconfig and not in a cluster, or a kubeconfig that does not load.
-    #[error("cannot configure the Kubernetes client: {0}")]
-    Config(String),
-    /// The API server did not answer in time.
-    #[error("node {node}: no answer from the API server within {after:?}")]
-    Timeout { node: String, after: Duration },
-    /// A request failed.
-    #[error("node {node}: {source}")]
-    Api {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
-}
 
 /// What one sync changes on the node.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,30 +106,12 @@ impl std::fmt::Debug for NodeSink {
 }
 
 impl NodeSink {
-    /// Connects with `kubeconfig` when given, else as kube's inference does (`KUBECONFIG`,
-    /// `~/.kube/config`, then the in-cluster service account).
-    pub async fn connect(kubeconfig: Option<&Path>, node: String) -> Result<Self, NodeSinkError> {
-        let config = match kubeconfig {
-            Some(path) => {
-                let file = kube::config::Kubeconfig::read_from(path)
-                    .map_err(|e| NodeSinkError::Config(format!("{}: {e}", path.display())))?;
-                kube::Config::from_custom_kubeconfig(
-                    file,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .map_err(|e| NodeSinkError::Config(format!("{}: {e}", path.display())))?
-            }
-            None => kube::Config::infer()
-                .await
-                .map_err(|e| NodeSinkError::Config(e.to_string()))?,
-        };
-        let client =
-            kube::Client::try_from(config).map_err(|e| NodeSinkError::Config(e.to_string()))?;
-        Ok(NodeSink {
+    /// A sink for `node`'s labels over an existing connection.
+    pub fn new(client: kube::Client, node: String) -> Self {
+        NodeSink {
             api: Api::all(client),
             node,
-        })
+        }
     }
 
     /// The node this sink labels.
@@ -160,9 +121,9 @@ impl NodeSink {
 
     /// One attempt: reads the node and patches its labels if they differ. Returns whether a
     /// patch was sent.
-    pub async fn sync(&self, wanted: &Labels) -> Result<bool, NodeSinkError> {
-        let api_err = |source| NodeSinkError::Api {
-            node: self.node.clone(),
+    pub async fn sync(&self, wanted: &Labels) -> Result<bool, ApiSinkError> {
+        let api_err = |source| ApiSinkError::Api {
+            target: format!("node {}", self.node),
             source,
         };
         let node = self.api.get(&self.node).await.map_err(api_err)?;
@@ -189,45 +150,6 @@ impl NodeSink {
             .await
             .map_err(api_err)?;
         Ok(true)
-    }
-}
-
-/// Exponential backoff with jitter for retrying the API server: 500 ms doubling to 30 s.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-    seed: u64,
-}
-
-/// First retry delay.
-pub const BACKOFF_START: Duration = Duration::from_millis(500);
-/// Longest retry delay.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-impl Backoff {
-    /// A fresh backoff; `seed` spreads the retries of many nodes apart.
-    pub fn new(seed: u64) -> Self {
-        Backoff {
-            next: BACKOFF_START,
-            seed: seed | 1,
-        }
-    }
-
-    /// The delay before the next attempt: the current step plus up to 25 % jitter.
-    pub fn next_delay(&mut self) -> Duration {
-        // xorshift: cheap, deterministic per seed, good enough to de-synchronise nodes.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let step = self.next;
-        let jitter = step.mul_f64((self.seed % 1000) as f64 / 4000.0);
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        step + jitter
-    }
-
-    /// Back to the first step after a success.
-    pub fn reset(&mut self) {
-        self.next = BACKOFF_START;
     }
 }
 
@@ -309,21 +231,5 @@ mod tests {
                 "annotations": {"gpud.io/labels": "nvidia.com/gpu.count"}
             }}))
         );
-    }
-
-    #[test]
-    fn backoff_grows_to_the_cap_with_bounded_jitter() {
-        let mut backoff = Backoff::new(42);
-        let delays: Vec<Duration> = (0..10).map(|_| backoff.next_delay()).collect();
-        let mut step = BACKOFF_START;
-        for delay in &delays {
-            assert!(
-                *delay >= step && *delay <= step.mul_f64(1.25),
-                "{delay:?} vs {step:?}"
-            );
-            step = (step * 2).min(BACKOFF_MAX);
-        }
-        backoff.reset();
-        assert!(backoff.next_delay() < Duration::from_millis(700));
     }
 }

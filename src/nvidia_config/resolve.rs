@@ -126,6 +126,10 @@ pub struct Flags {
     pub gds_enabled: bool,
     pub mofed_enabled: bool,
     pub use_node_feature_api: bool,
+    /// Whether `useNodeFeatureAPI` was given (flag, environment or file) rather than left to
+    /// the component's default: gpud's labeller follows only an explicit request, since the
+    /// NodeFeature API needs cluster access the default features file does not.
+    pub use_node_feature_api_explicit: bool,
     pub device_discovery_strategy: DeviceDiscoveryStrategy,
     /// `flags.plugin`.
     pub plugin: PluginSettings,
@@ -210,6 +214,10 @@ pub fn resolve(
         .unwrap_or_else(|| nvidia_driver_root.clone());
     let fp = &ff.plugin;
     let fg = &ff.gfd;
+    let use_node_feature_api = shared
+        .use_node_feature_api
+        .or(reader.typed(nfa_env, "flags.useNodeFeatureAPI", parse_bool)?)
+        .or(ff.use_node_feature_api);
     let output = match gfd.output_file {
         Some(text) => OutputTarget::from_text(&text),
         None => match env.var("GFD_OUTPUT_FILE") {
@@ -265,11 +273,8 @@ pub fn resolve(
                 .or(reader.typed(&["MOFED_ENABLED"], "flags.mofedEnabled", parse_bool)?)
                 .or(ff.mofed_enabled)
                 .unwrap_or(false),
-            use_node_feature_api: shared
-                .use_node_feature_api
-                .or(reader.typed(nfa_env, "flags.useNodeFeatureAPI", parse_bool)?)
-                .or(ff.use_node_feature_api)
-                .unwrap_or(gfd_component),
+            use_node_feature_api: use_node_feature_api.unwrap_or(gfd_component),
+            use_node_feature_api_explicit: use_node_feature_api.is_some(),
             device_discovery_strategy: shared
                 .device_discovery_strategy
                 .or(reader.typed(

@@ -397,6 +397,68 @@ fn precedence_flag_over_env_over_file_over_default() {
     );
 }
 
+/// The labeller tells GFD's default `useNodeFeatureAPI: true` from one that was asked for.
+#[test]
+fn use_node_feature_api_records_whether_it_was_given() {
+    let resolved = |text: Option<&str>, flag: Option<bool>, vars: &[(&str, &str)]| {
+        let parsed = text.map(|t| file(t).unwrap());
+        let shared = SharedFlags {
+            use_node_feature_api: flag,
+            ..SharedFlags::default()
+        };
+        let flags = resolve(
+            parsed.as_ref().map(|p| (Path::new(PATH), p)),
+            GivenFlags {
+                shared: Some(&shared),
+                plugin: None,
+                gfd: None,
+            },
+            &env(vars),
+            Component::FeatureDiscovery,
+        )
+        .unwrap()
+        .flags;
+        (
+            flags.use_node_feature_api,
+            flags.use_node_feature_api_explicit,
+        )
+    };
+    // GFD's default, and an empty variable, are not a request.
+    assert_eq!(resolved(None, None, &[]), (true, false));
+    assert_eq!(
+        resolved(None, None, &[("GFD_USE_NODE_FEATURE_API", "")]),
+        (true, false)
+    );
+    assert_eq!(
+        resolved(Some("flags:\n  migStrategy: none\n"), None, &[]),
+        (true, false)
+    );
+    // The file, either variable, or the flag is.
+    let on = Some("flags:\n  useNodeFeatureAPI: true\n");
+    let off = Some("flags:\n  useNodeFeatureAPI: false\n");
+    assert_eq!(resolved(on, None, &[]), (true, true));
+    assert_eq!(resolved(off, None, &[]), (false, true));
+    assert_eq!(
+        resolved(None, None, &[("USE_NODE_FEATURE_API", "true")]),
+        (true, true)
+    );
+    assert_eq!(
+        resolved(off, None, &[("GFD_USE_NODE_FEATURE_API", "1")]),
+        (true, true)
+    );
+    assert_eq!(resolved(on, Some(false), &[]), (false, true));
+    assert_eq!(resolved(None, Some(true), &[]), (true, true));
+    // The device plugin's default is false and not given either.
+    let dp = resolve(
+        None,
+        GivenFlags::default(),
+        &env(&[]),
+        Component::DevicePlugin,
+    )
+    .unwrap();
+    assert!(!dp.flags.use_node_feature_api && !dp.flags.use_node_feature_api_explicit);
+}
+
 #[test]
 fn device_plugin_ignores_gfd_env_names() {
     let config = resolve(
