@@ -31,8 +31,9 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn(mock: &Path, _dir: &Path, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Daemon {
+fn spawn(mock: &Path, dir: &Path, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Daemon {
     let address = format!("127.0.0.1:{port}");
+    let features = dir.join("gfd");
     let socket = kubelet.socket();
     let mut args = vec![
         "run",
@@ -42,6 +43,8 @@ fn spawn(mock: &Path, _dir: &Path, kubelet: &FakeKubelet, port: u16, extra: &[&s
         "",
         "-a",
         &address,
+        "-o",
+        features.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
     let child = Command::new(env!("CARGO_BIN_EXE_gpud"))

@@ -397,6 +397,42 @@ fn relabels_when_the_inventory_changes_not_only_on_the_timer() {
 }
 
 #[test]
+fn health_labels_follow_xids_from_the_health_watcher() {
+    let node = Node::new("dgx-h100");
+    let sysfs = fake_sysfs(&node, "dgx-h100");
+    let out = node.dir.path().join("gfd");
+    // The rescan is an hour away: only the in-process health watcher can see an XID.
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "--sleep-interval",
+            "1h",
+            "--rescan-interval",
+            "1h",
+            "--kmsg",
+            "",
+            "--health-poll-interval",
+            "50ms",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    ));
+    wait_for(&out, 20, |l| {
+        l.get("gpud.io/gpu.healthy").map(String::as_str) == Some("8")
+    });
+    node.inject("xid 5 79");
+    let after = wait_for(&out, 20, |l| {
+        l.get("gpud.io/gpu.unhealthy").map(String::as_str) == Some("1")
+    });
+    assert_eq!(after["gpud.io/gpu.health"], "unhealthy");
+    assert_eq!(after["gpud.io/gpu.healthy"], "7");
+    assert_eq!(after["nvidia.com/gpu.count"], "8");
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
 fn sighup_reloads_the_config_and_keeps_the_old_one_when_bad() {
     let node = Node::new("a100-mig");
     let sysfs = fake_sysfs(&node, "a100-mig");

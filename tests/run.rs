@@ -39,8 +39,12 @@ impl Daemon {
 fn command(node: &Node, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Command {
     let socket = kubelet.socket();
     let address = format!("127.0.0.1:{port}");
+    let features = features_path(node);
     let mut args = vec![
         "run",
+        "--output-file",
+        features.to_str().unwrap(),
+        "--no-timestamp",
         "--kubelet-socket",
         socket.to_str().unwrap(),
         "--kmsg",
@@ -54,6 +58,27 @@ fn command(node: &Node, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Com
     ];
     args.extend_from_slice(extra);
     node.gpud(&args)
+}
+
+fn features_path(node: &Node) -> std::path::PathBuf {
+    node.dir.path().join("features.d-gfd")
+}
+
+/// The features file once `accept` holds.
+fn labels_when(node: &Node, accept: impl Fn(&str) -> bool) -> String {
+    let path = features_path(node);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if accept(&text) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "labels never matched:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Daemon {
@@ -76,7 +101,7 @@ fn lines_starting<'a>(body: &'a str, prefix: &str) -> Vec<&'a str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_xid_reaches_the_kubelet_and_the_metrics() {
+async fn one_xid_reaches_the_kubelet_the_labels_and_the_metrics() {
     let node = Node::new("dgx-h100");
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
     let daemon = start(&node, &kubelet, &[]);
@@ -92,6 +117,7 @@ async fn one_xid_reaches_the_kubelet_and_the_metrics() {
 
     let body = metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
     assert_eq!(lines_starting(&body, "DCGM_FI_DEV_GPU_UTIL{").len(), 8);
+    labels_when(&node, |l| l.contains("gpud.io/gpu.healthy=8\n"));
 
     node.inject("xid 3 79");
     let update = next_list(&mut stream, 5).await;
@@ -121,17 +147,44 @@ async fn one_xid_reaches_the_kubelet_and_the_metrics() {
         .collect();
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
     assert!(unhealthy[0].contains("gpu=\"3\"") && unhealthy[0].ends_with(" 2"));
+
+    let labels = labels_when(&node, |l| l.contains("gpud.io/gpu.unhealthy=1\n"));
+    assert!(labels.contains("gpud.io/gpu.healthy=7\n"), "{labels}");
+    assert!(
+        labels.contains("gpud.io/gpu.health=unhealthy\n"),
+        "{labels}"
+    );
+    // GFD's own labels keep counting the GPU: it is still there, only withdrawn.
+    assert!(labels.contains("nvidia.com/gpu.count=8\n"), "{labels}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_are_the_standalone_labellers() {
+    for (fixture, extra) in [
+        ("dgx-h100", &[][..]),
+        ("a100-mig", &["--mig-strategy", "mixed"][..]),
+    ] {
+        let node = Node::new(fixture);
+        let mut standalone = vec!["labeller", "--oneshot", "--no-timestamp", "-o", "-"];
+        standalone.extend_from_slice(extra);
+        let expected = common::stdout_ok(&node.run(&standalone));
+        let kubelet = FakeKubelet::start(node.dir.path()).await;
+        let _daemon = start(&node, &kubelet, extra);
+        let written = labels_when(&node, |l| !l.is_empty());
+        assert_eq!(written, expected, "{fixture}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_subsystems_do_not_start() {
     let node = Node::new("pcie-4gpu");
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
-    let daemon = start(&node, &kubelet, &["--disable", "exporter"]);
+    let daemon = start(&node, &kubelet, &["--disable", "exporter,labeller"]);
     let reg = kubelet.next_registration(10).await;
     assert_eq!(reg.resource_name, "nvidia.com/gpu");
-    // Registered means running; the exporter's port stays closed.
+    // Registered means running; the exporter's port stays closed, no labels are written.
     assert!(http::get(daemon.port, "/metrics").is_err());
+    assert!(!features_path(&node).exists());
 
     let node = Node::new("pcie-4gpu");
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
@@ -148,7 +201,10 @@ async fn sigterm_stops_cleanly() {
     let mut daemon = start(&node, &kubelet, &[]);
     kubelet.next_registration(10).await;
     metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
+    labels_when(&node, |l| !l.is_empty());
     assert_eq!(daemon.stop(), Some(0));
+    // As GFD does, a looping labeller takes its features file with it.
+    assert!(!features_path(&node).exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

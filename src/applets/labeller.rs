@@ -3,7 +3,7 @@
 //! gpu-feature-discovery's flags, environment and config file.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -13,15 +13,16 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cli;
+use crate::cli::{self, CommonArgs, HealthArgs};
 use crate::exit;
+use crate::health::watcher::{self, WatcherConfig};
 use crate::inventory::Inventory;
 use crate::labeller::{self, ApiSink, NodeFeatureSink, NodeSink, Settings};
 use crate::nvidia_config::{
     self, Component, GfdFlags, GivenFlags, NvidiaConfigError, ProcessEnv, SharedFlags,
 };
-use crate::nvml::{self, NodeFacts, Nvml};
-use crate::telemetry::{self, LogFormat};
+use crate::nvml::{NodeFacts, Nvml};
+use crate::telemetry;
 
 /// Label the node with GPU features (GFD-compatible): model, memory, count, MIG, sharing,
 /// driver and CUDA versions, plus gpud's health summary.
@@ -32,13 +33,8 @@ use crate::telemetry::{self, LogFormat};
 #[derive(Debug, Parser)]
 #[command(name = "gpud labeller", version)]
 struct Args {
-    /// NVML library to load instead of searching the usual places.
-    #[arg(long, value_name = "PATH", env = nvml::LIB_ENV)]
-    nvml_lib: Option<PathBuf>,
-
-    /// Log line format on stderr (the level filter is taken from GPUD_LOG).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "GPUD_LOG_FORMAT")]
-    log_format: LogFormat,
+    #[command(flatten)]
+    common: CommonArgs,
 
     /// NVIDIA's config file (YAML or JSON) [env: GFD_CONFIG_FILE, CONFIG_FILE].
     #[arg(long, value_name = "PATH")]
@@ -47,6 +43,26 @@ struct Args {
     #[command(flatten)]
     shared: SharedFlags,
 
+    /// Node to label (the Kubernetes node name).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
+
+    #[command(flatten)]
+    labeller: LabellerArgs,
+
+    /// Rescan the GPUs this often, relabelling as soon as something changed (MIG layout,
+    /// a GPU lost or back).
+    #[arg(long, value_name = "DURATION", env = "GPUD_LABELLER_RESCAN_INTERVAL",
+          default_value = "10s", value_parser = cli::positive_duration)]
+    rescan_interval: Duration,
+
+    #[command(flatten)]
+    health: HealthArgs,
+}
+
+/// The labeller's own options (GFD's `flags.gfd` and gpud's sinks), shared with `gpud run`.
+#[derive(Debug, Clone, clap::Args)]
+pub(super) struct LabellerArgs {
     #[command(flatten)]
     gfd: GfdFlags,
 
@@ -54,10 +70,6 @@ struct Args {
     /// environment or config file; else file].
     #[arg(long, value_enum, env = "GPUD_LABELLER_SINK")]
     sink: Option<Sink>,
-
-    /// Node to label (the Kubernetes node name).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: Option<String>,
 
     /// Namespace of the NodeFeature object (and of the labeller's pod).
     #[arg(
@@ -82,12 +94,6 @@ struct Args {
           default_value = labeller::pci::DEFAULT_SYSFS_ROOT)]
     sysfs_root: PathBuf,
 
-    /// Rescan the GPUs this often, relabelling as soon as something changed (MIG layout,
-    /// a GPU lost or back).
-    #[arg(long, value_name = "DURATION", env = "GPUD_LABELLER_RESCAN_INTERVAL",
-          default_value = "10s", value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
-
     /// Add gpud's health-summary labels (gpud.io/gpu.health …).
     #[arg(long, value_name = "BOOL", env = "GPUD_HEALTH_LABELS", default_value = "true",
           value_parser = nvidia_config::parse_bool)]
@@ -96,7 +102,7 @@ struct Args {
 
 /// Where labels are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Sink {
+pub(super) enum Sink {
     /// The NFD features file (--output-file), or stdout.
     File,
     /// The Node object's labels, through the Kubernetes API.
@@ -135,18 +141,19 @@ impl Sink {
     }
 }
 
-impl Args {
-    /// Reads the config file and resolves every setting (called at start and on SIGHUP).
-    fn config(&self) -> Result<nvidia_config::Config, NvidiaConfigError> {
-        let path = nvidia_config::config_file(
-            self.config_file.as_deref(),
-            &ProcessEnv,
-            Component::FeatureDiscovery,
-        );
+impl LabellerArgs {
+    /// Reads NVIDIA's config file and resolves GFD's view of it (at start and on SIGHUP).
+    pub(super) fn config(
+        &self,
+        config_file: Option<&Path>,
+        shared: &SharedFlags,
+    ) -> Result<nvidia_config::Config, NvidiaConfigError> {
+        let path =
+            nvidia_config::config_file(config_file, &ProcessEnv, Component::FeatureDiscovery);
         nvidia_config::load_and_resolve(
             path.as_deref(),
             GivenFlags {
-                shared: Some(&self.shared),
+                shared: Some(shared),
                 plugin: None,
                 gfd: Some(&self.gfd),
             },
@@ -155,8 +162,13 @@ impl Args {
         )
     }
 
+    /// The sink `config` and `--sink` select.
+    pub(super) fn sink(&self, config: &nvidia_config::Config) -> Sink {
+        Sink::chosen(self.sink, &config.flags)
+    }
+
     /// The labeller's settings for `config` writing to `sink`.
-    fn settings(&self, config: &nvidia_config::Config, sink: Sink) -> Settings {
+    pub(super) fn settings(&self, config: &nvidia_config::Config, sink: Sink) -> Settings {
         Settings::from_config(
             config,
             sink.writes_file(),
@@ -173,24 +185,94 @@ impl Args {
         }
     }
 
-    /// The usage error for a sink that lacks what it needs, if any.
-    fn missing_for(&self, sink: Sink) -> Option<String> {
-        if sink == Sink::File {
-            return None;
-        }
-        if self.node_name.as_deref().is_none_or(str::is_empty) {
-            return Some(format!(
+    /// Checks that `sink` has what it needs and says how it was chosen; the usage error
+    /// otherwise.
+    pub(super) fn check(
+        &self,
+        config: &nvidia_config::Config,
+        sink: Sink,
+        node_name: Option<&str>,
+    ) -> Result<(), String> {
+        if sink != Sink::File && node_name.is_none_or(str::is_empty) {
+            return Err(format!(
                 "{} needs the node name (--node-name or NODE_NAME)",
                 self.sink_source(sink)
             ));
         }
         if sink == Sink::NodeFeature && self.namespace.is_empty() {
-            return Some(format!(
+            return Err(format!(
                 "{} needs the namespace (--namespace or NAMESPACE)",
                 self.sink_source(sink)
             ));
         }
-        None
+        if config.flags.use_node_feature_api && sink != Sink::NodeFeature {
+            if config.flags.use_node_feature_api_explicit {
+                info!(
+                    sink = sink.name(),
+                    "useNodeFeatureAPI is set, but --sink decides"
+                );
+            } else {
+                debug!(
+                    "useNodeFeatureAPI is true by GFD's default only; writing the features file \
+                     (set it explicitly, or --sink node-feature, for the NodeFeature object)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Connects the API sink `sink` needs, if any.
+    pub(super) async fn api_sink(
+        &self,
+        sink: Sink,
+        node_name: Option<&str>,
+    ) -> Result<Option<ApiSink>, labeller::ApiSinkError> {
+        if sink == Sink::File {
+            return Ok(None);
+        }
+        let client = labeller::api::connect(self.kubeconfig.as_deref()).await?;
+        let node = node_name.unwrap_or_default().to_owned();
+        Ok(Some(if sink == Sink::NodeFeature {
+            ApiSink::NodeFeature(Box::new(NodeFeatureSink::new(
+                client,
+                self.namespace.clone(),
+                node,
+                self.pod_name.clone(),
+            )))
+        } else {
+            ApiSink::Node(Box::new(NodeSink::new(client, node)))
+        }))
+    }
+
+    /// SIGHUP: the new settings for the running `sink`, or `None` (logged) when the config
+    /// file is bad and the running settings stay.
+    pub(super) fn reload(
+        &self,
+        config_file: Option<&Path>,
+        shared: &SharedFlags,
+        sink: Sink,
+    ) -> Option<Settings> {
+        match self.config(config_file, shared) {
+            Ok(config) => {
+                for warning in &config.warnings {
+                    warn!("{warning}");
+                }
+                let now = self.sink(&config);
+                if now != sink {
+                    warn!(
+                        keeping = sink.name(),
+                        wanted = now.name(),
+                        "useNodeFeatureAPI changed; the sink changes on restart"
+                    );
+                }
+                info!("SIGHUP: configuration read");
+                Some(self.settings(&config, sink))
+            }
+            Err(err) => {
+                error!(error = %err, "Config reload failed; keeping the previous configuration");
+                None
+            }
+        }
     }
 }
 
@@ -200,8 +282,15 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(args) => args,
         Err(code) => return code,
     };
-    telemetry::init(args.log_format);
-    let config = match args.config() {
+    telemetry::init(args.common.log_format);
+    let (health, _) = match args.health.resolve() {
+        Ok(resolved) => resolved,
+        Err(code) => return code,
+    };
+    let config = match args
+        .labeller
+        .config(args.config_file.as_deref(), &args.shared)
+    {
         Ok(config) => config,
         Err(err) => {
             eprintln!("gpud: {err}");
@@ -211,40 +300,23 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     for warning in &config.warnings {
         warn!("{warning}");
     }
-    let sink = Sink::chosen(args.sink, &config.flags);
-    if let Some(missing) = args.missing_for(sink) {
-        eprintln!("gpud: {missing}");
+    let sink = args.labeller.sink(&config);
+    if let Err(usage) = args
+        .labeller
+        .check(&config, sink, args.node_name.as_deref())
+    {
+        eprintln!("gpud: {usage}");
         return ExitCode::from(exit::USAGE);
     }
-    if config.flags.use_node_feature_api && sink != Sink::NodeFeature {
-        if config.flags.use_node_feature_api_explicit {
-            info!(
-                sink = sink.name(),
-                "useNodeFeatureAPI is set, but --sink decides"
-            );
-        } else {
-            debug!(
-                "useNodeFeatureAPI is true by GFD's default only; writing the features file \
-                 (set it explicitly, or --sink node-feature, for the NodeFeature object)"
-            );
-        }
-    }
-    let settings = args.settings(&config, sink);
-    let inventory = match open_inventory(&args, &config) {
-        Ok(inventory) => inventory,
+    let settings = args.labeller.settings(&config, sink);
+    let opened = match open_inventory(&args, &config) {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            return ExitCode::from(exit::FAILURE);
-        }
-    };
-    runtime.block_on(serve(args, sink, inventory, settings))
+    match cli::runtime(1) {
+        Ok(runtime) => runtime.block_on(serve(args, sink, opened, settings, health)),
+        Err(code) => code,
+    }
 }
 
 /// Opens NVML and discovers the node; with `failOnInitError: false` a failure means running
@@ -252,15 +324,17 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 fn open_inventory(
     args: &Args,
     config: &nvidia_config::Config,
-) -> Result<Option<Inventory>, ExitCode> {
+) -> Result<Option<(Nvml, Inventory)>, ExitCode> {
     let facts = NodeFacts {
         node_name: args.node_name.clone(),
         machine_type_file: config.flags.gfd.machine_type_file.clone(),
     };
-    let result =
-        Nvml::open(args.nvml_lib.as_deref()).and_then(|nvml| Inventory::discover(nvml, facts));
+    let result = Nvml::open(args.common.nvml_lib.as_deref()).and_then(|nvml| {
+        let inventory = Inventory::discover(nvml.clone(), facts)?;
+        Ok((nvml, inventory))
+    });
     match result {
-        Ok(inventory) => Ok(Some(inventory)),
+        Ok(opened) => Ok(Some(opened)),
         Err(err) if !config.flags.fail_on_init_error => {
             warn!(error = %err, "NVML unavailable; labelling without GPUs (failOnInitError is false)");
             Ok(None)
@@ -269,32 +343,18 @@ fn open_inventory(
     }
 }
 
-/// Connects the API sink `sink` needs, if any.
-async fn api_sink(args: &Args, sink: Sink) -> Result<Option<ApiSink>, labeller::ApiSinkError> {
-    if sink == Sink::File {
-        return Ok(None);
-    }
-    let client = labeller::api::connect(args.kubeconfig.as_deref()).await?;
-    let node = args.node_name.clone().unwrap_or_default();
-    Ok(Some(if sink == Sink::NodeFeature {
-        ApiSink::NodeFeature(Box::new(NodeFeatureSink::new(
-            client,
-            args.namespace.clone(),
-            node,
-            args.pod_name.clone(),
-        )))
-    } else {
-        ApiSink::Node(Box::new(NodeSink::new(client, node)))
-    }))
-}
-
 async fn serve(
     args: Args,
     sink: Sink,
-    inventory: Option<Inventory>,
+    opened: Option<(Nvml, Inventory)>,
     settings: Settings,
+    health: WatcherConfig,
 ) -> ExitCode {
-    let api_sink = match api_sink(&args, sink).await {
+    let api_sink = match args
+        .labeller
+        .api_sink(sink, args.node_name.as_deref())
+        .await
+    {
         Ok(api_sink) => api_sink,
         Err(err) => {
             eprintln!("gpud: {err}");
@@ -303,17 +363,25 @@ async fn serve(
     };
     let cancel = CancellationToken::new();
     let (reload_tx, reload_rx) = mpsc::channel(4);
-    let oneshot = settings.oneshot;
-    let rescanner = (!oneshot)
-        .then(|| inventory.clone())
-        .flatten()
-        .map(|inventory| {
-            tokio::spawn(rescan_every(
-                inventory,
-                args.rescan_interval,
-                cancel.clone(),
-            ))
-        });
+    let mut helpers = Vec::new();
+    // A looping labeller keeps the inventory current itself: rescans for MIG changes and
+    // lost GPUs, and the health watcher for the gpud.io/gpu.* health labels. A oneshot
+    // labels what discovery saw.
+    if let Some((nvml, inventory)) = opened.as_ref().filter(|_| !settings.oneshot) {
+        let (rescanner, stop, every) = (inventory.clone(), cancel.clone(), args.rescan_interval);
+        helpers.push(tokio::spawn(async move {
+            rescanner.rescan_periodically(stop, every).await;
+        }));
+        if settings.health_labels {
+            let watch = watcher::run(cancel.clone(), nvml.clone(), inventory.clone(), health);
+            helpers.push(tokio::spawn(async move {
+                if let Err(err) = watch.await {
+                    warn!(error = %err, "Health watching is off: health labels show discovery's view");
+                }
+            }));
+        }
+    }
+    let inventory = opened.map(|(_, inventory)| inventory);
     let mut task = tokio::spawn(labeller::run(
         cancel.clone(),
         inventory,
@@ -332,27 +400,15 @@ async fn serve(
                 break (&mut task).await;
             }
             Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => {
-                match args.config() {
-                    Ok(config) => {
-                        for warning in &config.warnings {
-                            warn!("{warning}");
-                        }
-                        let now = Sink::chosen(args.sink, &config.flags);
-                        if now != sink {
-                            warn!(keeping = sink.name(), wanted = now.name(),
-                                  "useNodeFeatureAPI changed; the sink changes on restart");
-                        }
-                        info!("SIGHUP: configuration read");
-                        let _ = reload_tx.send(args.settings(&config, sink)).await;
-                    }
-                    Err(err) => error!(error = %err, "Config reload failed; keeping the previous configuration"),
+                if let Some(next) = args.labeller.reload(args.config_file.as_deref(), &args.shared, sink) {
+                    let _ = reload_tx.send(next).await;
                 }
             }
         }
     };
     cancel.cancel();
-    if let Some(rescanner) = rescanner {
-        let _ = rescanner.await;
+    for helper in helpers {
+        let _ = helper.await;
     }
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
@@ -363,23 +419,6 @@ async fn serve(
         Err(join) => {
             eprintln!("gpud: the labeller stopped: {join}");
             ExitCode::from(exit::FAILURE)
-        }
-    }
-}
-
-/// Rescans the inventory on an interval so MIG changes and lost GPUs relabel promptly.
-async fn rescan_every(inventory: Inventory, every: Duration, cancel: CancellationToken) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = ticks.tick() => {
-                if let Err(err) = inventory.rescan().await {
-                    warn!(error = %err, "Rescan failed");
-                }
-            }
         }
     }
 }

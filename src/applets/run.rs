@@ -26,26 +26,32 @@ use tracing::{error, info, warn};
 
 use super::device_plugin::KubeletArgs;
 use super::exporter::ExporterArgs;
-use crate::cli::{self, CommonArgs, HealthArgs, NodeArgs};
+use super::labeller::{LabellerArgs, Sink};
+use crate::cli::{self, CommonArgs, HealthArgs};
 use crate::device_plugin::manager;
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::exit;
 use crate::health::watcher;
 use crate::inventory::Inventory;
+use crate::labeller;
+use crate::nvml::NodeFacts;
 
-/// Run the device plugin, the exporter and the health watcher in one process, over one view
-/// of the node's GPUs.
+/// Run the device plugin, the labeller, the exporter and the health watcher in one process,
+/// over one view of the node's GPUs.
 ///
 /// Each subsystem takes the flags and environment of its standalone applet (see `gpud
-/// device-plugin --help`, `gpud exporter --help`). SIGHUP reloads NVIDIA's config file.
+/// device-plugin --help`, `gpud labeller --help`, `gpud exporter --help`); NVIDIA's config
+/// file serves the device plugin and the labeller. SIGHUP reloads it.
 #[derive(Debug, Parser)]
 #[command(name = "gpud run", version)]
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
 
-    #[command(flatten)]
-    node: NodeArgs,
+    /// The Kubernetes node name (labels, the Node and NodeFeature sinks, the Hostname
+    /// label); the kernel host name when unset.
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
 
     /// Subsystems not to start (comma-separated); the health watcher always runs.
     #[arg(
@@ -72,6 +78,9 @@ struct Args {
     kubelet: KubeletArgs,
 
     #[command(flatten)]
+    labeller: LabellerArgs,
+
+    #[command(flatten)]
     exporter: ExporterArgs,
 }
 
@@ -80,6 +89,8 @@ struct Args {
 enum Subsystem {
     /// The kubelet device plugin.
     DevicePlugin,
+    /// The node labeller.
+    Labeller,
     /// The Prometheus exporter.
     Exporter,
 }
@@ -120,6 +131,26 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::from(exit::DATA);
         }
     };
+    let gfd_config = match args
+        .labeller
+        .config(args.plugin.config_file.as_deref(), &args.plugin.shared)
+    {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            return ExitCode::from(exit::DATA);
+        }
+    };
+    let sink = args.labeller.sink(&gfd_config);
+    if args.enabled(Subsystem::Labeller)
+        && let Err(usage) = args
+            .labeller
+            .check(&gfd_config, sink, args.node_name.as_deref())
+    {
+        eprintln!("gpud: {usage}");
+        return ExitCode::from(exit::USAGE);
+    }
+    let labeller_settings = args.labeller.settings(&gfd_config, sink);
     let counters = match args.exporter.counters() {
         Ok(counters) => counters,
         Err(code) => return code,
@@ -132,7 +163,11 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(config) => config,
         Err(code) => return code,
     };
-    let inventory = match Inventory::discover(nvml.clone(), args.node.facts()) {
+    let facts = NodeFacts {
+        node_name: args.node_name.clone(),
+        machine_type_file: gfd_config.flags.gfd.machine_type_file.clone(),
+    };
+    let inventory = match Inventory::discover(nvml.clone(), facts) {
         Ok(inventory) => inventory,
         Err(err) => return cli::fail_nvml(&err),
     };
@@ -178,6 +213,33 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             );
             tasks.spawn(async move { ("device plugin", run.await.map_err(|e| e.to_string())) });
         }
+        let (labeller_tx, labeller_rx) = mpsc::channel(4);
+        if args.enabled(Subsystem::Labeller) {
+            let api_sink = match args
+                .labeller
+                .api_sink(sink, args.node_name.as_deref())
+                .await
+            {
+                Ok(api_sink) => api_sink,
+                Err(err) => {
+                    eprintln!("gpud: labeller: {err}");
+                    cancel.cancel();
+                    return ExitCode::from(exit::FAILURE);
+                }
+            };
+            let run = labeller::run(
+                cancel.clone(),
+                Some(inventory.clone()),
+                labeller_settings,
+                api_sink,
+                labeller_rx,
+            );
+            tasks.spawn(async move { ("labeller", run.await.map_err(|e| e.to_string())) });
+        } else {
+            // Nobody reads reloads for a disabled labeller: closing the channel makes SIGHUP
+            // skip it instead of filling the queue.
+            drop(labeller_rx);
+        }
         if args.enabled(Subsystem::Exporter) {
             let run = crate::exporter::run(
                 cancel.clone(),
@@ -191,11 +253,17 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         info!(
             gpus = inventory.current().gpus.len(),
             device_plugin = args.enabled(Subsystem::DevicePlugin),
+            labeller = args.enabled(Subsystem::Labeller),
             exporter = args.enabled(Subsystem::Exporter),
             "gpud running"
         );
 
-        let code = supervise(&args, &mut tasks, &plugin_tx).await;
+        let reloads = Reloads {
+            plugin: plugin_tx,
+            labeller: labeller_tx,
+            sink,
+        };
+        let code = supervise(&args, &mut tasks, &reloads).await;
         cancel.cancel();
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while tasks.join_next().await.is_some() {}
@@ -212,7 +280,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 async fn supervise(
     args: &Args,
     tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
-    plugin_tx: &watch::Sender<Arc<crate::device_plugin::settings::Settings>>,
+    reloads: &Reloads,
 ) -> ExitCode {
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {
         error!("Cannot install the SIGHUP handler");
@@ -223,7 +291,7 @@ async fn supervise(
     loop {
         tokio::select! {
             () = &mut stop => return ExitCode::SUCCESS,
-            _ = hangup.recv() => reload(args, plugin_tx),
+            _ = hangup.recv() => reload(args, reloads).await,
             Some(ended) = tasks.join_next() => match ended {
                 Ok((name, Ok(()))) => info!(subsystem = name, "Subsystem finished"),
                 Ok((name, Err(err))) => {
@@ -239,16 +307,34 @@ async fn supervise(
     }
 }
 
-/// Re-reads NVIDIA's config file; a bad one is reported and the running settings stay.
-fn reload(args: &Args, plugin_tx: &watch::Sender<Arc<crate::device_plugin::settings::Settings>>) {
+/// Where SIGHUP's new settings go.
+struct Reloads {
+    plugin: watch::Sender<Arc<crate::device_plugin::settings::Settings>>,
+    labeller: mpsc::Sender<labeller::Settings>,
+    /// The labeller's sink, fixed for the life of the process.
+    sink: Sink,
+}
+
+/// Re-reads NVIDIA's config file for the device plugin and the labeller; a bad one is
+/// reported and the running settings stay.
+async fn reload(args: &Args, reloads: &Reloads) {
     match settings_source::load(&args.plugin) {
         Ok((next, warnings)) => {
             for warning in warnings {
                 warn!("{warning}");
             }
             info!("Configuration reloaded");
-            plugin_tx.send_replace(Arc::new(next));
+            reloads.plugin.send_replace(Arc::new(next));
         }
         Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
+    }
+    let labeller_settings = args.labeller.reload(
+        args.plugin.config_file.as_deref(),
+        &args.plugin.shared,
+        reloads.sink,
+    );
+    if let Some(next) = labeller_settings {
+        // A disabled labeller has dropped its receiver; nothing to tell it.
+        let _ = reloads.labeller.send(next).await;
     }
 }
