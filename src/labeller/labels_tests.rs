@@ -114,6 +114,7 @@ fn snapshot_from_json(json: &Value) -> Snapshot {
             },
             // Links and topology do not affect labels.
             nvlinks: Vec::new(),
+            fabric: serde_json::from_value(g["fabric"].clone()).unwrap(),
             health: health_from_json(&g["health"]),
         })
         .collect();
