@@ -6,7 +6,8 @@
 //!   `sleepInterval` (after a rescan, as GFD re-enumerates every cycle), and when new settings
 //!   arrive (SIGHUP). The features file is rewritten when a label other than the timestamp
 //!   changed or the interval passed; the Node is patched when its labels differ.
-//! - [`features_file`] and [`node`] are the sinks; [`pci`] reads the PCI class NVML lacks.
+//! - [`features_file`] and [`node`] are the sinks; [`pci`] reads the PCI facts NVML lacks
+//!   (class, configuration space) and [`vgpu`] finds a vGPU in the configuration space.
 //!
 //! Writing failures are logged and retried (the node sink with backoff); only `--oneshot`
 //! turns them into an error, since it has no later pass to recover in.
@@ -16,6 +17,7 @@ pub mod labels;
 pub mod node;
 pub mod pci;
 pub mod syntax;
+pub mod vgpu;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -101,8 +103,9 @@ pub const ONESHOT_NODE_ATTEMPTS: u32 = 5;
 /// Longest a single Node API sync may take before it counts as failed.
 pub const NODE_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Builds the label settings for one pass: reads the machine-type file and the PCI classes
-/// (host facts NVML does not give).
+/// Builds the label settings for one pass: reads the machine-type file, the PCI classes and
+/// the NVIDIA functions' configuration spaces (host facts NVML does not give). A node without
+/// GPUs gets no GPU labels, so its PCI devices are not read.
 pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) -> LabelConfig {
     LabelConfig {
         mig_strategy: settings.mig_strategy,
@@ -113,6 +116,14 @@ pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) ->
             .as_deref()
             .and_then(read_machine_type),
         pci_classes: pci::read_classes(&settings.sysfs_root, snapshot),
+        vgpu: if snapshot.gpus.is_empty() {
+            vgpu::Vgpu::Absent
+        } else {
+            match pci::nvidia_functions(&settings.sysfs_root) {
+                Ok(functions) => vgpu::detect(&functions),
+                Err(err) => vgpu::Vgpu::Unknown(err.to_string()),
+            }
+        },
         health_labels: settings.health_labels,
     }
 }
