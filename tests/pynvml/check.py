@@ -123,7 +123,7 @@ def check_mig():
 
 
 def check_fabric():
-    # Outside a fabric: what a real single H200 answered through these very calls.
+    # Outside a fabric: what a real H200 (driver 580.159.04) answered through this call.
     configure(fixture="dgx-h100")
     nv.nvmlInit()
     info = nv.c_nvmlGpuFabricInfo_v2_t()

@@ -599,36 +599,49 @@ fn fabric_info_checks_version_pointer_and_handle_kind() {
 }
 
 #[test]
-fn fabric_info_zeroes_the_padding_after_state() {
-    // pynvml reads `state` as a 32-bit field: the three bytes after it must be zero, whatever
-    // the caller's buffer held.
+fn fabric_info_writes_fields_and_leaves_padding_as_the_real_library_does() {
+    // What a real H200 (driver 580.159.04) wrote into buffers prefilled with 0xAA: every field
+    // through v1 and v2 but not the three padding bytes after `state`; through v3 only `state`.
     #[repr(C, align(4))]
     struct Buf<const N: usize>([u8; N]);
-    let _g = start(fixture("gb200-nvl"));
-    let mut v2 = Buf([0xAAu8; 36]);
-    v2.0[..4].copy_from_slice(&0x0200_0024u32.to_ne_bytes());
-    assert_eq!(
-        call!(nvmlDeviceGetGpuFabricInfoV(
-            gpu(1),
-            (&raw mut v2).cast::<nvmlGpuFabricInfoV_t>()
-        )),
-        rc::SUCCESS
-    );
-    assert_eq!(
-        v2.0[28..32],
-        [NVML_GPU_FABRIC_STATE_COMPLETED as u8, 0, 0, 0]
-    );
-    assert_eq!(v2.0[32..36], [0; 4], "health mask");
+    let _g = start(fixture("dgx-h100"));
     let mut v1 = Buf([0xAAu8; 28]);
     assert_eq!(
         call!(nvmlDeviceGetGpuFabricInfo(
-            gpu(1),
+            gpu(0),
             (&raw mut v1).cast::<nvmlGpuFabricInfo_t>()
         )),
         rc::SUCCESS
     );
+    let mut want = [0u8; 28];
+    want[25..].copy_from_slice(&[0xAA; 3]);
+    assert_eq!(v1.0, want);
+
+    let mut v2 = Buf([0xAAu8; 36]);
+    v2.0[..4].copy_from_slice(&0x0200_0024u32.to_ne_bytes());
     assert_eq!(
-        v1.0[24..28],
-        [NVML_GPU_FABRIC_STATE_COMPLETED as u8, 0, 0, 0]
+        call!(nvmlDeviceGetGpuFabricInfoV(
+            gpu(0),
+            (&raw mut v2).cast::<nvmlGpuFabricInfoV_t>()
+        )),
+        rc::SUCCESS
     );
+    let mut want = [0u8; 36];
+    want[..4].copy_from_slice(&0x0200_0024u32.to_ne_bytes());
+    want[29..32].copy_from_slice(&[0xAA; 3]);
+    assert_eq!(v2.0, want);
+
+    let mut v3 = Buf([0xAAu8; 40]);
+    v3.0[..4].copy_from_slice(&0x0300_0028u32.to_ne_bytes());
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfoV(
+            gpu(0),
+            (&raw mut v3).cast::<nvmlGpuFabricInfoV_t>()
+        )),
+        rc::SUCCESS
+    );
+    let mut want = [0xAAu8; 40];
+    want[..4].copy_from_slice(&0x0300_0028u32.to_ne_bytes());
+    want[28] = 0;
+    assert_eq!(v3.0, want);
 }
