@@ -182,6 +182,39 @@ fn configuration_spaces() {
     }
 }
 
+/// The first 256 bytes of `config` of a real H200 passed through to a VM (0000:00:06.0,
+/// driver 580.159.04): power management, MSI, PCI Express and MSI-X capabilities, no
+/// vendor-specific one.
+const H200_PASSTHROUGH: &str = "\
+    de10352346051000a1000203000000000c000002401000000c00000000100000\
+    0c0000004010000000000000de10bf18000000004000000000000000ff010000\
+    0148130008000000056088030000000000000000000000000000000000000000\
+    10b0020021802c11345100000579450000000511000000000000000000000000\
+    0000000013080700401000003e00800105005e00000000000000000000000000\
+    00000000000000000000000000000000110008800000b9000000ba0000000000\
+    0000000000000000000000000000000000000000000000000000000000000000\
+    0000000000000000000000000000000000000000000000000000000000000000";
+
+#[test]
+fn a_real_passthrough_h200_is_not_a_vgpu() {
+    let hex = H200_PASSTHROUGH;
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(bytes.len(), 256);
+    assert_eq!(vendor_capability(&bytes), Ok(None));
+    assert_eq!(
+        detect(&[function("0000:00:06.0", bytes.clone())]),
+        Vgpu::Absent
+    );
+    // The same device read without privilege.
+    assert_eq!(
+        parse_config(&bytes[..64]),
+        Err(ConfigError::Short { len: 64 })
+    );
+}
+
 #[test]
 fn records_are_bounded_by_the_capability_length() {
     // Inside a capability cut short by its own length byte, a record that would reach past
