@@ -134,6 +134,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                         .collect(),
                 },
                 nvlinks: vec![],
+                fabric: None,
                 health: Health::healthy(),
             })
             .collect(),

@@ -18,6 +18,7 @@ const FIXTURES: &[&str] = &[
     "mixed",
     "a100-mig",
     "empty",
+    "gb200-nvl",
 ];
 
 #[test]

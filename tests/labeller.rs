@@ -23,10 +23,39 @@ const FIXTURES: &[&str] = &[
     "mixed",
     "a100-mig",
     "empty",
+    "gb200-nvl",
 ];
 
-/// A sysfs tree with a PCI `class` file for every GPU of `fixture` (from its inventory
-/// golden): 3D controllers, except the L40S, which is a VGA controller.
+/// A 256-byte PCI configuration space of an NVIDIA GPU whose capability list holds a power
+/// management capability and a vendor-specific one: with the `VF` signature and a host driver
+/// record when `host` (version, branch) is given, as a vGPU's; without, as a physical GPU's.
+fn config_space(host: Option<(&str, &str)>) -> Vec<u8> {
+    let mut c = vec![0u8; 256];
+    c[0..4].copy_from_slice(&[0xde, 0x10, 0x30, 0x23]);
+    c[0x06] = 0x10; // status: capability list present
+    c[0x34] = 0x60; // first capability
+    c[0x60..0x64].copy_from_slice(&[0x01, 0x68, 0x03, 0x00]); // power management, next 0x68
+    let mut vendor = vec![0x09, 0x00, 0x00];
+    match host {
+        Some((version, branch)) => {
+            vendor.extend_from_slice(b"VF");
+            vendor.extend_from_slice(&[0x00, 22]);
+            for field in [version, branch] {
+                let mut bytes = field.as_bytes().to_vec();
+                bytes.resize(10, 0);
+                vendor.extend_from_slice(&bytes);
+            }
+        }
+        None => vendor.extend_from_slice(&[0x01, 0x00, 0x14, 0x00]),
+    }
+    vendor[2] = vendor.len() as u8;
+    c[0x68..0x68 + vendor.len()].copy_from_slice(&vendor);
+    c
+}
+
+/// A sysfs tree with every GPU of `fixture` (from its inventory golden) as a PCI device:
+/// `class` (3D controllers, except the L40S, a VGA controller), `vendor` and `config` (a
+/// physical GPU's); plus a host bridge of another vendor.
 fn fake_sysfs(node: &Node, fixture: &str) -> PathBuf {
     let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/golden/inventory")
@@ -44,7 +73,13 @@ fn fake_sysfs(node: &Node, fixture: &str) -> PathBuf {
             "0x030200"
         };
         std::fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+        std::fs::write(dir.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(dir.join("config"), config_space(None)).unwrap();
     }
+    let bridge = root.join("bus/pci/devices/0000:00:00.0");
+    std::fs::create_dir_all(&bridge).unwrap();
+    std::fs::write(bridge.join("vendor"), "0x8086\n").unwrap();
+    std::fs::write(bridge.join("class"), "0x060000\n").unwrap();
     std::fs::create_dir_all(&root).unwrap();
     root
 }
@@ -262,7 +297,65 @@ fn gpu_mode_is_unknown_without_sysfs() {
             .output()
             .unwrap(),
     );
-    assert_eq!(parse_labels(&text)["nvidia.com/gpu.mode"], "unknown");
+    let labels = parse_labels(&text);
+    assert_eq!(labels["nvidia.com/gpu.mode"], "unknown");
+    assert_eq!(labels["nvidia.com/vgpu.present"], "false");
+}
+
+/// The vGPU labels of a one-shot run on `fixture` whose first GPU has `config` as its
+/// configuration space; with the run's stderr.
+fn vgpu_run(fixture: &str, config: &[u8]) -> (Vec<String>, String) {
+    let node = Node::new(fixture);
+    let sysfs = fake_sysfs(&node, fixture);
+    let first = std::fs::read_dir(sysfs.join("bus/pci/devices"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| std::fs::read_to_string(p.join("vendor")).unwrap() == "0x10de\n")
+        .min()
+        .unwrap();
+    std::fs::write(first.join("config"), config).unwrap();
+    let out = labeller(&node, &sysfs, &["--oneshot", "--no-timestamp", "-o", "-"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let vgpu = parse_labels(&stdout_ok(&out))
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("nvidia.com/vgpu."))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    (vgpu, stderr)
+}
+
+#[test]
+fn vgpu_labels_from_the_pci_configuration_space() {
+    // A guest whose GPU is a vGPU: the host's vGPU manager driver from the capability.
+    let (labels, stderr) = vgpu_run("pcie-4gpu", &config_space(Some(("550.90.05", "r550_00"))));
+    assert_eq!(
+        labels,
+        [
+            "nvidia.com/vgpu.host-driver-branch=r550_00",
+            "nvidia.com/vgpu.host-driver-version=550.90.05",
+            "nvidia.com/vgpu.present=true",
+        ],
+        "{stderr}"
+    );
+    assert!(!stderr.contains("vGPU"), "{stderr}");
+
+    // Physical GPUs only.
+    let (labels, stderr) = vgpu_run("pcie-4gpu", &config_space(None));
+    assert_eq!(labels, ["nvidia.com/vgpu.present=false"]);
+    assert!(!stderr.contains("vGPU"), "{stderr}");
+
+    // Without privilege sysfs gives 64 bytes: false, and a warning naming the device.
+    let (labels, stderr) = vgpu_run("pcie-4gpu", &config_space(None)[..64]);
+    assert_eq!(labels, ["nvidia.com/vgpu.present=false"]);
+    assert!(
+        stderr.contains(
+            "Cannot read the vGPU capability, so nvidia.com/vgpu.present is false: PCI device \
+             0000:1b:00.0: only 64 bytes of PCI configuration space readable, 256 needed"
+        ),
+        "{stderr}"
+    );
 }
 
 /// Waits until `path` holds labels for which `done` holds; returns them.

@@ -423,6 +423,7 @@ mod tests {
                 devices: migs,
             },
             nvlinks: vec![],
+            fabric: None,
             health: Health::healthy(),
         }
     }

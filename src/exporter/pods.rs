@@ -298,6 +298,7 @@ mod tests {
                     .collect(),
             },
             nvlinks: Vec::new(),
+            fabric: None,
             health: Health::healthy(),
         }
     }

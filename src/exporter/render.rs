@@ -618,6 +618,7 @@ mod tests {
                     .collect(),
             },
             nvlinks: Vec::new(),
+            fabric: None,
             health: Health::healthy(),
         }
     }

@@ -73,8 +73,49 @@ pub struct Gpu {
     pub mig: Mig,
     /// One entry per NVLink the GPU has (up or down).
     pub nvlinks: Vec<NvLink>,
+    /// Registration with a multi-node NVLink fabric (GB200 NVL racks); `None` when the GPU
+    /// has no such fabric or the driver does not say.
+    #[serde(default)]
+    pub fabric: Option<Fabric>,
     /// Current health of the whole GPU.
     pub health: Health,
+}
+
+/// A GPU's registration with a multi-node NVLink fabric: the NVSwitch trays of a rack join
+/// GPUs of several nodes into cliques that share memory over NVLink (IMEX).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fabric {
+    /// How far the fabric manager got registering the GPU.
+    pub state: FabricState,
+    /// NVML's return code for the registration: 0 when it succeeded.
+    pub status: u32,
+    /// The fabric's cluster UUID, lower-case `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (all zeros
+    /// until the GPU is registered).
+    pub cluster_uuid: String,
+    /// The clique (NVLink partition) of the cluster the GPU belongs to.
+    pub clique_id: u32,
+}
+
+/// Progress of a GPU's fabric registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FabricState {
+    NotStarted,
+    InProgress,
+    Completed,
+}
+
+/// The cluster UUID of a GPU that no fabric has registered.
+pub const NO_CLUSTER_UUID: &str = "00000000-0000-0000-0000-000000000000";
+
+impl Fabric {
+    /// Whether the GPU is attached to a fabric, by the rule of NVIDIA's go-nvlib
+    /// (`IsFabricAttached`): registration completed, successfully, with a cluster UUID.
+    pub fn is_attached(&self) -> bool {
+        self.state == FabricState::Completed
+            && self.status == 0
+            && self.cluster_uuid != NO_CLUSTER_UUID
+    }
 }
 
 /// PCI identity of a GPU.

@@ -8,7 +8,9 @@
 //!   so a node's `nvidia.com/gpu.*` describe one model and `count` counts that model;
 //! - with the `single` or `mixed` MIG strategy, MIG labels are computed next and overwrite
 //!   the full-GPU ones; `single` falls back to `<model>-MIG-INVALID` labels when the layout
-//!   cannot be served as one resource.
+//!   cannot be served as one resource;
+//! - `nvidia.com/gpu.clique` when the fabric-attached GPUs agree on one cluster UUID and one
+//!   clique (`imex.go`); `nvidia.com/vgpu.*` from the PCI configuration space (`vgpu.go`).
 //!
 //! Where GFD iterates Go maps (a node with several models), the winner is random; gpud makes
 //! it deterministic: the model of the lowest-index GPU wins.
@@ -16,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use super::syntax::sanitise;
+use super::vgpu::Vgpu;
 use crate::inventory::HealthState;
 use crate::inventory::model::{Gpu, MigDevice, Snapshot, family_for};
 use crate::nvidia_config::{MigStrategy, Sharing, SharingStrategy};
@@ -48,6 +51,8 @@ pub struct LabelConfig {
     /// PCI class of each GPU by NVML bus id (read from sysfs; NVML does not report it). A GPU
     /// missing here makes `nvidia.com/gpu.mode` `unknown`.
     pub pci_classes: BTreeMap<String, u32>,
+    /// What the NVIDIA PCI functions' configuration spaces say about vGPUs.
+    pub vgpu: Vgpu,
     /// Whether to add gpud's health-summary labels.
     pub health_labels: bool,
 }
@@ -80,6 +85,10 @@ pub fn labels(snapshot: &Snapshot, config: &LabelConfig) -> Labels {
         "nvidia.com/gpu.mode".into(),
         gpu_mode(snapshot, config).into(),
     );
+    if let FabricIds::One(clique) = fabric_ids(snapshot) {
+        out.insert(CLIQUE_LABEL.into(), clique);
+    }
+    vgpu_labels(&mut out, &config.vgpu);
     resource_labels(&mut out, snapshot, config);
     if config.health_labels {
         health_labels(&mut out, snapshot);
@@ -113,6 +122,16 @@ pub fn warnings(snapshot: &Snapshot, config: &LabelConfig) -> Vec<String> {
     {
         out.push(format!(
             "Invalid configuration detected for mig-strategy=single: {reason}"
+        ));
+    }
+    if let FabricIds::NonUnique(problem) = fabric_ids(snapshot) {
+        out.push(format!("{problem}; {CLIQUE_LABEL} is not set"));
+    }
+    if let Vgpu::Unknown(reason) = &config.vgpu
+        && !snapshot.gpus.is_empty()
+    {
+        out.push(format!(
+            "Cannot read the vGPU capability, so nvidia.com/vgpu.present is false: {reason}"
         ));
     }
     out
@@ -192,6 +211,80 @@ fn gpu_mode(snapshot: &Snapshot, config: &LabelConfig) -> &'static str {
             _ => UNKNOWN,
         },
         _ => UNKNOWN,
+    }
+}
+
+// === fabric and vGPU ===
+
+/// The clique label.
+pub const CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+
+/// What the fabric-attached GPUs of a node have in common.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FabricIds {
+    /// No GPU is attached to a multi-node NVLink fabric.
+    None,
+    /// Every attached GPU has this `<cluster UUID>.<clique id>`.
+    One(String),
+    /// Attached GPUs disagree; the message names the values and the GPUs holding them.
+    NonUnique(String),
+}
+
+/// GFD's rule (`getFabricIDs`): only fabric-attached GPUs count (the others are skipped, not
+/// disqualifying), and they must agree on the cluster UUID and on the clique id.
+fn fabric_ids(snapshot: &Snapshot) -> FabricIds {
+    let mut uuids: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let mut cliques: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for gpu in &snapshot.gpus {
+        if let Some(fabric) = gpu.fabric.as_ref().filter(|f| f.is_attached()) {
+            uuids
+                .entry(&fabric.cluster_uuid)
+                .or_default()
+                .push(gpu.index);
+            cliques.entry(fabric.clique_id).or_default().push(gpu.index);
+        }
+    }
+    let holders = |gpus: &[u32]| {
+        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        list.join(", ")
+    };
+    if uuids.len() > 1 {
+        let found: Vec<String> = uuids
+            .iter()
+            .map(|(uuid, gpus)| format!("{uuid} (GPUs {})", holders(gpus)))
+            .collect();
+        return FabricIds::NonUnique(format!(
+            "Cluster UUIDs are non-unique: {}",
+            found.join(", ")
+        ));
+    }
+    if cliques.len() > 1 {
+        let found: Vec<String> = cliques
+            .iter()
+            .map(|(clique, gpus)| format!("{clique} (GPUs {})", holders(gpus)))
+            .collect();
+        return FabricIds::NonUnique(format!("Clique IDs are non-unique: {}", found.join(", ")));
+    }
+    match (uuids.keys().next(), cliques.keys().next()) {
+        (Some(uuid), Some(clique)) => FabricIds::One(format!("{uuid}.{clique}")),
+        _ => FabricIds::None,
+    }
+}
+
+/// `nvidia.com/vgpu.present`, plus the host driver labels when a vGPU is found. A scan that
+/// failed says `false`, as GFD has since v0.15 (the failure is a warning).
+fn vgpu_labels(out: &mut Labels, vgpu: &Vgpu) {
+    let present = matches!(vgpu, Vgpu::Present(_));
+    out.insert("nvidia.com/vgpu.present".into(), present.to_string());
+    if let Vgpu::Present(driver) = vgpu {
+        out.insert(
+            "nvidia.com/vgpu.host-driver-version".into(),
+            driver.version.clone(),
+        );
+        out.insert(
+            "nvidia.com/vgpu.host-driver-branch".into(),
+            driver.branch.clone(),
+        );
     }
 }
 

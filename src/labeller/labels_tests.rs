@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::*;
 use crate::inventory::Health;
 use crate::inventory::health::HealthSource;
-use crate::inventory::model::{Mig, MigEngines, Node, Pci, Placement};
+use crate::inventory::model::{Fabric, FabricState, Mig, MigEngines, Node, Pci, Placement};
+use crate::labeller::vgpu::HostDriver;
 use crate::nvidia_config::{self, Component, GivenFlags};
 
 const TS: u64 = 1_700_000_000;
@@ -114,6 +115,7 @@ fn snapshot_from_json(json: &Value) -> Snapshot {
             },
             // Links and topology do not affect labels.
             nvlinks: Vec::new(),
+            fabric: serde_json::from_value(g["fabric"].clone()).unwrap(),
             health: health_from_json(&g["health"]),
         })
         .collect();
@@ -146,6 +148,7 @@ fn config_from(yaml: &str, snapshot: &Snapshot) -> LabelConfig {
         timestamp: Some(TS),
         machine_type: snapshot.node.machine_type.clone(),
         pci_classes: all_compute(snapshot),
+        vgpu: Vgpu::Absent,
         health_labels: false,
     }
 }
@@ -190,6 +193,7 @@ nvidia.com/cuda.runtime.major=12
 nvidia.com/cuda.runtime.minor=8
 nvidia.com/gfd.timestamp=1700000000
 nvidia.com/gpu.machine=DGX-Test
+nvidia.com/vgpu.present=false
 ";
 
 fn with_common(rest: &str) -> String {
@@ -672,6 +676,7 @@ fn every_label_is_valid_kubernetes_syntax() {
         "mixed",
         "a100-mig",
         "empty",
+        "gb200-nvl",
     ] {
         let node = fixture(name);
         for yaml in configs {
@@ -683,4 +688,149 @@ fn every_label_is_valid_kubernetes_syntax() {
             }
         }
     }
+}
+
+const GB200: &str = "
+nvidia.com/gpu.compute.major=10
+nvidia.com/gpu.compute.minor=0
+nvidia.com/gpu.count=4
+nvidia.com/gpu.family=blackwell
+nvidia.com/gpu.memory=189471
+nvidia.com/gpu.mode=compute
+nvidia.com/gpu.product=NVIDIA-GB200
+nvidia.com/gpu.replicas=1
+nvidia.com/gpu.sharing-strategy=none
+nvidia.com/mig.capable=false
+nvidia.com/mps.capable=false
+";
+
+const GB200_CLIQUE: &str = "3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c.32766";
+
+#[test]
+fn gb200_fabric_attached_gpus_label_their_clique() {
+    let node = fixture("gb200-nvl");
+    let config = config_from("", &node);
+    expect(
+        &node,
+        &config,
+        &with_common(&format!("{GB200}nvidia.com/gpu.clique={GB200_CLIQUE}")),
+    );
+    assert!(warnings(&node, &config).is_empty());
+    // GPUs outside a multi-node fabric: no clique.
+    let h100 = fixture("dgx-h100");
+    assert!(h100.gpus.iter().all(|g| g.fabric.is_none()));
+    assert!(!labels(&h100, &config_from("", &h100)).contains_key(CLIQUE_LABEL));
+}
+
+fn fabric(gpu: &mut Gpu) -> &mut Fabric {
+    gpu.fabric.as_mut().unwrap()
+}
+
+#[test]
+fn gpus_not_attached_to_the_fabric_are_skipped() {
+    let mut node = fixture("gb200-nvl");
+    let config = config_from("", &node);
+    // One GPU of each way of not being attached; GPU 0 alone still names the clique.
+    node.gpus[1].fabric = None;
+    fabric(&mut node.gpus[2]).state = FabricState::InProgress;
+    fabric(&mut node.gpus[2]).clique_id = 1;
+    fabric(&mut node.gpus[3]).status = 999;
+    fabric(&mut node.gpus[3]).clique_id = 2;
+    expect(
+        &node,
+        &config,
+        &with_common(&format!("{GB200}nvidia.com/gpu.clique={GB200_CLIQUE}")),
+    );
+    assert!(warnings(&node, &config).is_empty());
+
+    // Registration completed without a cluster UUID (an NVSwitch system that is not part of a
+    // multi-node fabric): not attached, so no GPU is and there is no clique.
+    fabric(&mut node.gpus[0]).cluster_uuid = crate::inventory::model::NO_CLUSTER_UUID.into();
+    expect(&node, &config, &with_common(GB200));
+    assert!(warnings(&node, &config).is_empty());
+    node.gpus[0].fabric = Some(Fabric {
+        state: FabricState::NotStarted,
+        status: 0,
+        cluster_uuid: "3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c".into(),
+        clique_id: 32766,
+    });
+    expect(&node, &config, &with_common(GB200));
+}
+
+#[test]
+fn attached_gpus_that_disagree_get_no_clique() {
+    let node = fixture("gb200-nvl");
+    let config = config_from("", &node);
+
+    let mut cliques = node.clone();
+    fabric(&mut cliques.gpus[2]).clique_id = 32767;
+    fabric(&mut cliques.gpus[3]).clique_id = 32767;
+    expect(&cliques, &config, &with_common(GB200));
+    assert_eq!(
+        warnings(&cliques, &config),
+        vec![
+            "Clique IDs are non-unique: 32766 (GPUs 0, 1), 32767 (GPUs 2, 3); \
+             nvidia.com/gpu.clique is not set"
+                .to_owned()
+        ]
+    );
+
+    let mut clusters = node.clone();
+    fabric(&mut clusters.gpus[1]).cluster_uuid = "0c2e3f5a-9b1d-4e7a-8c63-1d2e4f5a6b7c".into();
+    expect(&clusters, &config, &with_common(GB200));
+    assert_eq!(
+        warnings(&clusters, &config),
+        vec![
+            "Cluster UUIDs are non-unique: 0c2e3f5a-9b1d-4e7a-8c63-1d2e4f5a6b7c (GPUs 1), \
+             3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c (GPUs 0, 2, 3); nvidia.com/gpu.clique is not set"
+                .to_owned()
+        ]
+    );
+}
+
+#[test]
+fn vgpu_labels() {
+    let node = fixture("pcie-4gpu");
+    let mut config = config_from("", &node);
+    let vgpu_keys = |config: &LabelConfig| -> Vec<String> {
+        labels(&node, config)
+            .iter()
+            .filter(|(k, _)| k.starts_with("nvidia.com/vgpu."))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    };
+    assert_eq!(vgpu_keys(&config), ["nvidia.com/vgpu.present=false"]);
+    assert!(warnings(&node, &config).is_empty());
+
+    config.vgpu = Vgpu::Present(HostDriver {
+        version: "550.90.05".into(),
+        branch: "r550_00".into(),
+    });
+    assert_eq!(
+        vgpu_keys(&config),
+        [
+            "nvidia.com/vgpu.host-driver-branch=r550_00",
+            "nvidia.com/vgpu.host-driver-version=550.90.05",
+            "nvidia.com/vgpu.present=true",
+        ]
+    );
+
+    config.vgpu = Vgpu::Unknown("PCI device 0000:01:00.0: only 64 bytes …".into());
+    assert_eq!(vgpu_keys(&config), ["nvidia.com/vgpu.present=false"]);
+    assert_eq!(
+        warnings(&node, &config),
+        vec![
+            "Cannot read the vGPU capability, so nvidia.com/vgpu.present is false: \
+             PCI device 0000:01:00.0: only 64 bytes …"
+                .to_owned()
+        ]
+    );
+
+    // A node without GPUs gets no vGPU labels (or warnings) either.
+    let empty = fixture("empty");
+    assert_eq!(
+        lines(&labels(&empty, &config)),
+        "nvidia.com/gfd.timestamp=1700000000\n"
+    );
+    assert!(warnings(&empty, &config).is_empty());
 }

@@ -9,7 +9,8 @@
 //!   changed or the interval passed; an API sink writes when what it holds differs.
 //! - [`features_file`], [`node`] and [`node_feature`] are the sinks; the last two go through
 //!   the Kubernetes API and share [`api`] (connection, errors, backoff). [`pci`] reads the
-//!   PCI class NVML lacks.
+//!   PCI facts NVML lacks (class, configuration space) and [`vgpu`] finds a vGPU in the
+//!   configuration space.
 //!
 //! Writing failures are logged and retried (an API sink with backoff); only `--oneshot`
 //! turns them into an error, since it has no later pass to recover in.
@@ -21,6 +22,7 @@ pub mod node;
 pub mod node_feature;
 pub mod pci;
 pub mod syntax;
+pub mod vgpu;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -108,8 +110,9 @@ pub const ONESHOT_API_ATTEMPTS: u32 = 5;
 /// Longest a single API sync may take before it counts as failed.
 pub const API_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Builds the label settings for one pass: reads the machine-type file and the PCI classes
-/// (host facts NVML does not give).
+/// Builds the label settings for one pass: reads the machine-type file, the PCI classes and
+/// the NVIDIA functions' configuration spaces (host facts NVML does not give). A node without
+/// GPUs gets no GPU labels, so its PCI devices are not read.
 pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) -> LabelConfig {
     LabelConfig {
         mig_strategy: settings.mig_strategy,
@@ -120,6 +123,14 @@ pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) ->
             .as_deref()
             .and_then(read_machine_type),
         pci_classes: pci::read_classes(&settings.sysfs_root, snapshot),
+        vgpu: if snapshot.gpus.is_empty() {
+            vgpu::Vgpu::Absent
+        } else {
+            match pci::nvidia_functions(&settings.sysfs_root) {
+                Ok(functions) => vgpu::detect(&functions),
+                Err(err) => vgpu::Vgpu::Unknown(err.to_string()),
+            }
+        },
         health_labels: settings.health_labels,
     }
 }

@@ -26,8 +26,8 @@ use super::raw::{self, RemoteKind};
 use crate::inventory::health::Health;
 use crate::inventory::mig_profile;
 use crate::inventory::model::{
-    Gpu, Mig, MigDevice, MigEngines, Node, NvLink, NvLinkRemote, PairLink, Pci, PcieLevel,
-    Placement, Snapshot, family_for,
+    Fabric, FabricState, Gpu, Mig, MigDevice, MigEngines, Node, NvLink, NvLinkRemote, PairLink,
+    Pci, PcieLevel, Placement, Snapshot, family_for,
 };
 
 /// Node facts discovery takes from outside NVML.
@@ -159,6 +159,9 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
         .optional(device.enforced_power_limit())
         .map(|mw| f64::from(mw) / 1000.0);
     let mig_mode = probe.optional(device.mig_mode());
+    let fabric = probe
+        .optional(raw::gpu_fabric_info(lib, device))
+        .and_then(fabric_from);
     let total_bytes = memory.as_ref().map_or(0, |m| m.total);
 
     let mig = match mig_mode {
@@ -210,6 +213,7 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
         power_limit_watts,
         mig,
         nvlinks: Vec::new(),
+        fabric,
         health,
     };
     if !gpu.health.is_healthy() {
@@ -253,8 +257,40 @@ fn unreachable_gpu(index: u32, err: &E, now: SystemTime) -> Gpu {
             devices: Vec::new(),
         },
         nvlinks: Vec::new(),
+        fabric: None,
         health,
     }
+}
+
+/// The fabric registration as the inventory records it; `None` for a GPU without a fabric
+/// (state `NOT_SUPPORTED`, what GPUs outside an NVL rack report) or an unknown state.
+fn fabric_from(info: raw::FabricInfo) -> Option<Fabric> {
+    let state = match info.state {
+        1 => FabricState::NotStarted,
+        2 => FabricState::InProgress,
+        3 => FabricState::Completed,
+        _ => return None,
+    };
+    Some(Fabric {
+        state,
+        status: info.status,
+        cluster_uuid: uuid_text(&info.cluster_uuid),
+        clique_id: info.clique_id,
+    })
+}
+
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lower-case, the form GFD's labels use.
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(36);
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
 }
 
 /// The NUMA node the GPU's memory is closest to, from the driver's memory affinity; `None`
@@ -467,5 +503,50 @@ fn pcie_level(level: TopologyLevel) -> PcieLevel {
         TopologyLevel::HostBridge => PcieLevel::HostBridge,
         TopologyLevel::Node => PcieLevel::NumaNode,
         TopologyLevel::System => PcieLevel::System,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(state: u8, uuid: [u8; 16]) -> raw::FabricInfo {
+        raw::FabricInfo {
+            cluster_uuid: uuid,
+            status: 0,
+            clique_id: 7,
+            state,
+        }
+    }
+
+    #[test]
+    fn fabric_states_and_uuid_form() {
+        let uuid = [
+            0x3f, 0x5a, 0x0c, 0x2e, 0x9b, 0x1d, 0x4e, 0x7a, 0x8c, 0x63, 0x1d, 0x2e, 0x4f, 0x5a,
+            0x6b, 0x7c,
+        ];
+        assert_eq!(
+            fabric_from(info(3, uuid)),
+            Some(Fabric {
+                state: FabricState::Completed,
+                status: 0,
+                cluster_uuid: "3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c".into(),
+                clique_id: 7,
+            })
+        );
+        assert_eq!(
+            fabric_from(info(1, [0; 16])).map(|f| (f.state, f.cluster_uuid)),
+            Some((
+                FabricState::NotStarted,
+                crate::inventory::model::NO_CLUSTER_UUID.to_owned()
+            ))
+        );
+        assert_eq!(
+            fabric_from(info(2, uuid)).map(|f| f.state),
+            Some(FabricState::InProgress)
+        );
+        // NOT_SUPPORTED (a GPU outside any fabric) and states NVML does not define.
+        assert_eq!(fabric_from(info(0, [0; 16])), None);
+        assert_eq!(fabric_from(info(9, uuid)), None);
     }
 }

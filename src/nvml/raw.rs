@@ -10,7 +10,8 @@ use nvml_wrapper::Device;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper_sys::bindings::{
-    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuFabricInfo_t, nvmlGpuFabricInfo_v2_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t,
     nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU as NVLINK_GPU,
     nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH as NVLINK_SWITCH,
     nvmlIntNvLinkDeviceType_t,
@@ -81,6 +82,64 @@ pub fn nvlink_remote_kind(
         NVLINK_GPU => RemoteKind::Gpu,
         NVLINK_SWITCH => RemoteKind::Switch,
         _ => RemoteKind::Other,
+    })
+}
+
+/// A GPU's registration with a multi-node NVLink fabric, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricInfo {
+    /// The fabric's cluster UUID, raw bytes (all zero outside a fabric).
+    pub cluster_uuid: [u8; 16],
+    /// The registration's outcome, an `nvmlReturn_t`.
+    pub status: u32,
+    /// The clique (NVLink partition) within the cluster.
+    pub clique_id: u32,
+    /// An `nvmlGpuFabricState_t`: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+}
+
+/// `nvmlGpuFabricInfo_v2`: the struct size in the low 24 bits, the version above.
+const FABRIC_INFO_V2: u32 = std::mem::size_of::<nvmlGpuFabricInfo_v2_t>() as u32 | (2 << 24);
+
+/// The GPU's fabric registration: `nvmlDeviceGetGpuFabricInfoV` with the v2 struct, or, on
+/// drivers that predate it, the unversioned `nvmlDeviceGetGpuFabricInfo`. Both carry the same
+/// four facts.
+pub fn gpu_fabric_info(nvml: &Nvml, device: &Device<'_>) -> Result<FabricInfo, NvmlError> {
+    if let Ok(sym) = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref()) {
+        let mut info = nvmlGpuFabricInfo_v2_t {
+            version: FABRIC_INFO_V2,
+            clusterUuid: [0; 16],
+            status: 0,
+            cliqueId: 0,
+            state: 0,
+            healthMask: 0,
+        };
+        // SAFETY: a live NVML device handle and a fully initialised, writable v2 struct whose
+        // version word says v2, so NVML writes no more than the v2 size; the pointer cast only
+        // changes the declared pointee (the symbol is declared with the newest layout).
+        nvml_try(unsafe { sym(device.handle(), (&raw mut info).cast()) })?;
+        return Ok(FabricInfo {
+            cluster_uuid: info.clusterUuid,
+            status: info.status,
+            clique_id: info.cliqueId,
+            state: info.state,
+        });
+    }
+    let sym = nvml_sym(nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref())?;
+    let mut info = nvmlGpuFabricInfo_t {
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+    };
+    // SAFETY: a live NVML device handle and a fully initialised, writable struct of the type
+    // the C signature names.
+    nvml_try(unsafe { sym(device.handle(), &mut info) })?;
+    Ok(FabricInfo {
+        cluster_uuid: info.clusterUuid,
+        status: info.status,
+        clique_id: info.cliqueId,
+        state: info.state,
     })
 }
 

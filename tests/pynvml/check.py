@@ -8,10 +8,12 @@ The mock reads its NVML_MOCK_* settings at every first nvmlInit, so each scenari
 environment, initialises, checks, and shuts down again, all in this one process.
 """
 
+import ctypes
 import json
 import os
 import threading
 import time
+import uuid
 
 import pynvml as nv
 
@@ -120,6 +122,41 @@ def check_mig():
     print("ok   MIG (a100-mig)")
 
 
+def check_fabric():
+    # Outside a fabric: what a real H200 (driver 580.159.04) answered through this call.
+    configure(fixture="dgx-h100")
+    nv.nvmlInit()
+    info = nv.c_nvmlGpuFabricInfo_v2_t()
+    nv.nvmlDeviceGetGpuFabricInfoV(nv.nvmlDeviceGetHandleByIndex(0), ctypes.byref(info))
+    assert (info.state, info.status, info.cliqueId) == (nv.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, 0, 0)
+    assert bytes(info.clusterUuid) == bytes(16)
+    nv.nvmlShutdown()
+
+    configure(fixture="gb200-nvl")
+    nv.nvmlInit()
+    spec = fixture("gb200-nvl")
+    for i, gpu in enumerate(spec["gpus"]):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        assert nv.nvmlDeviceGetName(h) == "NVIDIA GB200"
+        assert nv.nvmlDeviceGetCudaComputeCapability(h) == (10, 0)
+        assert nv.nvmlDeviceGetArchitecture(h) == nv.NVML_DEVICE_ARCH_BLACKWELL
+        expect_error(nv.NVMLError_NotSupported, nv.nvmlDeviceGetMigMode, h)
+        want_uuid = uuid.UUID(gpu["fabric"]["cluster_uuid"]).bytes
+        v2 = nv.c_nvmlGpuFabricInfo_v2_t()
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+        v3 = nv.c_nvmlGpuFabricInfo_v3_t()
+        nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v3))
+        v1 = nv.c_nvmlGpuFabricInfo_t()
+        nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(v1))
+        for info in (v1, v2, v3):
+            assert bytes(info.clusterUuid) == want_uuid, bytes(info.clusterUuid).hex()
+            assert info.cliqueId == gpu["fabric"]["clique_id"] == 32766
+            assert info.state == nv.NVML_GPU_FABRIC_STATE_COMPLETED
+            assert info.status == nv.NVML_SUCCESS
+    nv.nvmlShutdown()
+    print("ok   fabric (dgx-h100 outside one, gb200-nvl in one; v1, v2, v3 layouts)")
+
+
 def check_events():
     control = os.path.join(TMP, "control")
     open(control, "w").close()
@@ -172,5 +209,6 @@ def check_events():
 if __name__ == "__main__":
     check_inventory()
     check_mig()
+    check_fabric()
     check_events()
     print("pynvml check passed")

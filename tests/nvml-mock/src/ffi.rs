@@ -261,5 +261,7 @@ mod tests {
             struct_version::<nvmlComputeInstanceProfileInfo_v3_t>(3),
             0x0300_008C
         );
+        assert_eq!(struct_version::<nvmlGpuFabricInfo_v2_t>(2), 0x0200_0024);
+        assert_eq!(struct_version::<nvmlGpuFabricInfo_v3_t>(3), 0x0300_0028);
     }
 }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::jsonpath;
 use crate::mig::MigState;
 use crate::models::{self, Model, ModelSpec, parse_hex_u32};
-use crate::node::{Gpu, Link, Node, NvSwitch, PciAddress, Remote};
+use crate::node::{Fabric, Gpu, Link, Node, NvSwitch, PciAddress, Remote};
 use nvml_wrapper_sys::bindings as b;
 
 /// The fixture used when `NVML_MOCK_FIXTURE` is unset.
@@ -40,6 +40,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../fixtures/nodes/a100-mig.json"),
     ),
     ("empty", include_str!("../../fixtures/nodes/empty.json")),
+    (
+        "gb200-nvl",
+        include_str!("../../fixtures/nodes/gb200-nvl.json"),
+    ),
     (
         "h100-mig",
         include_str!("../../fixtures/nodes/h100-mig.json"),
@@ -116,6 +120,32 @@ struct GpuSpec {
     /// Initial MIG state; only for MIG-capable models.
     #[serde(default)]
     mig: Option<MigSpec>,
+    /// Multi-node NVLink fabric registration; absent outside such a fabric.
+    #[serde(default)]
+    fabric: Option<FabricSpec>,
+}
+
+/// What `nvmlDeviceGetGpuFabricInfo*` reports for a GPU of a multi-node NVLink fabric.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FabricSpec {
+    /// Canonical 8-4-4-4-12 lower-case hex, e.g. `3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c`.
+    cluster_uuid: String,
+    clique_id: u32,
+    #[serde(default)]
+    state: FabricStateSpec,
+    /// The registration's `nvmlReturn_t`; 0 (success) by default.
+    #[serde(default)]
+    status: u32,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum FabricStateSpec {
+    NotStarted,
+    InProgress,
+    #[default]
+    Completed,
 }
 
 fn yes() -> bool {
@@ -313,6 +343,26 @@ pub fn valid_gpu_uuid(text: &str) -> bool {
         })
 }
 
+/// The 16 bytes of a canonical 8-4-4-4-12 lower-case hex UUID.
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let groups: Vec<_> = text.split('-').collect();
+    let canonical = groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| {
+            g.len() == n
+                && g.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        });
+    if !canonical {
+        return None;
+    }
+    let hex: String = groups.concat();
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(bytes)
+}
+
 /// Parses a `/sys`-style CPU list (`0-3,8,10-11`).
 pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     let mut cpus = Vec::new();
@@ -440,6 +490,27 @@ fn validate(check: &Checker<'_>, spec: FixtureSpec) -> Result<Node, FixtureError
         }
         let links = build_links(check, index, g, &model, gpu_count, nvswitches.len())?;
         let initial_mig = build_mig(check, index, g, &model)?;
+        let fabric = match &g.fabric {
+            None => Fabric::NONE,
+            Some(spec) => {
+                let Some(cluster_uuid) = parse_uuid(&spec.cluster_uuid) else {
+                    return check.fail(
+                        at("fabric.cluster_uuid"),
+                        "expected xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)",
+                    );
+                };
+                Fabric {
+                    cluster_uuid,
+                    clique_id: spec.clique_id,
+                    state: match spec.state {
+                        FabricStateSpec::NotStarted => 1,
+                        FabricStateSpec::InProgress => 2,
+                        FabricStateSpec::Completed => 3,
+                    },
+                    status: spec.status,
+                }
+            }
+        };
         let compute_mode = match g.compute_mode {
             ComputeModeSpec::Default => b::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT,
             ComputeModeSpec::ExclusiveThread => {
@@ -468,6 +539,7 @@ fn validate(check: &Checker<'_>, spec: FixtureSpec) -> Result<Node, FixtureError
             compute_mode,
             links,
             initial_mig,
+            fabric,
         });
     }
 
@@ -647,6 +719,29 @@ mod tests {
         assert_eq!(e.path, "gpus[0].mig");
         let e = parse("t.json", &with(r#", "numa_node": "zero""#)).unwrap_err();
         assert_eq!(e.path, "gpus[0].numa_node");
+        let e = parse(
+            "t.json",
+            &with(r#", "fabric": {"cluster_uuid": "not-a-uuid", "clique_id": 1}"#),
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "gpus[0].fabric.cluster_uuid");
+        let e = parse(
+            "t.json",
+            &with(r#", "fabric": {"cluster_uuid": "00000000-0000-0000-0000-000000000001", "clique_id": 1, "state": "done"}"#),
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "gpus[0].fabric.state");
+    }
+
+    #[test]
+    fn fabric_defaults_to_none_and_parses_when_given() {
+        let node = load(Some("dgx-h100")).unwrap();
+        assert!(node.gpus.iter().all(|g| g.fabric == Fabric::NONE));
+        let node = load(Some("gb200-nvl")).unwrap();
+        let f = node.gpus[0].fabric;
+        assert_eq!((f.state, f.status, f.clique_id), (3, 0, 32766));
+        assert_eq!(f.cluster_uuid[..4], [0x3f, 0x5a, 0x0c, 0x2e]);
+        assert_eq!(parse_uuid("3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7C"), None);
     }
 
     #[test]

@@ -90,6 +90,31 @@ pub struct NvSwitch {
     pub pci_device_id: u32,
 }
 
+/// A GPU's registration with a multi-node NVLink fabric (an NVL72 rack's NVSwitch trays), as
+/// `nvmlDeviceGetGpuFabricInfo*` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fabric {
+    /// The fabric's cluster UUID, raw bytes.
+    pub cluster_uuid: [u8; 16],
+    /// The clique (NVLink partition) the GPU belongs to.
+    pub clique_id: u32,
+    /// An `nvmlGpuFabricState_t`: 1 not started, 2 in progress, 3 completed.
+    pub state: u8,
+    /// The registration's outcome, an `nvmlReturn_t` (0 = success).
+    pub status: u32,
+}
+
+impl Fabric {
+    /// What a GPU outside any multi-node fabric reports (seen on a real single H200): the call
+    /// succeeds with state `NOT_SUPPORTED`, status `SUCCESS`, clique 0 and an all-zero UUID.
+    pub const NONE: Fabric = Fabric {
+        cluster_uuid: [0; 16],
+        clique_id: 0,
+        state: 0,
+        status: 0,
+    };
+}
+
 /// One physical GPU.
 #[derive(Debug, Clone)]
 pub struct Gpu {
@@ -115,6 +140,8 @@ pub struct Gpu {
     pub links: Vec<Link>,
     /// The MIG state before any state file or runtime change (disabled on non-MIG GPUs).
     pub initial_mig: MigState,
+    /// Multi-node NVLink fabric registration ([`Fabric::NONE`] outside such a fabric).
+    pub fabric: Fabric,
 }
 
 impl Gpu {

@@ -114,6 +114,8 @@ mod tests {
         assert_eq!(level("dgx-a100", 0, 2), NODE);
         assert_eq!(level("mixed", 2, 3), PHB);
         assert_eq!(level("mixed", 0, 2), SYS);
+        assert_eq!(level("gb200-nvl", 0, 1), NODE);
+        assert_eq!(level("gb200-nvl", 1, 2), SYS);
     }
 
     #[test]
@@ -126,6 +128,8 @@ mod tests {
         assert!(!nvlink_connected(&p, &up, 1, 2));
         let down = |_: usize, _: usize| false;
         assert!(!nvlink_connected(&p, &down, 0, 1));
+        let g = fixture::load(Some("gb200-nvl")).unwrap();
+        assert!(nvlink_connected(&g, &up, 0, 3));
         let m = fixture::load(Some("mixed")).unwrap();
         assert!(!nvlink_connected(&m, &up, 0, 2));
         assert!(!nvlink_connected(&m, &up, 2, 3));

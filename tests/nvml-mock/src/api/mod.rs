@@ -7,6 +7,7 @@
 
 pub mod device;
 pub mod events;
+pub mod fabric;
 pub mod fields;
 pub mod gpm;
 pub mod health;
@@ -18,6 +19,7 @@ pub mod topology;
 
 pub use device::*;
 pub use events::*;
+pub use fabric::*;
 pub use fields::*;
 pub use gpm::*;
 pub use health::*;

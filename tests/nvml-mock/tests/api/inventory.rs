@@ -473,3 +473,175 @@ fn dgx_a100_is_mig_capable_but_disabled() {
     }
     assert_eq!(links, 12);
 }
+
+fn fabric_v2(h: nvmlDevice_t) -> (nvmlReturn_t, nvmlGpuFabricInfo_v2_t) {
+    let mut info = nvmlGpuFabricInfo_v2_t {
+        version: 0x0200_0024,
+        clusterUuid: [0xAA; 16],
+        status: 0xAA,
+        cliqueId: 0xAA,
+        state: 0xAA,
+        healthMask: 0xAA,
+    };
+    let code = call!(nvmlDeviceGetGpuFabricInfoV(
+        h,
+        (&raw mut info).cast::<nvmlGpuFabricInfoV_t>()
+    ));
+    (code, info)
+}
+
+#[test]
+fn fabric_info_outside_a_fabric_is_state_not_supported() {
+    let _g = start(fixture("dgx-h100"));
+    let (code, info) = fabric_v2(gpu(0));
+    assert_eq!(code, rc::SUCCESS);
+    assert_eq!(
+        (info.clusterUuid, info.status, info.cliqueId, info.state),
+        (
+            [0; 16],
+            rc::SUCCESS,
+            0,
+            NVML_GPU_FABRIC_STATE_NOT_SUPPORTED as u8
+        )
+    );
+}
+
+#[test]
+fn fabric_info_of_a_fabric_attached_gpu_in_every_layout() {
+    let _g = start(fixture("gb200-nvl"));
+    let uuid = [
+        0x3f, 0x5a, 0x0c, 0x2e, 0x9b, 0x1d, 0x4e, 0x7a, 0x8c, 0x63, 0x1d, 0x2e, 0x4f, 0x5a, 0x6b,
+        0x7c,
+    ];
+    let completed = NVML_GPU_FABRIC_STATE_COMPLETED as u8;
+    for index in 0..4 {
+        let h = gpu(index);
+        let (code, v2) = fabric_v2(h);
+        assert_eq!(code, rc::SUCCESS);
+        assert_eq!(
+            (
+                v2.version,
+                v2.clusterUuid,
+                v2.status,
+                v2.cliqueId,
+                v2.state,
+                v2.healthMask
+            ),
+            (0x0200_0024, uuid, rc::SUCCESS, 32766, completed, 0)
+        );
+
+        let mut v1 = nvmlGpuFabricInfo_t {
+            clusterUuid: [0; 16],
+            status: 0xAA,
+            cliqueId: 0,
+            state: 0,
+        };
+        assert_eq!(call!(nvmlDeviceGetGpuFabricInfo(h, &mut v1)), rc::SUCCESS);
+        assert_eq!(
+            (v1.clusterUuid, v1.status, v1.cliqueId, v1.state),
+            (uuid, rc::SUCCESS, 32766, completed)
+        );
+
+        let mut v3 = nvmlGpuFabricInfo_v3_t {
+            version: 0x0300_0028,
+            clusterUuid: [0; 16],
+            status: 0xAA,
+            cliqueId: 0,
+            state: 0,
+            healthMask: 0xAA,
+            healthSummary: 0xAA,
+        };
+        assert_eq!(call!(nvmlDeviceGetGpuFabricInfoV(h, &mut v3)), rc::SUCCESS);
+        assert_eq!(
+            (
+                v3.clusterUuid,
+                v3.cliqueId,
+                v3.state,
+                v3.healthMask,
+                v3.healthSummary
+            ),
+            (uuid, 32766, completed, 0, 0)
+        );
+    }
+}
+
+#[test]
+fn fabric_info_checks_version_pointer_and_handle_kind() {
+    let _g = start(fixture("a100-mig"));
+    let mut wrong = nvmlGpuFabricInfo_v3_t {
+        version: 0x0100_0024,
+        clusterUuid: [0; 16],
+        status: 0,
+        cliqueId: 0,
+        state: 0,
+        healthMask: 0,
+        healthSummary: 0,
+    };
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfoV(gpu(0), &mut wrong)),
+        rc::ARGUMENT_VERSION_MISMATCH
+    );
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfoV(gpu(0), null_mut())),
+        rc::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfo(gpu(0), null_mut())),
+        rc::INVALID_ARGUMENT
+    );
+    let mut mig: nvmlDevice_t = null_mut();
+    assert_eq!(
+        call!(nvmlDeviceGetMigDeviceHandleByIndex(gpu(0), 0, &mut mig)),
+        rc::SUCCESS
+    );
+    let (code, _) = fabric_v2(mig);
+    assert_eq!(code, rc::NOT_SUPPORTED);
+}
+
+#[test]
+fn fabric_info_writes_fields_and_leaves_padding_as_the_real_library_does() {
+    // What a real H200 (driver 580.159.04) wrote into buffers prefilled with 0xAA: every field
+    // through v1 and v2 but not the three padding bytes after `state`; through v3 only `state`.
+    #[repr(C, align(4))]
+    struct Buf<const N: usize>([u8; N]);
+    let _g = start(fixture("dgx-h100"));
+    let mut v1 = Buf([0xAAu8; 28]);
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfo(
+            gpu(0),
+            (&raw mut v1).cast::<nvmlGpuFabricInfo_t>()
+        )),
+        rc::SUCCESS
+    );
+    let mut want = [0u8; 28];
+    want[25..].copy_from_slice(&[0xAA; 3]);
+    assert_eq!(v1.0, want);
+
+    let mut v2 = Buf([0xAAu8; 36]);
+    v2.0[..4].copy_from_slice(&0x0200_0024u32.to_ne_bytes());
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfoV(
+            gpu(0),
+            (&raw mut v2).cast::<nvmlGpuFabricInfoV_t>()
+        )),
+        rc::SUCCESS
+    );
+    let mut want = [0u8; 36];
+    want[..4].copy_from_slice(&0x0200_0024u32.to_ne_bytes());
+    want[29..32].copy_from_slice(&[0xAA; 3]);
+    assert_eq!(v2.0, want);
+
+    let mut v3 = Buf([0xAAu8; 40]);
+    v3.0[..4].copy_from_slice(&0x0300_0028u32.to_ne_bytes());
+    assert_eq!(
+        call!(nvmlDeviceGetGpuFabricInfoV(
+            gpu(0),
+            (&raw mut v3).cast::<nvmlGpuFabricInfoV_t>()
+        )),
+        rc::SUCCESS
+    );
+    let mut want = [0xAAu8; 40];
+    want[..4].copy_from_slice(&0x0300_0028u32.to_ne_bytes());
+    want[28] = 0;
+    assert_eq!(v3.0, want);
+}
