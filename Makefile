@@ -47,7 +47,7 @@ demo: build mock
 	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
 ## bench: performance measurements (release build): health latency, device plugin, labeller,
-## then exporter scrape throughput/p99 against nginx serving the same bytes, CPU per sample
+## the whole daemon (start-up, idle CPU, memory), then exporter scrape throughput/p99 against nginx serving the same bytes, CPU per sample
 ## cycle, RSS
 bench:
 	$(CARGO) bench --bench health_latency
