@@ -38,12 +38,19 @@ demo: build mock
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
 	@echo
-	@echo "== gpud device-plugin against a simulated kubelet"
-	@dir=$$(mktemp -d); touch $$dir/control; \
+	@echo "== gpud run (device plugin, labeller, exporter, health) against a simulated kubelet"
+	@dir=$$(mktemp -d); touch $$dir/control; port=$$((20000 + $$$$ % 20000)); \
 	NVML_MOCK_FIXTURE=$(FIXTURE) NVML_MOCK_CONTROL=$$dir/control GPUD_NVML_LIB=$(MOCK_LIB) GPUD_LOG=warn \
-		$(GPUD) device-plugin --kubelet-socket $$dir/kubelet.sock --kmsg "" --health-poll-interval 200ms & \
+		$(GPUD) run --kubelet-socket $$dir/kubelet.sock --kmsg "" --health-poll-interval 200ms \
+		-o $$dir/gfd --no-timestamp -a 127.0.0.1:$$port -c 500 & \
 	pid=$$!; \
 	target/release/examples/kubelet_sim $$dir $$dir/control; status=$$?; \
+	echo; echo "== node labels (NFD features file written by the same process)"; \
+	grep -E 'gpu.product|gpu.count|gpu.memory|gpud.io/gpu.health' $$dir/gfd; \
+	echo; echo "== /metrics for GPU 3 (the same process, port $$port)"; sleep 0.6; \
+	if command -v curl >/dev/null; then \
+		curl -s 127.0.0.1:$$port/metrics | grep -E '^(DCGM_FI_DEV_GPU_UTIL|gpud_xid_errors_total|gpud_gpu_health)\{gpu="3"'; \
+	else echo "(curl not found: skipped)"; fi; \
 	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
 ## bench: performance measurements (release build): health latency, device plugin, labeller,
