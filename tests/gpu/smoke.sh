@@ -47,6 +47,8 @@ if command -v nvidia-smi >/dev/null; then
 fi
 if python3 -c 'import pynvml' 2>/dev/null; then
     run pynvml python3 "$root/tests/gpu/nvml_facts.py"
+    step "NVML call costs (pynvml, the calls of one exporter sample cycle)"
+    run nvml-timing python3 "$root/tests/gpu/nvml_timing.py"
 fi
 
 step "gpud --list"
@@ -108,6 +110,35 @@ if has exporter; then
     echo "-- exporter RSS: $(awk '/VmRSS/ {print $2, $3}' /proc/$pid/status 2>/dev/null)"
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "-- exporter stderr:"; head -c 6000 "$out/exporter.err"
+fi
+
+rss() { awk '/VmRSS/ {print $2, $3}' "/proc/$1/status" 2>/dev/null; }
+
+step "gpud health: resident memory of the watcher alone (NVML loaded, nothing else)"
+"$gpud" health --kmsg "" >/dev/null 2>&1 &
+pid=$!; sleep 3; echo "gpud health RSS: $(rss $pid)"; kill "$pid"; wait "$pid" 2>/dev/null
+
+if has run && [[ -x "$kubelet_sim" ]]; then
+    step "gpud run: every subsystem in one process (simulated kubelet, labels to a temp file)"
+    dir=$(mktemp -d)
+    start=$(date +%s%N)
+    "$gpud" run --kubelet-socket "$dir/kubelet.sock" --kmsg "" -o "$dir/gfd" --no-timestamp \
+        -a 127.0.0.1:19401 -c 1000 >"$out/run.out" 2>"$out/run.err" &
+    pid=$!
+    run kubelet-sim-run "$kubelet_sim" "$dir"
+    for _ in $(seq 1 50); do
+        curl -fsS http://127.0.0.1:19401/readyz >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    echo "start to metrics ready: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+    echo "-- labels written by gpud run:"; cat "$dir/gfd"
+    sleep 3
+    curl -fsS http://127.0.0.1:19401/metrics >"$out/run-metrics.prom"
+    echo "-- gpud run's own series:"; grep -E '^gpud_(sample_duration|nvml_up|gpu_health)' "$out/run-metrics.prom"
+    echo "-- gpud run RSS after 3 s: $(rss $pid)"
+    kill "$pid"; wait "$pid"; echo "exit $? on SIGTERM; features file left: $(ls "$dir" | grep -c '^gfd$')"
+    echo "-- gpud run stderr:"; head -c 6000 "$out/run.err"
+    rm -rf "$dir"
 fi
 
 echo
