@@ -75,6 +75,23 @@ impl KubeletArgs {
     }
 }
 
+/// The device plugin's settings at start: warnings printed once, a bad config file reported
+/// and mapped to exit 65.
+pub(super) fn plugin_settings(args: &PluginArgs) -> Result<Settings, ExitCode> {
+    match settings_source::load(args) {
+        Ok((settings, warnings)) => {
+            for warning in warnings {
+                eprintln!("gpud: {warning}");
+            }
+            Ok(settings)
+        }
+        Err(err) => {
+            eprintln!("gpud: {err}");
+            Err(ExitCode::from(exit::DATA))
+        }
+    }
+}
+
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
     let args: Args = match cli::parse(argv) {
@@ -85,17 +102,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(resolved) => resolved,
         Err(code) => return code,
     };
-    let settings = match settings_source::load(&args.plugin) {
-        Ok((settings, warnings)) => {
-            for warning in warnings {
-                eprintln!("gpud: {warning}");
-            }
-            settings
-        }
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
+    let settings = match plugin_settings(&args.plugin) {
+        Ok(settings) => settings,
+        Err(code) => return code,
     };
     let nvml = match args.common.start() {
         Ok(nvml) => nvml,

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::device_plugin::KubeletArgs;
+use super::device_plugin::{KubeletArgs, plugin_settings};
 use super::exporter::ExporterArgs;
 use super::labeller::{LabellerArgs, Sink};
 use crate::cli::{self, CommonArgs, HealthArgs};
@@ -119,17 +119,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(resolved) => resolved,
         Err(code) => return code,
     };
-    let plugin_settings = match settings_source::load(&args.plugin) {
-        Ok((settings, warnings)) => {
-            for warning in warnings {
-                eprintln!("gpud: {warning}");
-            }
-            settings
-        }
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
+    let plugin_settings = match plugin_settings(&args.plugin) {
+        Ok(settings) => settings,
+        Err(code) => return code,
     };
     let gfd_config = match args
         .labeller
