@@ -146,6 +146,7 @@ fn run_generate(args: &GenerateArgs) -> ExitCode {
             .clone()
             .unwrap_or_else(|| args.driver_root.join("proc")),
         hook: args.nvidia_cdi_hook_path.clone(),
+        nvml_dir: crate::nvml::library::loaded_dir(),
     };
     let driver_version = snapshot.node.driver_version.as_str();
     let host = match discover::discover(&paths, driver_version) {

@@ -94,6 +94,11 @@ pub struct HostPaths {
     pub proc_root: PathBuf,
     /// The `nvidia-cdi-hook` executable the spec should name.
     pub hook: PathBuf,
+    /// The folder the running NVML library was loaded from, when known: driver images that
+    /// keep their libraries outside the usual folders (`/usr/local/nvidia/lib64`,
+    /// `/home/kubernetes/bin/nvidia/lib64`) are found through it. Searched after the usual
+    /// folders, and only when it lies under the driver root.
+    pub nvml_dir: Option<PathBuf>,
 }
 
 /// A host file that could not be used.
@@ -126,7 +131,7 @@ pub fn discover(paths: &HostPaths, driver_version: &str) -> Result<HostFiles, Di
             .filter(|dev| exists(&under(&paths.dev_root, dev)))
             .map(|dev| (*dev).to_owned())
             .collect(),
-        libraries: libraries(&paths.driver_root, driver_root, driver_version)?,
+        libraries: libraries(paths, driver_root, driver_version)?,
         binaries: binaries(&paths.driver_root, driver_root),
         ipc: IPC_PATHS
             .iter()
@@ -208,15 +213,26 @@ fn files_in(
     Ok(out)
 }
 
-fn libraries(root: &Path, root_text: &str, version: &str) -> Result<Vec<HostPath>, DiscoverError> {
+fn libraries(
+    paths: &HostPaths,
+    root_text: &str,
+    version: &str,
+) -> Result<Vec<HostPath>, DiscoverError> {
     if version.is_empty() {
         return Ok(Vec::new());
     }
     let suffix = format!(".so.{version}");
+    let nvml_dir = paths
+        .nvml_dir
+        .as_deref()
+        .and_then(|dir| dir.strip_prefix(&paths.driver_root).ok())
+        .and_then(Path::to_str)
+        .map(|rel| format!("/{}", rel.trim_start_matches('/')))
+        .filter(|dir| !LIBRARY_DIRS.contains(&dir.as_str()));
     files_in(
-        root,
+        &paths.driver_root,
         root_text,
-        LIBRARY_DIRS.iter().map(|d| (*d).to_owned()),
+        LIBRARY_DIRS.iter().map(|d| (*d).to_owned()).chain(nvml_dir),
         |name| name.starts_with("lib") && name.len() > suffix.len() + 3 && name.ends_with(&suffix),
     )
 }
@@ -339,6 +355,7 @@ mod tests {
             dev_root: root.to_path_buf(),
             proc_root: root.join("proc"),
             hook: root.join("hook/nvidia-cdi-hook"),
+            nvml_dir: None,
         }
     }
 
@@ -359,6 +376,37 @@ mod tests {
         assert_eq!(
             parse_access("DeviceFileMinor: x1\n"),
             Err("DeviceFileMinor \"x1\" is not a minor number".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_folder_nvml_was_loaded_from_is_searched_when_under_the_driver_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        touch(root, "/usr/local/nvidia/lib64/libcuda.so.580.159.04");
+        touch(root, "/usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04");
+        touch(root, "/usr/lib64/libnvidia-cfg.so.580.159.04");
+        let mut paths = paths(root);
+        assert_eq!(
+            containers(&discover(&paths, "580.159.04").unwrap().libraries),
+            ["/usr/lib64/libnvidia-cfg.so.580.159.04"]
+        );
+        paths.nvml_dir = Some(root.join("usr/local/nvidia/lib64"));
+        assert_eq!(
+            containers(&discover(&paths, "580.159.04").unwrap().libraries),
+            [
+                "/usr/lib64/libnvidia-cfg.so.580.159.04",
+                "/usr/local/nvidia/lib64/libcuda.so.580.159.04",
+                "/usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04",
+            ]
+        );
+        // Outside the driver root (a test's mock, another driver): not this driver's files.
+        let elsewhere = tempfile::tempdir().unwrap();
+        touch(elsewhere.path(), "/lib64/libcuda.so.580.159.04");
+        paths.nvml_dir = Some(elsewhere.path().join("lib64"));
+        assert_eq!(
+            containers(&discover(&paths, "580.159.04").unwrap().libraries),
+            ["/usr/lib64/libnvidia-cfg.so.580.159.04"]
         );
     }
 

@@ -61,6 +61,27 @@ pub fn open(explicit: Option<&Path>) -> Result<(Nvml, PathBuf), NvmlError> {
     Err(NvmlError::Unavailable { attempts })
 }
 
+/// The folder the loaded NVML library's file lies in, read from this process's memory map
+/// (a library found by its SONAME could come from anywhere the dynamic linker looks).
+pub fn loaded_dir() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    loaded_dir_in(&maps)
+}
+
+/// [`loaded_dir`] over the text of a `/proc/<pid>/maps` file.
+fn loaded_dir_in(maps: &str) -> Option<PathBuf> {
+    maps.lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .map(Path::new)
+        .find(|path| {
+            path.file_name()
+                .and_then(OsStr::to_str)
+                .is_some_and(|name| name.starts_with("libnvidia-ml.so"))
+        })
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+}
+
 /// A short description of a load or init failure.
 fn describe(err: &nvml_wrapper::error::NvmlError) -> String {
     use nvml_wrapper::error::NvmlError as E;
@@ -78,6 +99,23 @@ fn describe(err: &nvml_wrapper::error::NvmlError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loaded_dir_is_the_folder_of_the_mapped_library() {
+        let maps = "\
+7f1c2a000000-7f1c2a021000 r--p 00000000 fd:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2b000000-7f1c2b200000 r-xp 00000000 00:2a 99 /usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04
+7ffd6f3e0000-7ffd6f401000 rw-p 00000000 00:00 0 [stack]
+";
+        assert_eq!(
+            loaded_dir_in(maps),
+            Some(PathBuf::from("/usr/local/nvidia/lib64"))
+        );
+        assert_eq!(
+            loaded_dir_in("7ffd6f3e0000-7ffd6f401000 rw-p 00000000 00:00 0 [stack]\n"),
+            None
+        );
+    }
 
     #[test]
     fn explicit_path_is_the_only_candidate() {
