@@ -41,7 +41,7 @@ step "the driver's view (for comparison)"
 uname -r; cat /proc/driver/nvidia/version 2>/dev/null
 ls -l /dev/nvidia* 2>/dev/null; ls -R /proc/driver/nvidia/capabilities 2>/dev/null | head -40
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; ldconfig -p 2>/dev/null | grep -E 'libnvidia-ml|libcuda\.' | head
-grep -m1 libnvidia-ml /proc/self/maps 2>/dev/null; ls /usr/local/nvidia/lib64 2>/dev/null | head -30
+ls /usr/local/nvidia/lib64 2>/dev/null | head -30
 if command -v nvidia-smi >/dev/null; then
     run nvidia-smi nvidia-smi -q
     run nvidia-smi-topo nvidia-smi topo -m
