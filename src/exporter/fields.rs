@@ -436,6 +436,7 @@ pub fn select(
     let mut skipped = Vec::new();
     let mut readings = Vec::new();
     let mut gpm = Vec::new();
+    let mut fallbacks = Vec::new();
     let mut seen: HashMap<&str, usize> = HashMap::new();
     let invalid = |row: &CounterRow, field: &'static str, value: &str, reason: String| {
         CountersError::Invalid {
@@ -503,6 +504,7 @@ pub fn select(
                         }
                         if let Some((reading, _)) = fallback {
                             readings.push(reading);
+                            fallbacks.push(reading);
                         }
                     }
                     Source::NvLinkRate => readings.push(Reading::NvLinkDataKib),
@@ -518,6 +520,17 @@ pub fn select(
         }
     }
     labels.sort_by(|a, b| a.name.cmp(&b.name));
+    // A fallback that another field reads directly is needed on every GPU.
+    let direct: Vec<Reading> = metrics
+        .iter()
+        .filter_map(|m| match m.source {
+            Source::Reading(reading, _) => Some(reading),
+            _ => None,
+        })
+        .collect();
+    fallbacks.retain(|r| !direct.contains(r));
+    fallbacks.sort();
+    fallbacks.dedup();
     readings.sort();
     readings.dedup();
     let mut unique_gpm: Vec<GpmMetricId> = Vec::new();
@@ -533,6 +546,7 @@ pub fn select(
         plan: TelemetryPlan {
             readings,
             gpm: unique_gpm,
+            gpm_fallbacks: fallbacks,
         },
     })
 }
@@ -589,6 +603,11 @@ mod tests {
         assert!(
             sel.plan.readings.contains(&Reading::PcieTxKbps),
             "fallback read too"
+        );
+        assert_eq!(
+            sel.plan.gpm_fallbacks,
+            [Reading::PcieTxKbps, Reading::PcieRxKbps],
+            "only until GPM answers"
         );
     }
 
