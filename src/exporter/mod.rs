@@ -17,12 +17,14 @@
 //! size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
 //! the sampler, poller and server are thin shells around them.
 
+pub mod body;
 pub mod counters;
 pub mod fields;
 pub mod podresources;
 pub mod pods;
 pub mod render;
 pub mod sampler;
+pub mod sendfile;
 pub mod server;
 pub mod xids;
 
@@ -32,11 +34,12 @@ use std::time::{Duration, SystemTime};
 use axum::body::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::health::watcher::XidSeen;
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
+use body::Body;
 use fields::Selection;
 use podresources::{PodResourcesConfig, PodsState};
 use render::{Frame, LabelOptions, OwnStats};
@@ -147,6 +150,8 @@ async fn render_loop(
     let mut snapshots = inventory.subscribe();
     let mut xids = XidState::new(config.xid_window);
     let mut capacity = 16 * 1024;
+    // The body file failing once (a seccomp profile without memfd_create, say) is said once.
+    let mut file_warned = false;
     // Without pod attribution the pods channel's sender is gone at once; stop watching it.
     let mut pods_live = true;
     loop {
@@ -196,8 +201,18 @@ async fn render_loop(
         let mut body = String::with_capacity(capacity);
         render::render(&frame, &mut body);
         capacity = body.len() + body.len() / 8;
+        let body = Bytes::from(body);
+        let body = match Body::new(body.clone()) {
+            Ok(body) => body,
+            Err(err) => {
+                if !std::mem::replace(&mut file_warned, true) {
+                    warn!(error = %err, "Scrapes copy the body instead of sending it from a file");
+                }
+                Body::bytes_only(body)
+            }
+        };
         let published = Published {
-            body: Bytes::from(body),
+            body,
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };

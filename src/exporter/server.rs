@@ -8,13 +8,14 @@
 //! | `/readyz` | `ok` (200) once the first sample is rendered, 503 before |
 //! | `/` | a short index page |
 //!
-//! A scrape costs one read-lock and one reference-count increment: the body is shared bytes.
+//! A scrape costs one read-lock and one reference-count increment: the body is shared bytes,
+//! and the connection sends it from its sealed memory file ([`super::sendfile`]) without
+//! copying it into the socket.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -23,6 +24,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::body::Body;
+use super::sendfile;
+
 /// The Prometheus text format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -30,7 +34,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug, Clone, Default)]
 pub struct Published {
     /// The exposition body.
-    pub body: Bytes,
+    pub body: Body,
     /// Whether a sample has been rendered yet.
     pub ready: bool,
     /// Whether the last sample reached NVML.
@@ -125,19 +129,14 @@ pub async fn serve(
     shared: Shared,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // A body is written in one go: without Nagle its last segment is not held back waiting
-    // for the peer's ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = sendfile::Listener::new(listener, Arc::clone(&shared));
     axum::serve(listener, router(shared))
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
-    let body = shared.borrow().body.clone();
+    let body = shared.borrow().body.bytes().clone();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
 }
 
