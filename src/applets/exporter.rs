@@ -117,6 +117,11 @@ struct Args {
     )]
     xid_count_window_size: u64,
 
+    /// How often the node is rescanned for GPUs and MIG instances that appeared or vanished.
+    #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL", default_value = "30s",
+          value_parser = cli::positive_duration)]
+    rescan_interval: Duration,
+
     /// gpud config file (YAML or JSON); its `health` section applies.
     #[arg(long, value_name = "PATH", env = config::CONFIG_ENV)]
     config: Option<PathBuf>,
@@ -199,7 +204,13 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::from(exit::FAILURE);
         }
     };
-    runtime.block_on(serve(nvml, inventory, config, watcher))
+    runtime.block_on(serve(
+        nvml,
+        inventory,
+        config,
+        watcher,
+        args.rescan_interval,
+    ))
 }
 
 fn exporter_config(args: &Args, selection: fields::Selection) -> ExporterConfig {
@@ -245,8 +256,16 @@ async fn serve(
     inventory: Inventory,
     config: ExporterConfig,
     watcher_config: WatcherConfig,
+    rescan_every: Duration,
 ) -> ExitCode {
     let cancel = CancellationToken::new();
+    // New GPUs and MIG instances get series, vanished ones lose theirs: the sampler reads the
+    // devices the inventory lists on every cycle and the renderer redraws on every change.
+    let rescanner = tokio::spawn({
+        let cancel = cancel.clone();
+        let inventory = inventory.clone();
+        async move { inventory.rescan_periodically(cancel, rescan_every).await }
+    });
     let (xid_tx, xid_rx) = mpsc::channel(XID_QUEUE);
     let health = tokio::spawn({
         let cancel = cancel.clone();
@@ -285,6 +304,7 @@ async fn serve(
     };
     cancel.cancel();
     let _ = health.await;
+    let _ = rescanner.await;
     info!("Exporter stopped");
     code
 }

@@ -182,6 +182,12 @@ async fn render_loop(
         xids.expire(now);
         let pods_state = pods.borrow_and_update().clone();
         let snapshot = snapshots.borrow_and_update().clone();
+        // A rescan may have removed GPU instances: their XID totals go with their series.
+        xids.retain_instances(|gpu, gi| {
+            snapshot
+                .gpu(gpu)
+                .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == gi))
+        });
         let own = OwnStats {
             samples: sample.cycles,
             last_sample_seconds: sample.duration.as_secs_f64(),
