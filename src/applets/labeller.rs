@@ -207,11 +207,8 @@ async fn serve(args: Args, inventory: Option<Inventory>, settings: Settings) -> 
         .then(|| inventory.clone())
         .flatten()
         .map(|inventory| {
-            tokio::spawn(rescan_every(
-                inventory,
-                args.rescan_interval,
-                cancel.clone(),
-            ))
+            let (cancel, every) = (cancel.clone(), args.rescan_interval);
+            tokio::spawn(async move { inventory.rescan_periodically(cancel, every).await })
         });
     let mut task = tokio::spawn(labeller::run(
         cancel.clone(),
@@ -257,23 +254,6 @@ async fn serve(args: Args, inventory: Option<Inventory>, settings: Settings) -> 
         Err(join) => {
             eprintln!("gpud: the labeller stopped: {join}");
             ExitCode::from(exit::FAILURE)
-        }
-    }
-}
-
-/// Rescans the inventory on an interval so MIG changes and lost GPUs relabel promptly.
-async fn rescan_every(inventory: Inventory, every: Duration, cancel: CancellationToken) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = ticks.tick() => {
-                if let Err(err) = inventory.rescan().await {
-                    warn!(error = %err, "Rescan failed");
-                }
-            }
         }
     }
 }
