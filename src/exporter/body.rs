@@ -1,5 +1,6 @@
-//! The published exposition body, held twice: as shared bytes (what the HTTP layer is handed
-//! and what in-process readers see) and as a sealed in-memory file with the same content.
+//! The published exposition body, held as shared bytes (what the HTTP layer is handed and
+//! what in-process readers see) and, once it is scraped, also as a sealed in-memory file with
+//! the same content.
 //!
 //! The file is what makes a large scrape cheap. Writing a few hundred KiB from user memory
 //! costs the kernel a copy into the socket on every scrape; from a file the connection layer
@@ -7,23 +8,29 @@
 //! does. The file is sealed against writes, so the bytes in flight on any connection stay
 //! exactly the bytes that were rendered, even after the next render replaces them.
 //!
-//! The file lives in memory (`memfd_create`): one more copy of the body, outside the process'
-//! resident set. Where it cannot be made the body is published without it and scrapes copy.
+//! Writing the file costs about what one copy into a socket does, so it is made on the body's
+//! first scrape, not at render time: a body rendered every second and scraped every 30 s is
+//! written once, not 30 times. The file lives in memory (`memfd_create`): one more copy of the
+//! body, outside the process' resident set. Where it cannot be made, one warning is logged and
+//! scrapes copy.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
+use tracing::warn;
 
-/// One rendered body.
+/// One rendered body. Clones share the bytes and the file.
 #[derive(Debug, Clone, Default)]
 pub struct Body {
     bytes: Bytes,
-    /// A sealed memory file holding exactly `bytes`.
-    file: Option<Arc<OwnedFd>>,
+    /// The sealed memory file holding exactly `bytes`, made on first use; `None` inside when
+    /// it could not be made.
+    file: Arc<OnceLock<Option<Arc<OwnedFd>>>>,
 }
 
 /// A span of the body found in its file.
@@ -35,20 +42,16 @@ pub struct FileSpan {
     pub offset: u64,
 }
 
-impl Body {
-    /// The body with its memory file. On failure the error says which step failed; the body
-    /// is still usable through [`Body::bytes_only`].
-    pub fn new(bytes: Bytes) -> Result<Self, std::io::Error> {
-        let file = sealed_file(&bytes)?;
-        Ok(Body {
-            bytes,
-            file: Some(Arc::new(file)),
-        })
-    }
+/// Whether a failure to make a body file was logged already (it is said once per process).
+static FILE_WARNED: AtomicBool = AtomicBool::new(false);
 
-    /// The body without a file: every scrape copies it.
-    pub fn bytes_only(bytes: Bytes) -> Self {
-        Body { bytes, file: None }
+impl Body {
+    /// A body; its file is made when it is first located.
+    pub fn new(bytes: Bytes) -> Self {
+        Body {
+            bytes,
+            file: Arc::default(),
+        }
     }
 
     /// The bytes.
@@ -57,18 +60,26 @@ impl Body {
     }
 
     /// Where `slice` is in the file, when `slice` is a non-empty part of this body's own
-    /// memory (not merely equal bytes elsewhere). Holding `self` keeps that memory alive, so
-    /// no other allocation can share its addresses.
+    /// memory (not merely equal bytes elsewhere) and the file exists or can be made now.
+    /// Holding `self` keeps that memory alive, so no other allocation can share its addresses.
     pub fn locate(&self, slice: &[u8]) -> Option<FileSpan> {
-        let file = self.file.as_ref()?;
         let start = self.bytes.as_ptr() as usize;
         let end = start + self.bytes.len();
         let at = slice.as_ptr() as usize;
         if slice.is_empty() || at < start || at + slice.len() > end {
             return None;
         }
+        let file = self.file.get_or_init(|| match sealed_file(&self.bytes) {
+            Ok(file) => Some(Arc::new(file)),
+            Err(err) => {
+                if !FILE_WARNED.swap(true, Ordering::Relaxed) {
+                    warn!(error = %err, "Scrapes copy the body instead of sending it from a file");
+                }
+                None
+            }
+        });
         Some(FileSpan {
-            file: Arc::clone(file),
+            file: Arc::clone(file.as_ref()?),
             offset: (at - start) as u64,
         })
     }
@@ -111,7 +122,8 @@ mod tests {
 
     #[test]
     fn the_file_holds_the_same_bytes_at_the_same_offsets() {
-        let body = Body::new(Bytes::from_static(b"# HELP a\na 1\nb 2\n")).unwrap();
+        let body = Body::new(Bytes::from_static(b"# HELP a\na 1\nb 2\n"));
+        assert!(body.file.get().is_none(), "no file before the first scrape");
         let whole = body.bytes().clone();
         let span = body.locate(&whole).unwrap();
         assert_eq!(span.offset, 0);
@@ -124,21 +136,20 @@ mod tests {
 
     #[test]
     fn only_its_own_memory_is_located() {
-        let body = Body::new(Bytes::from(b"a 1\n".to_vec())).unwrap();
+        let body = Body::new(Bytes::from(b"a 1\n".to_vec()));
         let copy = body.bytes().to_vec();
         assert!(body.locate(&copy).is_none(), "equal bytes elsewhere");
         assert!(body.locate(&body.bytes()[4..]).is_none(), "empty slice");
-        assert!(
-            Body::bytes_only(body.bytes().clone())
-                .locate(body.bytes())
-                .is_none()
-        );
+        assert!(body.file.get().is_none(), "nothing located, no file made");
+        let clone = body.clone();
+        assert!(clone.locate(clone.bytes()).is_some());
+        assert!(body.file.get().is_some(), "clones share the file");
     }
 
     #[test]
     fn the_file_is_sealed() {
         use std::io::Write as _;
-        let body = Body::new(Bytes::from_static(b"x 1\n")).unwrap();
+        let body = Body::new(Bytes::from_static(b"x 1\n"));
         let span = body.locate(body.bytes()).unwrap();
         let mut file = std::fs::File::from(span.file.try_clone().unwrap());
         assert_eq!(

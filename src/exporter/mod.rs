@@ -34,7 +34,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::health::watcher::XidSeen;
 use crate::inventory::Inventory;
@@ -150,8 +150,6 @@ async fn render_loop(
     let mut snapshots = inventory.subscribe();
     let mut xids = XidState::new(config.xid_window);
     let mut capacity = 16 * 1024;
-    // The body file failing once (a seccomp profile without memfd_create, say) is said once.
-    let mut file_warned = false;
     // Without pod attribution the pods channel's sender is gone at once; stop watching it.
     let mut pods_live = true;
     loop {
@@ -207,18 +205,8 @@ async fn render_loop(
         let mut body = String::with_capacity(capacity);
         render::render(&frame, &mut body);
         capacity = body.len() + body.len() / 8;
-        let body = Bytes::from(body);
-        let body = match Body::new(body.clone()) {
-            Ok(body) => body,
-            Err(err) => {
-                if !std::mem::replace(&mut file_warned, true) {
-                    warn!(error = %err, "Scrapes copy the body instead of sending it from a file");
-                }
-                Body::bytes_only(body)
-            }
-        };
         let published = Published {
-            body,
+            body: Body::new(Bytes::from(body)),
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };

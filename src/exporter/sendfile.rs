@@ -70,11 +70,13 @@ pub struct Connection {
 impl Connection {
     /// The first slice that is part of the current body, with its place in the body's file.
     fn find_body(&self, slices: &[IoSlice<'_>]) -> Option<(usize, FileSpan)> {
-        let published = self.shared.borrow();
+        // Out of the lock: the first scrape of a body writes its file, and the renderer must
+        // not wait for that to publish the next one.
+        let body = self.shared.borrow().body.clone();
         slices
             .iter()
             .enumerate()
-            .find_map(|(i, slice)| published.body.locate(slice).map(|span| (i, span)))
+            .find_map(|(i, slice)| body.locate(slice).map(|span| (i, span)))
     }
 }
 
@@ -95,6 +97,8 @@ fn send_from_file(
             return Ok(sent);
         }
     }
+    // sendfile has no MSG_NOSIGNAL; a peer that went away is EPIPE all the same, since Rust's
+    // runtime starts every program with SIGPIPE ignored.
     let mut offset = i64::try_from(span.offset).map_err(io::Error::other)?;
     match sendfile(stream.as_fd(), span.file.as_fd(), Some(&mut offset), len) {
         Ok(0) if sent == 0 => Err(io::Error::new(
@@ -257,7 +261,7 @@ mod tests {
     async fn the_published_body_is_sent_from_its_file_exactly() {
         let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
         let bytes = big_body(256 << 10, 0);
-        publish(&shared, Body::new(bytes.clone()).unwrap());
+        publish(&shared, Body::new(bytes.clone()));
         let head = b"HTTP/1.1 200 OK\r\ncontent-length: 262144\r\n\r\n";
         let (mut connection, reader) = connection(&shared, head.len() + bytes.len()).await;
         let slices = [IoSlice::new(head), IoSlice::new(&bytes[10..])];
@@ -276,12 +280,12 @@ mod tests {
     async fn a_body_replaced_while_it_is_sent_goes_out_unchanged() {
         let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
         let old = big_body(256 << 10, 1);
-        publish(&shared, Body::new(old.clone()).unwrap());
+        publish(&shared, Body::new(old.clone()));
         let head = b"HTTP/1.1 200 OK\r\n\r\n";
         let (mut connection, reader) = connection(&shared, head.len() + old.len()).await;
         // The next render lands after the first write: the rest of the old body is copied.
         respond(&mut connection, head, &old, || {
-            publish(&shared, Body::new(big_body(256 << 10, 2)).unwrap());
+            publish(&shared, Body::new(big_body(256 << 10, 2)));
         })
         .await;
         let got = reader.join().unwrap();
@@ -292,7 +296,7 @@ mod tests {
     #[tokio::test]
     async fn other_bytes_are_written_as_they_are() {
         let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
-        publish(&shared, Body::new(big_body(1024, 3)).unwrap());
+        publish(&shared, Body::new(big_body(1024, 3)));
         // Equal content, other memory: not the published body.
         let copy = shared.borrow().body.bytes().to_vec();
         let (mut connection, reader) = connection(&shared, 5 + copy.len()).await;
