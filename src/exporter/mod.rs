@@ -19,6 +19,7 @@
 
 pub mod body;
 pub mod counters;
+pub mod event_loops;
 pub mod fields;
 pub mod podresources;
 pub mod pods;

@@ -19,46 +19,10 @@ use std::task::{Context, Poll, ready};
 
 use nix::sys::sendfile::sendfile;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::body::FileSpan;
 use super::server::Shared;
-
-/// Accepts connections that send the published body from its file.
-#[derive(Debug)]
-pub struct Listener {
-    inner: TcpListener,
-    shared: Shared,
-}
-
-impl Listener {
-    /// Wraps a bound listener; `shared` is where the current body is published.
-    pub fn new(inner: TcpListener, shared: Shared) -> Self {
-        Listener { inner, shared }
-    }
-}
-
-impl axum::serve::Listener for Listener {
-    type Io = Connection;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        // axum's own accept loop: it retries and backs off on errors such as EMFILE.
-        let (stream, address) = axum::serve::Listener::accept(&mut self.inner).await;
-        // A body is written in one go: without Nagle its last segment is not held back
-        // waiting for the peer's ACK.
-        let _ = stream.set_nodelay(true);
-        let connection = Connection {
-            stream,
-            shared: self.shared.clone(),
-        };
-        (connection, address)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
 
 /// One accepted connection.
 #[derive(Debug)]
@@ -68,6 +32,11 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// Wraps an accepted stream; `shared` is where the current body is published.
+    pub fn new(stream: TcpStream, shared: Shared) -> Self {
+        Connection { stream, shared }
+    }
+
     /// The first slice that is part of the current body, with its place in the body's file.
     fn find_body(&self, slices: &[IoSlice<'_>]) -> Option<(usize, FileSpan)> {
         // Out of the lock: the first scrape of a body writes its file, and the renderer must
@@ -201,7 +170,7 @@ mod tests {
         shared: &Shared,
         len: usize,
     ) -> (Connection, std::thread::JoinHandle<Vec<u8>>) {
-        let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let inner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = inner.local_addr().unwrap();
         let reader = std::thread::spawn(move || {
             let mut client = std::net::TcpStream::connect(address).unwrap();
@@ -220,8 +189,8 @@ mod tests {
             }
             got
         });
-        let mut listener = Listener::new(inner, Arc::clone(shared));
-        let (connection, _) = axum::serve::Listener::accept(&mut listener).await;
+        let (stream, _) = inner.accept().await.unwrap();
+        let connection = Connection::new(stream, Arc::clone(shared));
         socket2::SockRef::from(&connection.stream)
             .set_send_buffer_size(8 * 1024)
             .unwrap();

@@ -10,7 +10,8 @@
 //!
 //! A scrape costs one read-lock and one reference-count increment: the body is shared bytes,
 //! and the connection sends it from its sealed memory file ([`super::sendfile`]) without
-//! copying it into the socket.
+//! copying it into the socket. Connections run on the server's own threads
+//! ([`super::event_loops`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::body::Body;
-use super::sendfile;
+use super::event_loops;
 
 /// The Prometheus text format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -123,16 +124,13 @@ pub fn router(shared: Shared) -> Router {
         .with_state(shared)
 }
 
-/// Serves until `cancel` fires.
+/// Serves until `cancel` fires, on [`event_loops::LOOPS`] threads of its own.
 pub async fn serve(
     listener: TcpListener,
     shared: Shared,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = sendfile::Listener::new(listener, Arc::clone(&shared));
-    axum::serve(listener, router(shared))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    event_loops::serve(listener, shared, cancel).await
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
