@@ -17,7 +17,9 @@
 //!
 //! The machine that runs this is usually shared, so the two servers take turns: several
 //! rounds of the same load alternate between gpud and nginx, and each is judged by its median
-//! round.
+//! round. Each round also records the server's CPU time per request (every gpud thread but the
+//! simulated driver's control watcher; nginx's master and workers), which other work on the
+//! machine disturbs far less than throughput.
 //!
 //! nginx is found on `PATH` or in `/usr/sbin`; `benches/exporter.sh` installs it when missing.
 
@@ -47,19 +49,19 @@ fn main() -> Result<(), Error> {
     println!(
         "exporter: {CONNECTIONS} keep-alive connections on loopback; nginx serves the same body as a static file"
     );
-    // `cargo bench --bench exporter_scrape -- h100-mig` runs one node only.
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let wanted = |fixture: &str| only.is_empty() || only.iter().any(|o| o == fixture);
+    // `cargo bench --bench exporter_scrape -- h100-mig` runs one node only; `--scrape-only`
+    // leaves out the CPU-per-cycle runs (for repeating the comparison).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scrape_only = args.iter().any(|a| a == "--scrape-only");
+    let only: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let wanted = |fixture: &str| only.is_empty() || only.iter().any(|o| *o == fixture);
     for (fixture, requests) in [("dgx-h100", 20_000), ("h100-mig", 10_000)] {
         if wanted(fixture) {
             scrape_bench(&mock, nginx.as_deref(), fixture, requests)?;
         }
     }
     for fixture in ["dgx-h100", "h100-mig"] {
-        if wanted(fixture) {
+        if wanted(fixture) && !scrape_only {
             cpu_per_cycle(&mock, fixture)?;
         }
     }
@@ -227,11 +229,17 @@ struct Load {
     requests: usize,
     wall: Duration,
     latencies: Vec<Duration>,
+    /// CPU time the server spent on the round, in ns.
+    server_cpu_ns: u64,
 }
 
 impl Load {
     fn per_second(&self) -> f64 {
         self.requests as f64 / self.wall.as_secs_f64()
+    }
+
+    fn cpu_us_per_request(&self) -> f64 {
+        self.server_cpu_ns as f64 / 1e3 / self.requests as f64
     }
 
     fn percentile(&self, p: f64) -> Duration {
@@ -242,8 +250,14 @@ impl Load {
 
 /// `requests` keep-alive `GET /metrics` over [`CONNECTIONS`] connections; every answer must be
 /// 200 with `expected_len` bytes, give or take the few bytes of gpud's changing sample count
-/// and duration.
-fn load(port: u16, requests: usize, expected_len: usize) -> Result<Load, Error> {
+/// and duration. `server_cpu` reads the server's CPU time in ns.
+fn load(
+    port: u16,
+    requests: usize,
+    expected_len: usize,
+    server_cpu: impl Fn() -> u64,
+) -> Result<Load, Error> {
+    let cpu_before = server_cpu();
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let workers: Vec<_> = (0..CONNECTIONS)
@@ -275,11 +289,13 @@ fn load(port: u16, requests: usize, expected_len: usize) -> Result<Load, Error> 
         latencies.extend(worker.join().map_err(|_| "load thread panicked")??);
     }
     let wall = start.elapsed();
+    let server_cpu_ns = server_cpu().saturating_sub(cpu_before);
     latencies.sort();
     Ok(Load {
         requests: latencies.len(),
         wall,
         latencies,
+        server_cpu_ns,
     })
 }
 
@@ -298,6 +314,11 @@ fn rss_kib(pid: u32) -> u64 {
 
 /// CPU time of every thread of `pid` except the simulated driver's control watcher, in ns.
 fn gpud_cpu_ns(pid: u32) -> u64 {
+    threads_cpu_ns(pid, |comm| !comm.starts_with("nvml-mock-contr"))
+}
+
+/// CPU time of the threads of `pid` whose name `counted` accepts, in ns.
+fn threads_cpu_ns(pid: u32, counted: impl Fn(&str) -> bool) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
@@ -305,7 +326,7 @@ fn gpud_cpu_ns(pid: u32) -> u64 {
     for task in tasks.flatten() {
         let path = task.path();
         let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if comm.trim().starts_with("nvml-mock-contr") {
+        if !counted(comm.trim()) {
             continue;
         }
         total += std::fs::read_to_string(path.join("schedstat"))
@@ -314,6 +335,30 @@ fn gpud_cpu_ns(pid: u32) -> u64 {
             .unwrap_or(0);
     }
     total
+}
+
+/// CPU time of process `pid` and its children (nginx's master and workers), in ns.
+fn tree_cpu_ns(pid: u32) -> u64 {
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            // The parent pid is the second field after the parenthesised command name.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        });
+    let all = |_: &str| true;
+    threads_cpu_ns(pid, all)
+        + children
+            .map(|child| threads_cpu_ns(child, all))
+            .sum::<u64>()
 }
 
 fn samples_total(port: u16) -> Result<u64, Error> {
@@ -365,23 +410,35 @@ fn scrape_bench(
     let mut served = 0;
     let (mut gpud_rounds, mut nginx_rounds) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        let round = load(port, requests / ROUNDS, body.len())?;
+        let round = load(port, requests / ROUNDS, body.len(), || gpud_cpu_ns(pid))?;
         served += round.requests;
         rss_marks.push((served, rss_kib(pid)));
         gpud_rounds.push(round);
-        if let Some((_, nginx_port)) = &nginx {
-            nginx_rounds.push(load(*nginx_port, requests / ROUNDS, body.len())?);
+        if let Some((nginx, nginx_port)) = &nginx {
+            let master = nginx.0.id();
+            nginx_rounds.push(load(*nginx_port, requests / ROUNDS, body.len(), || {
+                tree_cpu_ns(master)
+            })?);
         }
     }
+    let gpud_cpu = median_cpu(&gpud_rounds);
     let gpud = median(gpud_rounds);
     report("gpud exporter", &gpud);
     if !nginx_rounds.is_empty() {
+        let nginx_cpu = median_cpu(&nginx_rounds);
         let static_file = median(nginx_rounds);
         report("nginx (static file)", &static_file);
         println!(
             "  gpud / nginx throughput: {:.0} % (goal >= 80 %)",
             100.0 * gpud.per_second() / static_file.per_second()
         );
+        println!(
+            "  server CPU per request (median round): gpud {gpud_cpu:.1} us, nginx {nginx_cpu:.1} us \
+             (gpud / nginx {:.0} %)",
+            100.0 * gpud_cpu / nginx_cpu
+        );
+    } else {
+        println!("  server CPU per request (median round): gpud {gpud_cpu:.1} us");
     }
     let mut rss = format!("  gpud RSS: {:.1} MiB at start", rss_start as f64 / 1024.0);
     for (n, kib) in rss_marks {
@@ -389,6 +446,13 @@ fn scrape_bench(
     }
     println!("{rss} scrapes (goal <= 16 MiB, flat)");
     Ok(())
+}
+
+/// The median of the rounds' server CPU time per request, in µs.
+fn median_cpu(rounds: &[Load]) -> f64 {
+    let mut cpu: Vec<f64> = rounds.iter().map(Load::cpu_us_per_request).collect();
+    cpu.sort_by(f64::total_cmp);
+    cpu[cpu.len() / 2]
 }
 
 /// The round with the median throughput.

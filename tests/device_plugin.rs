@@ -752,10 +752,7 @@ fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
         instances.push(serde_json::json!({"id": 7, "profile_id": 19, "placement": {"start": 0, "size": 1},
             "compute_instances": [{"id": 0, "profile_id": 0, "placement": {"start": 0, "size": 1}}]}));
     }
-    let state = serde_json::json!({"version": 1, "gpus": {uuid: {"current": 1, "pending": 1, "gpu_instances": instances}}});
-    let tmp = node.dir.path().join("state.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&state).unwrap()).unwrap();
-    std::fs::rename(&tmp, node.state_path()).unwrap();
+    node.write_mig_state(uuid, serde_json::Value::Array(instances));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,7 +39,7 @@ struct Args {
     kubelet: KubeletArgs,
 
     /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
     rescan_interval: Duration,
 
     #[command(flatten)]
@@ -138,21 +138,12 @@ async fn serve(
     ));
 
     let rescanner = inventory.clone();
-    let rescan_every = args.rescan_interval;
     let rescan_cancel = cancel.clone();
+    let rescan_every = args.rescan_interval;
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(rescan_every);
-        ticks.tick().await;
-        loop {
-            tokio::select! {
-                () = rescan_cancel.cancelled() => return,
-                _ = ticks.tick() => {
-                    if let Err(err) = rescanner.rescan().await {
-                        warn!(error = %err, "Rescan failed");
-                    }
-                }
-            }
-        }
+        rescanner
+            .rescan_periodically(rescan_cancel, rescan_every)
+            .await;
     });
 
     let config = args.kubelet.manager_config();

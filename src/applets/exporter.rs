@@ -44,6 +44,11 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
+    /// How often the node is rescanned for GPUs and MIG instances that appeared or vanished.
+    #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL", default_value = "30s",
+          value_parser = cli::positive_duration)]
+    rescan_interval: Duration,
+
     #[command(flatten)]
     health: HealthArgs,
 }
@@ -207,7 +212,13 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Err(err) => return cli::fail_nvml(&err),
     };
     match cli::runtime(2) {
-        Ok(runtime) => runtime.block_on(serve(nvml, inventory, config, watcher)),
+        Ok(runtime) => runtime.block_on(serve(
+            nvml,
+            inventory,
+            config,
+            watcher,
+            args.rescan_interval,
+        )),
         Err(code) => code,
     }
 }
@@ -259,8 +270,16 @@ async fn serve(
     inventory: Inventory,
     config: ExporterConfig,
     watcher_config: WatcherConfig,
+    rescan_every: Duration,
 ) -> ExitCode {
     let cancel = CancellationToken::new();
+    // New GPUs and MIG instances get series, vanished ones lose theirs: the sampler reads the
+    // devices the inventory lists on every cycle and the renderer redraws on every change.
+    let rescanner = tokio::spawn({
+        let cancel = cancel.clone();
+        let inventory = inventory.clone();
+        async move { inventory.rescan_periodically(cancel, rescan_every).await }
+    });
     let (xid_tx, xid_rx) = mpsc::channel(XID_QUEUE);
     let health = tokio::spawn({
         let cancel = cancel.clone();
@@ -299,6 +318,7 @@ async fn serve(
     };
     cancel.cancel();
     let _ = health.await;
+    let _ = rescanner.await;
     info!("Exporter stopped");
     code
 }

@@ -17,12 +17,15 @@
 //! size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
 //! the sampler, poller and server are thin shells around them.
 
+pub mod body;
 pub mod counters;
+pub mod event_loops;
 pub mod fields;
 pub mod podresources;
 pub mod pods;
 pub mod render;
 pub mod sampler;
+pub mod sendfile;
 pub mod server;
 pub mod xids;
 
@@ -37,6 +40,7 @@ use tracing::info;
 use crate::health::watcher::XidSeen;
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
+use body::Body;
 use fields::Selection;
 use podresources::{PodResourcesConfig, PodsState};
 use render::{Frame, LabelOptions, OwnStats};
@@ -177,6 +181,12 @@ async fn render_loop(
         xids.expire(now);
         let pods_state = pods.borrow_and_update().clone();
         let snapshot = snapshots.borrow_and_update().clone();
+        // A rescan may have removed GPU instances: their XID totals go with their series.
+        xids.retain_instances(|gpu, gi| {
+            snapshot
+                .gpu(gpu)
+                .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == gi))
+        });
         let own = OwnStats {
             samples: sample.cycles,
             last_sample_seconds: sample.duration.as_secs_f64(),
@@ -197,7 +207,7 @@ async fn render_loop(
         render::render(&frame, &mut body);
         capacity = body.len() + body.len() / 8;
         let published = Published {
-            body: Bytes::from(body),
+            body: Body::new(Bytes::from(body)),
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };

@@ -8,13 +8,15 @@
 //! | `/readyz` | `ok` (200) once the first sample is rendered, 503 before |
 //! | `/` | a short index page |
 //!
-//! A scrape costs one read-lock and one reference-count increment: the body is shared bytes.
+//! A scrape costs one read-lock and one reference-count increment: the body is shared bytes,
+//! and the connection sends it from its sealed memory file ([`super::sendfile`]) without
+//! copying it into the socket. Connections run on the server's own threads
+//! ([`super::event_loops`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -23,6 +25,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::body::Body;
+use super::event_loops;
+
 /// The Prometheus text format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -30,7 +35,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug, Clone, Default)]
 pub struct Published {
     /// The exposition body.
-    pub body: Bytes,
+    pub body: Body,
     /// Whether a sample has been rendered yet.
     pub ready: bool,
     /// Whether the last sample reached NVML.
@@ -119,25 +124,17 @@ pub fn router(shared: Shared) -> Router {
         .with_state(shared)
 }
 
-/// Serves until `cancel` fires.
+/// Serves until `cancel` fires, on [`event_loops::LOOPS`] threads of its own.
 pub async fn serve(
     listener: TcpListener,
     shared: Shared,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // A body is written in one go: without Nagle its last segment is not held back waiting
-    // for the peer's ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(shared))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    event_loops::serve(listener, shared, cancel).await
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
-    let body = shared.borrow().body.clone();
+    let body = shared.borrow().body.bytes().clone();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
 }
 

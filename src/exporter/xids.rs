@@ -85,6 +85,18 @@ impl XidState {
         counts
     }
 
+    /// Forgets the totals of GPU instances for which `exists(gpu, gpu_instance)` is false (a
+    /// MIG layout changed): their series go away with them, and an instance created later
+    /// under the same id counts from zero instead of inheriting another instance's errors.
+    /// Whole-GPU totals, the last code and the windowed count stay.
+    pub fn retain_instances(&mut self, mut exists: impl FnMut(u32, u32) -> bool) {
+        for (gpu, state) in &mut self.gpus {
+            state
+                .totals
+                .retain(|(gi, _), _| gi.is_none_or(|gi| exists(*gpu, gi)));
+        }
+    }
+
     /// Drops recent occurrences older than the window (bounded work per call).
     pub fn expire(&mut self, now: SystemTime) {
         let window = self.window;
@@ -134,6 +146,23 @@ mod tests {
         x.expire(t(10_000));
         assert_eq!(x.last(3), Some(94), "the last code never resets");
         assert_eq!(x.totals(3).count(), 2, "totals are monotonic");
+    }
+
+    #[test]
+    fn totals_of_vanished_instances_are_forgotten() {
+        let mut x = XidState::new(Duration::from_secs(60));
+        x.observe(0, Some(1), 94, t(0));
+        x.observe(0, Some(2), 94, t(1));
+        x.observe(0, None, 79, t(2));
+        x.observe(1, Some(2), 43, t(3));
+        x.retain_instances(|gpu, gi| (gpu, gi) != (0, 2));
+        assert_eq!(
+            x.totals(0).collect::<Vec<_>>(),
+            [(None, 79, 1), (Some(1), 94, 1)]
+        );
+        assert_eq!(x.totals(1).collect::<Vec<_>>(), [(Some(2), 43, 1)]);
+        assert_eq!(x.last(0), Some(79));
+        assert_eq!(x.in_window(0, t(3)), BTreeMap::from([(79, 1), (94, 2)]));
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! Discovery produces them (at start and on every rescan); the health watcher and the MIG
 //! applier overlay their findings. Consumers subscribe and always see a whole, consistent
 //! picture; a publish that changes nothing wakes nobody.
+//!
+//! Long-running applets keep the picture current with [`Inventory::rescan_periodically`]: a
+//! MIG reconfiguration, or a GPU that appears or falls off the bus, reaches every subscriber
+//! within one rescan interval.
 
 pub mod health;
 pub mod mig_profile;
@@ -15,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
@@ -77,17 +83,52 @@ impl Inventory {
     }
 
     /// Rescans every `every` until `cancel` fires; failures are logged, never fatal.
+    ///
+    /// The first rescan comes one interval after the call (discovery has just run). A rescan
+    /// that takes longer than the interval (a GPU stalling the driver) delays the next one
+    /// instead of being followed by a burst. A zero interval cannot be ticked: it is logged and
+    /// nothing is rescanned.
     pub async fn rescan_periodically(&self, cancel: CancellationToken, every: Duration) {
+        if every.is_zero() {
+            warn!("Rescan interval is zero; the inventory will not be rescanned");
+            return;
+        }
         let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is immediate
+        let mut failing = false;
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = ticks.tick() => {
-                    if let Err(err) = self.rescan().await {
-                        tracing::warn!(error = %err, "Rescan failed");
+                _ = ticks.tick() => {}
+            }
+            let rescanned = tokio::select! {
+                () = cancel.cancelled() => return,
+                rescanned = self.rescan() => rescanned,
+            };
+            match rescanned {
+                Ok(changed) => {
+                    if std::mem::replace(&mut failing, false) {
+                        info!("Rescan works again");
                     }
+                    if changed {
+                        let snapshot = self.current();
+                        info!(
+                            gpus = snapshot.gpus.len(),
+                            mig_devices = snapshot
+                                .gpus
+                                .iter()
+                                .map(|g| g.mig.devices.len())
+                                .sum::<usize>(),
+                            "Rescan found a change; inventory republished"
+                        );
+                    } else {
+                        debug!("Rescan found no change");
+                    }
+                }
+                Err(err) => {
+                    failing = true;
+                    warn!(error = %err, "Rescan failed; keeping the last inventory");
                 }
             }
         }

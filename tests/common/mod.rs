@@ -63,6 +63,18 @@ impl Node {
         file.sync_all().expect("sync control file");
     }
 
+    /// Replaces the simulated driver's MIG state of GPU `uuid` at once (through a rename, as
+    /// the driver's state changes in one step): MIG mode on, with `gpu_instances` in the state
+    /// file's form (see tests/nvml-mock/README.md). Running processes see it on their next NVML
+    /// call that reads MIG state.
+    pub fn write_mig_state(&self, uuid: &str, gpu_instances: serde_json::Value) {
+        let state = serde_json::json!({"version": 1, "gpus": {uuid: {
+            "current": 1, "pending": 1, "gpu_instances": gpu_instances}}});
+        let tmp = self.dir.path().join("state.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&state).expect("state json")).expect("write state");
+        std::fs::rename(&tmp, self.state_path()).expect("rename state");
+    }
+
     /// `gpud <args…>` wired to this node, with a deterministic environment.
     pub fn gpud(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(gpud_bin());

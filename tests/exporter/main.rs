@@ -13,3 +13,4 @@ mod kubelet;
 mod metrics;
 mod packaging;
 mod pods;
+mod rescan;
