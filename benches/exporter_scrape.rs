@@ -70,11 +70,20 @@ fn main() -> Result<(), Error> {
 
 // === processes ===
 
-/// A child process killed on drop.
+/// A child process stopped on drop: SIGTERM first, so that nginx's master takes its workers
+/// down with it (SIGKILL would leave them running), then SIGKILL if it is still there.
 struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
