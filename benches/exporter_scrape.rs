@@ -23,6 +23,9 @@
 //!
 //! nginx is found on `PATH` or in `/usr/sbin`; `benches/exporter.sh` installs it when missing.
 
+#[path = "support/proc.rs"]
+mod proc;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -30,6 +33,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use proc::{gpud_cpu_ns, rss_kib, threads_cpu_ns};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -306,44 +311,6 @@ fn load(
         latencies,
         server_cpu_ns,
     })
-}
-
-// === /proc ===
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// CPU time of every thread of `pid` except the simulated driver's control watcher, in ns.
-fn gpud_cpu_ns(pid: u32) -> u64 {
-    threads_cpu_ns(pid, |comm| !comm.starts_with("nvml-mock-contr"))
-}
-
-/// CPU time of the threads of `pid` whose name `counted` accepts, in ns.
-fn threads_cpu_ns(pid: u32, counted: impl Fn(&str) -> bool) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    let mut total = 0;
-    for task in tasks.flatten() {
-        let path = task.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if !counted(comm.trim()) {
-            continue;
-        }
-        total += std::fs::read_to_string(path.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    total
 }
 
 /// CPU time of process `pid` and its children (nginx's master and workers), in ns.

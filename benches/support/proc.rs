@@ -1,7 +1,7 @@
-//! What benchmarks read about a running gpud from /proc: resident memory and the CPU time
-//! of gpud's own threads.
+//! What benchmarks read about a running process from /proc: resident memory and the CPU time
+//! of its threads.
 
-use std::path::Path;
+#![allow(dead_code)] // each bench uses its own subset
 
 /// Resident set size of `pid` in KiB (0 when it cannot be read).
 pub fn rss_kib(pid: u32) -> u64 {
@@ -18,13 +18,21 @@ pub fn rss_kib(pid: u32) -> u64 {
 /// CPU time of every thread of `pid` in ns, except the simulated driver's control-file
 /// watcher, which a real driver does not have.
 pub fn gpud_cpu_ns(pid: u32) -> u64 {
+    threads_cpu_ns(pid, |comm| !comm.starts_with("nvml-mock-contr"))
+}
+
+/// CPU time of the threads of `pid` whose name `counted` accepts, in ns.
+pub fn threads_cpu_ns(pid: u32, counted: impl Fn(&str) -> bool) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
     tasks
         .flatten()
         .map(|task| task.path())
-        .filter(|path| !is_mock_thread(path))
+        .filter(|path| {
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            counted(comm.trim())
+        })
         .filter_map(|path| {
             std::fs::read_to_string(path.join("schedstat"))
                 .ok()?
@@ -34,9 +42,4 @@ pub fn gpud_cpu_ns(pid: u32) -> u64 {
                 .ok()
         })
         .sum()
-}
-
-fn is_mock_thread(task: &Path) -> bool {
-    std::fs::read_to_string(task.join("comm"))
-        .is_ok_and(|comm| comm.trim().starts_with("nvml-mock-contr"))
 }
