@@ -393,62 +393,27 @@ fn hooks(driver_version: &str, host: &HostFiles, options: &Options) -> Vec<Hook>
 mod tests {
     use super::*;
     use crate::cdi::host::MigCaps;
-    use crate::inventory::Health;
-    use crate::inventory::model::{Mig, MigEngines, Node, Pci};
+    use crate::inventory::model::{Node, Pci};
+    use crate::inventory::test_support;
 
     fn gpu(index: u32, minor: Option<u32>, uuid: &str, migs: Vec<MigDevice>) -> Gpu {
-        Gpu {
-            index,
-            minor_number: minor,
-            device_node: minor.map(|m| format!("/dev/nvidia{m}")),
-            uuid: uuid.into(),
-            serial: None,
-            name: "NVIDIA A100-SXM4-80GB".into(),
-            brand: None,
-            architecture: None,
-            family: None,
-            compute_capability: None,
-            memory_mib: 81920,
-            pci: Pci {
-                bus_id: String::new(),
-                device_id: String::new(),
-                subsystem_id: None,
+        let base = test_support::gpu(index, uuid, "NVIDIA A100-SXM4-80GB", 81920);
+        test_support::with_migs(
+            Gpu {
+                minor_number: minor,
+                device_node: minor.map(|m| format!("/dev/nvidia{m}")),
+                pci: Pci {
+                    bus_id: String::new(),
+                    ..base.pci.clone()
+                },
+                ..base
             },
-            numa_node: None,
-            power_limit_watts: None,
-            mig: Mig {
-                capable: true,
-                enabled: !migs.is_empty(),
-                pending_enabled: !migs.is_empty(),
-                devices: migs,
-            },
-            nvlinks: vec![],
-            fabric: None,
-            health: Health::healthy(),
-        }
+            migs,
+        )
     }
 
     fn mig(index: u32, gi: u32, ci: u32, uuid: &str) -> MigDevice {
-        MigDevice {
-            index,
-            uuid: uuid.into(),
-            gpu_instance_id: gi,
-            compute_instance_id: ci,
-            profile: "1g.10gb".into(),
-            memory_mib: 9728,
-            multiprocessors: 14,
-            gpu_slices: 1,
-            compute_slices: 1,
-            engines: MigEngines {
-                copy: 1,
-                decoder: 0,
-                encoder: 0,
-                jpeg: 0,
-                ofa: 0,
-            },
-            placement: None,
-            health: Health::healthy(),
-        }
+        test_support::mig(index, uuid, gi, ci)
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> Snapshot {

@@ -260,6 +260,8 @@ fn share(name: String, devices: Vec<PluginDevice>, settings: &Settings) -> Resou
 mod tests {
     use super::*;
     use crate::device_plugin::settings::Sharing;
+    use crate::inventory::model::Pci;
+    use crate::inventory::test_support;
 
     /// A minimal snapshot for naming tests; discovery-level details are covered by the
     /// black-box tests on the simulated node.
@@ -278,26 +280,35 @@ mod tests {
     }
 
     fn gpu(index: u32, migs: &[(&str, u32, u32)]) -> Gpu {
-        let json = serde_json::json!({
-            "index": index, "minor_number": index, "device_node": format!("/dev/nvidia{index}"),
-            "uuid": format!("GPU-{index}"), "serial": null, "name": "NVIDIA A100-SXM4-80GB",
-            "brand": null, "architecture": null, "family": null, "compute_capability": null,
-            "memory_mib": 81920,
-            "pci": {"bus_id": format!("00000000:0{index}:00.0"), "device_id": "0x20B210DE", "subsystem_id": null},
-            "numa_node": index / 2, "power_limit_watts": null,
-            "mig": {"capable": true, "enabled": !migs.is_empty(), "pending_enabled": !migs.is_empty(),
-                    "devices": migs.iter().enumerate().map(|(i, (profile, g, c))| serde_json::json!({
-                        "index": i, "uuid": format!("MIG-{index}-{i}"), "gpu_instance_id": i + 1,
-                        "compute_instance_id": 0, "profile": profile, "memory_mib": 9728,
-                        "multiprocessors": 14, "gpu_slices": g, "compute_slices": c,
-                        "engines": {"copy": 1, "decoder": 0, "encoder": 0, "jpeg": 0, "ofa": 0},
-                        "placement": null,
-                        "health": {"state": "healthy", "reason": null, "xid": null, "action": null, "since": null, "source": null}
-                    })).collect::<Vec<_>>()},
-            "nvlinks": [],
-            "health": {"state": "healthy", "reason": null, "xid": null, "action": null, "since": null, "source": null}
-        });
-        serde_json::from_value(json).unwrap()
+        let base = test_support::gpu(
+            index,
+            &format!("GPU-{index}"),
+            "NVIDIA A100-SXM4-80GB",
+            81920,
+        );
+        let devices = migs
+            .iter()
+            .zip(0u32..)
+            .map(|(&(profile, g, c), i)| MigDevice {
+                profile: profile.into(),
+                gpu_slices: g,
+                compute_slices: c,
+                ..test_support::mig(i, &format!("MIG-{index}-{i}"), i + 1, 0)
+            })
+            .collect();
+        test_support::with_migs(
+            Gpu {
+                device_node: Some(format!("/dev/nvidia{index}")),
+                pci: Pci {
+                    bus_id: format!("00000000:0{index}:00.0"),
+                    device_id: "0x20B210DE".into(),
+                    subsystem_id: None,
+                },
+                numa_node: Some(index / 2),
+                ..base
+            },
+            devices,
+        )
     }
 
     fn ids(resource: &Resource) -> Vec<&str> {

@@ -245,62 +245,27 @@ fn natural(s: &str) -> (u64, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::health::Health;
-    use crate::inventory::model::{Gpu, Mig, MigDevice, MigEngines, Node, Pci};
+    use crate::inventory::model::{Gpu, Node, Pci};
+    use crate::inventory::test_support;
     use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
 
     fn gpu(index: u32, uuid: &str, migs: &[(u32, &str, u32)]) -> Gpu {
-        Gpu {
-            index,
-            minor_number: Some(index + 10),
-            device_node: None,
-            uuid: uuid.into(),
-            serial: None,
-            name: "NVIDIA A100-SXM4-80GB".into(),
-            brand: None,
-            architecture: None,
-            family: None,
-            compute_capability: None,
-            memory_mib: 81920,
-            pci: Pci {
-                bus_id: format!("00000000:{:02X}:00.0", index + 7),
-                device_id: String::new(),
-                subsystem_id: None,
+        let base = test_support::gpu(index, uuid, "NVIDIA A100-SXM4-80GB", 81920);
+        let devices = migs
+            .iter()
+            .map(|&(mig_index, uuid, gi)| test_support::mig(mig_index, uuid, gi, 0))
+            .collect();
+        test_support::with_migs(
+            Gpu {
+                minor_number: Some(index + 10),
+                pci: Pci {
+                    bus_id: format!("00000000:{:02X}:00.0", index + 7),
+                    ..base.pci.clone()
+                },
+                ..base
             },
-            numa_node: None,
-            power_limit_watts: None,
-            mig: Mig {
-                capable: true,
-                enabled: !migs.is_empty(),
-                pending_enabled: !migs.is_empty(),
-                devices: migs
-                    .iter()
-                    .map(|&(mig_index, uuid, gi)| MigDevice {
-                        index: mig_index,
-                        uuid: uuid.into(),
-                        gpu_instance_id: gi,
-                        compute_instance_id: 0,
-                        profile: "1g.10gb".into(),
-                        memory_mib: 9728,
-                        multiprocessors: 14,
-                        gpu_slices: 1,
-                        compute_slices: 1,
-                        engines: MigEngines {
-                            copy: 1,
-                            decoder: 0,
-                            encoder: 0,
-                            jpeg: 0,
-                            ofa: 0,
-                        },
-                        placement: None,
-                        health: Health::healthy(),
-                    })
-                    .collect(),
-            },
-            nvlinks: Vec::new(),
-            fabric: None,
-            health: Health::healthy(),
-        }
+            devices,
+        )
     }
 
     fn node() -> Snapshot {

@@ -554,6 +554,7 @@ fn health_line(out: &mut String, identity: &str, state: HealthState, reason: Opt
 
 #[cfg(test)]
 mod tests {
+    use crate::inventory::test_support;
     use std::path::Path;
     use std::time::{Duration, UNIX_EPOCH};
 
@@ -562,65 +563,49 @@ mod tests {
     use crate::exporter::fields::select;
     use crate::exporter::pods::{self, ResourceFilter};
     use crate::inventory::health::Health;
-    use crate::inventory::model::{Mig, MigEngines, Node, Pci};
+    use crate::inventory::model::{MigEngines, Node, Pci};
     use crate::nvml::telemetry::Reading;
     use crate::proto::podresources::{
         ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
     };
 
     fn gpu(index: u32, migs: &[(u32, u32, &str)]) -> Gpu {
-        Gpu {
+        let base = test_support::gpu(
             index,
-            minor_number: Some(index),
-            device_node: None,
-            uuid: format!("GPU-{index}"),
-            serial: Some("1234".into()),
-            name: "NVIDIA H100 80GB HBM3".into(),
-            brand: Some("nvidia".into()),
-            architecture: None,
-            family: None,
-            compute_capability: None,
-            memory_mib: 81559,
-            pci: Pci {
-                bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
-                device_id: "0x233010DE".into(),
-                subsystem_id: None,
+            &format!("GPU-{index}"),
+            "NVIDIA H100 80GB HBM3",
+            81559,
+        );
+        let devices = migs
+            .iter()
+            .enumerate()
+            .map(|(i, &(gi, ci, profile))| MigDevice {
+                profile: profile.into(),
+                memory_mib: 9984,
+                multiprocessors: 16,
+                engines: MigEngines {
+                    copy: 1,
+                    decoder: 1,
+                    encoder: 0,
+                    jpeg: 1,
+                    ofa: 0,
+                },
+                ..test_support::mig(i as u32, &format!("MIG-{index}-{gi}-{ci}"), gi, ci)
+            })
+            .collect();
+        test_support::with_migs(
+            Gpu {
+                serial: Some("1234".into()),
+                brand: Some("nvidia".into()),
+                pci: Pci {
+                    bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+                    device_id: "0x233010DE".into(),
+                    subsystem_id: None,
+                },
+                ..base
             },
-            numa_node: None,
-            power_limit_watts: None,
-            mig: Mig {
-                capable: true,
-                enabled: !migs.is_empty(),
-                pending_enabled: !migs.is_empty(),
-                devices: migs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &(gi, ci, profile))| MigDevice {
-                        index: i as u32,
-                        uuid: format!("MIG-{index}-{gi}-{ci}"),
-                        gpu_instance_id: gi,
-                        compute_instance_id: ci,
-                        profile: profile.into(),
-                        memory_mib: 9984,
-                        multiprocessors: 16,
-                        gpu_slices: 1,
-                        compute_slices: 1,
-                        engines: MigEngines {
-                            copy: 1,
-                            decoder: 1,
-                            encoder: 0,
-                            jpeg: 1,
-                            ofa: 0,
-                        },
-                        placement: None,
-                        health: Health::healthy(),
-                    })
-                    .collect(),
-            },
-            nvlinks: Vec::new(),
-            fabric: None,
-            health: Health::healthy(),
-        }
+            devices,
+        )
     }
 
     fn snapshot(gpus: Vec<Gpu>) -> Snapshot {

@@ -14,6 +14,8 @@ pub mod mig_profile;
 pub mod model;
 mod rescan;
 pub mod table;
+#[cfg(test)]
+pub mod test_support;
 
 use std::sync::Arc;
 use std::time::Duration;
