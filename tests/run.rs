@@ -231,6 +231,60 @@ async fn a_subsystem_that_cannot_start_stops_the_daemon() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_plugin_and_the_labeller_and_keeps_them_when_bad() {
+    let node = Node::new("a100-mig");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let daemon = start(
+        &node,
+        &kubelet,
+        &["--config-file", config.to_str().unwrap()],
+    );
+    assert_eq!(
+        kubelet.next_registration(10).await.resource_name,
+        "nvidia.com/gpu"
+    );
+    labels_when(&node, |l| l.contains("nvidia.com/gpu.product="));
+    assert!(!labels_when(&node, |_| true).contains("nvidia.com/mig-"));
+
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: mixed\n").unwrap();
+    common::send_signal(&daemon.child, "HUP");
+    let mut mig_resources = Vec::new();
+    while let Some(reg) = kubelet.registration_within(5000).await {
+        mig_resources.push(reg.resource_name);
+        if mig_resources.len() == 3 {
+            break;
+        }
+    }
+    mig_resources.sort();
+    assert_eq!(
+        mig_resources,
+        [
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-2g.20gb",
+            "nvidia.com/mig-3g.40gb"
+        ],
+        "the device plugin follows the new strategy"
+    );
+    let mixed = labels_when(&node, |l| l.contains("nvidia.com/mig.strategy=mixed\n"));
+    assert!(mixed.contains("nvidia.com/mig-3g.40gb.count="), "{mixed}");
+
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
+    common::send_signal(&daemon.child, "HUP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        labels_when(&node, |_| true),
+        mixed,
+        "a bad reload keeps the labels"
+    );
+    assert!(
+        kubelet.registration_within(300).await.is_none(),
+        "and the resources"
+    );
+}
+
 #[test]
 fn bad_nvidia_config_exits_65_naming_the_field() {
     let node = Node::new("pcie-4gpu");

@@ -179,7 +179,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         };
         // Health is a view, not a service: if it cannot watch, the others still run and the
         // device states stay what discovery saw.
-        tokio::spawn({
+        let health_task = tokio::spawn({
             let (cancel, nvml, inventory) = (cancel.clone(), nvml.clone(), inventory.clone());
             async move {
                 if let Err(err) =
@@ -189,7 +189,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
                 }
             }
         });
-        tokio::spawn({
+        let rescan_task = tokio::spawn({
             let (cancel, inventory) = (cancel.clone(), inventory.clone());
             let every = args.rescan_interval;
             async move { inventory.rescan_periodically(cancel, every).await }
@@ -227,10 +227,6 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
                 labeller_rx,
             );
             tasks.spawn(async move { ("labeller", run.await.map_err(|e| e.to_string())) });
-        } else {
-            // Nobody reads reloads for a disabled labeller: closing the channel makes SIGHUP
-            // skip it instead of filling the queue.
-            drop(labeller_rx);
         }
         if args.enabled(Subsystem::Exporter) {
             let run = crate::exporter::run(
@@ -259,6 +255,8 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         cancel.cancel();
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while tasks.join_next().await.is_some() {}
+            let _ = health_task.await;
+            let _ = rescan_task.await;
         })
         .await;
         if drained.is_err() {
@@ -320,13 +318,16 @@ async fn reload(args: &Args, reloads: &Reloads) {
         }
         Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
     }
+    if !args.enabled(Subsystem::Labeller) {
+        return;
+    }
     let labeller_settings = args.labeller.reload(
         args.plugin.config_file.as_deref(),
         &args.plugin.shared,
         reloads.sink,
     );
     if let Some(next) = labeller_settings {
-        // A disabled labeller has dropped its receiver; nothing to tell it.
+        // A oneshot labeller that has finished no longer listens; nothing to tell it.
         let _ = reloads.labeller.send(next).await;
     }
 }
