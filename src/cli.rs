@@ -1,15 +1,14 @@
-//! Command-line pieces shared by every applet: common options, parsing with gpud's exit codes,
-//! and the one-line fatal error.
+//! Command-line pieces shared by every applet: common options and parsing, with failures as
+//! the daemon's [`Error`] so each maps to its exit code in one place.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Args, Parser, ValueEnum};
 
-use crate::exit;
+use crate::daemon::Error;
 use crate::health::watcher::{WatcherConfig, WatcherOverrides};
-use crate::nvml::{self, Nvml, NvmlError};
+use crate::nvml::{self, Nvml};
 use crate::telemetry::{self, LogFormat};
 
 /// Options every applet that talks to NVML accepts.
@@ -25,11 +24,29 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    /// Starts logging and opens NVML, printing the one-line reason and returning the exit code
-    /// when the driver is unavailable.
-    pub fn start(&self) -> Result<Nvml, ExitCode> {
+    /// Starts logging and opens NVML (exit 69 with every path tried when the driver is
+    /// unavailable).
+    pub fn start(&self) -> Result<Nvml, Error> {
         telemetry::init(self.log_format);
-        Nvml::open(self.nvml_lib.as_deref()).map_err(|err| fail_nvml(&err))
+        Ok(Nvml::open(self.nvml_lib.as_deref())?)
+    }
+}
+
+/// Where a daemon answers `/healthz` and `/readyz` when it runs no exporter.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// Address of /healthz and /readyz, [HOST]:PORT; "" turns them off [default: 127.0.0.1 and
+    /// the applet's own port]. With the exporter they are served on its port instead.
+    #[arg(long, value_name = "ADDRESS", env = "GPUD_HEALTH_ADDRESS")]
+    pub health_address: Option<String>,
+}
+
+impl AdminArgs {
+    /// The address to serve on: the flag, or loopback on `default_port`.
+    pub fn address(&self, default_port: u16) -> String {
+        self.health_address
+            .clone()
+            .unwrap_or_else(|| format!("127.0.0.1:{default_port}"))
     }
 }
 
@@ -82,7 +99,7 @@ impl HealthArgs {
     /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings,
     /// printing the warnings about malformed XID lists once. Also returns the config file for
     /// the applet's other sections.
-    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), ExitCode> {
+    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), Error> {
         let file = load_config(self.config.as_deref())?;
         let (watcher, warnings) = WatcherConfig::resolve(
             WatcherOverrides {
@@ -101,34 +118,16 @@ impl HealthArgs {
 
 /// Parses an applet's arguments; `--help` and `--version` print and exit 0, usage errors print
 /// clap's message and exit 64.
-pub fn parse<T: Parser>(args: Vec<OsString>) -> Result<T, ExitCode> {
+pub fn parse<T: Parser>(args: Vec<OsString>) -> Result<T, Error> {
     T::try_parse_from(args).map_err(|err| {
-        let code = if err.use_stderr() { exit::USAGE } else { 0 };
+        let code = if err.use_stderr() {
+            crate::exit::USAGE
+        } else {
+            0
+        };
         let _ = err.print();
-        ExitCode::from(code)
+        Error::Reported(code)
     })
-}
-
-/// Reports an NVML failure in one line and gives the exit code.
-pub fn fail_nvml(err: &NvmlError) -> ExitCode {
-    eprintln!("gpud: {err}");
-    ExitCode::from(match err {
-        NvmlError::Unavailable { .. } => exit::UNAVAILABLE,
-        NvmlError::Call { .. } | NvmlError::Thread { .. } => exit::FAILURE,
-    })
-}
-
-/// The async runtime of a long-running applet, with `workers` worker threads (NVML calls run
-/// on the blocking pool, not on these). Failing to build one is reported and mapped to exit 1.
-pub fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            eprintln!("gpud: cannot start the runtime: {err}");
-            ExitCode::from(exit::FAILURE)
-        })
 }
 
 /// A clap value parser for durations that must be longer than zero ("5s", "500ms", "10m").
@@ -140,16 +139,13 @@ pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
     }
 }
 
-/// Loads gpud's own config file when one is named; a bad one is reported in one line and
-/// mapped to exit 65.
-pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, ExitCode> {
-    match path.map(crate::config::load).transpose() {
-        Ok(file) => Ok(file.unwrap_or_default()),
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            Err(ExitCode::from(exit::DATA))
-        }
-    }
+/// Loads gpud's own config file when one is named (exit 65 naming the field when it is bad).
+pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, Error> {
+    Ok(path
+        .map(crate::config::load)
+        .transpose()
+        .map_err(Error::config)?
+        .unwrap_or_default())
 }
 
 /// How an applet prints a document.
@@ -159,4 +155,21 @@ pub enum OutputFormat {
     Json,
     /// Aligned text for people.
     Table,
+}
+
+/// Writes a command's output to stdout; a closed stdout (`gpud inventory | head`) ends the
+/// command quietly, any other failure names `what` could not be written.
+pub fn print_stdout(text: &str, what: &str) -> Result<(), Error> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(err) => Err(Error::Failure(format!(
+            "cannot write {what} to stdout: {err}"
+        ))),
+    }
 }

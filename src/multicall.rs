@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::applets::{APPLETS, Applet};
+use crate::daemon::{exit_code, signals};
 use crate::exit;
 
 /// What argv asks for.
@@ -61,10 +62,15 @@ fn applet_invocation(name: &str, rest: &[OsString]) -> Invocation {
     }
 }
 
-/// The process entry point.
+/// The process entry point. Expects the daemon signals blocked ([`signals::block`], the first
+/// thing `main` does); gives them back to everything that is not a daemon.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
-    match resolve(&argv) {
-        Invocation::Applet(applet, args) => (applet.run)(args),
+    let invocation = resolve(&argv);
+    if !matches!(invocation, Invocation::Applet(applet, _) if applet.daemon) {
+        signals::unblock();
+    }
+    match invocation {
+        Invocation::Applet(applet, args) => exit_code((applet.run)(args)),
         Invocation::List => {
             for applet in APPLETS {
                 println!("{}", applet.name);

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -16,7 +15,7 @@ use crate::cdi::discover::{self, HostPaths};
 use crate::cdi::kind::{DEFAULT_CLASS, DEFAULT_VENDOR, check_class, check_vendor};
 use crate::cdi::{self, Format, HookName, Kind, NameStrategy, Options};
 use crate::cli::{self, CommonArgs};
-use crate::exit;
+use crate::daemon::Error;
 use crate::nvml::NodeFacts;
 
 /// Where the spec goes by default: the folder runtimes scan for generated specs, under the
@@ -111,30 +110,22 @@ struct GenerateArgs {
 }
 
 /// Entry point.
-pub fn main(argv: Vec<OsString>) -> ExitCode {
-    let args: Args = match cli::parse(argv) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
     match args.command {
-        Command::Generate(generate) => run_generate(&generate),
+        Command::Generate(generate) => run_generate(&generate)?,
     }
+    Ok(ExitCode::SUCCESS)
 }
 
-fn run_generate(args: &GenerateArgs) -> ExitCode {
-    let nvml = match args.common.start() {
-        Ok(nvml) => nvml,
-        Err(code) => return code,
-    };
+fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
+    let nvml = args.common.start()?;
     tracing::debug!(mode = ?args.mode, "Reading the node through NVML");
     let facts = NodeFacts {
         node_name: None,
         machine_type_file: None,
     };
-    let snapshot = match nvml.discover(&facts) {
-        Ok(snapshot) => snapshot,
-        Err(err) => return cli::fail_nvml(&err),
-    };
+    let snapshot = nvml.discover(&facts)?;
     let paths = HostPaths {
         driver_root: args.driver_root.clone(),
         dev_root: args
@@ -149,46 +140,36 @@ fn run_generate(args: &GenerateArgs) -> ExitCode {
         nvml_dir: crate::nvml::library::loaded_dir(),
     };
     let driver_version = snapshot.node.driver_version.as_str();
-    let host = match discover::discover(&paths, driver_version) {
-        Ok(host) => host,
-        Err(err) => return fail(&format!("cannot read the host's driver files: {err}")),
-    };
+    let host = discover::discover(&paths, driver_version)
+        .map_err(|err| Error::Failure(format!("cannot read the host's driver files: {err}")))?;
     let options = options(args);
     warn_about_host(&paths, &host, &options, driver_version);
 
-    let generated = match cdi::build(&snapshot, &host, &options) {
-        Ok(generated) => generated,
-        Err(err) => {
-            return fail(&format!(
-                "cannot build the CDI spec: {err} (--proc-root names the procfs to read)"
-            ));
-        }
-    };
+    let generated = cdi::build(&snapshot, &host, &options).map_err(|err| {
+        Error::Failure(format!(
+            "cannot build the CDI spec: {err} (--proc-root names the procfs to read)"
+        ))
+    })?;
     for line in &generated.skipped {
         tracing::warn!(device = %line, "Device left out of the CDI spec");
     }
 
     let to_stdout = args.output.as_os_str() == "-";
     let format = output_format(args.format, (!to_stdout).then_some(args.output.as_path()));
-    let text = match cdi::render::render(&generated.spec, format) {
-        Ok(text) => text,
-        Err(err) => return fail(&err.to_string()),
-    };
+    let text = cdi::render::render(&generated.spec, format)
+        .map_err(|err| Error::Failure(err.to_string()))?;
     if to_stdout {
-        return print(&text);
+        return cli::print_stdout(&text, "the spec");
     }
-    match cdi::write::write_atomic(&args.output, &text) {
-        Ok(()) => {
-            tracing::info!(
-                path = %args.output.display(),
-                kind = %generated.spec.kind,
-                devices = generated.spec.devices.len(),
-                "Wrote the CDI spec"
-            );
-            ExitCode::SUCCESS
-        }
-        Err(err) => fail(&err.to_string()),
-    }
+    cdi::write::write_atomic(&args.output, &text)
+        .map_err(|err| Error::Failure(err.to_string()))?;
+    tracing::info!(
+        path = %args.output.display(),
+        kind = %generated.spec.kind,
+        devices = generated.spec.devices.len(),
+        "Wrote the CDI spec"
+    );
+    Ok(())
 }
 
 fn options(args: &GenerateArgs) -> Options {
@@ -235,23 +216,6 @@ fn output_format(asked: Option<Format>, path: Option<&Path>) -> Format {
         (None, Some(implied)) => implied,
         (None, None) => Format::Yaml,
     }
-}
-
-fn print(text: &str) -> ExitCode {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(err) => fail(&format!("cannot write the spec to stdout: {err}")),
-    }
-}
-
-fn fail(message: &str) -> ExitCode {
-    eprintln!("gpud: {message}");
-    ExitCode::from(exit::FAILURE)
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
 //! `gpud inventory`: prints the node's inventory once, or again whenever it changes.
 
 use std::ffi::OsString;
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::{self, CommonArgs, NodeArgs, OutputFormat};
-use crate::exit;
+use crate::daemon::{Error, signals};
 use crate::inventory::{Inventory, Snapshot, table};
+use crate::nvml::Rescanner;
 
 /// Print everything the node's GPUs are: identity, memory, MIG, NVLink/PCIe topology, health.
 #[derive(Debug, Parser)]
@@ -36,86 +37,66 @@ struct Args {
 }
 
 /// Entry point.
-pub fn main(argv: Vec<OsString>) -> ExitCode {
-    let args: Args = match cli::parse(argv) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
-    let nvml = match args.common.start() {
-        Ok(nvml) => nvml,
-        Err(code) => return code,
-    };
-    let inventory = match Inventory::discover(nvml, args.node.facts()) {
-        Ok(inventory) => inventory,
-        Err(err) => return cli::fail_nvml(&err),
-    };
-    if !args.watch {
-        return print(&inventory.current(), args.format, false);
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    let nvml = args.common.start()?;
+    let rescanner = Rescanner::new(nvml, args.node.facts(), args.interval);
+    let inventory = rescanner.discover()?;
+    if args.watch {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| Error::Failure(format!("cannot start the runtime: {err}")))?
+            .block_on(watch(rescanner, inventory, args.format))?;
+    } else {
+        print(&inventory.current(), args.format, false)?;
     }
-    match cli::runtime(1) {
-        Ok(runtime) => runtime.block_on(watch(inventory, &args)),
-        Err(code) => code,
-    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Prints the first snapshot, then every changed one, until SIGINT/SIGTERM or a closed stdout.
-async fn watch(inventory: Inventory, args: &Args) -> ExitCode {
+async fn watch(
+    rescanner: Rescanner,
+    inventory: Inventory,
+    format: OutputFormat,
+) -> Result<(), Error> {
     let mut updates = inventory.subscribe();
     let first = updates.borrow_and_update().clone();
-    let code = print(&first, args.format, true);
-    if code != ExitCode::SUCCESS {
-        return code;
-    }
-    let rescanner = inventory.clone();
-    let interval = args.interval;
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            if let Err(err) = rescanner.rescan().await {
-                tracing::warn!(error = %err, "Rescan failed");
-            }
-        }
+    print(&first, format, true)?;
+    let stop = CancellationToken::new();
+    let rescans = tokio::spawn({
+        let (stop, inventory) = (stop.clone(), inventory.clone());
+        async move { rescanner.run_until(stop, &inventory).await }
     });
-    let stop = crate::signals::shutdown();
-    tokio::pin!(stop);
-    loop {
+    let stop_signal = signals::shutdown();
+    tokio::pin!(stop_signal);
+    let outcome = loop {
         tokio::select! {
-            _ = &mut stop => return ExitCode::SUCCESS,
+            () = &mut stop_signal => break Ok(()),
             changed = updates.changed() => {
                 if changed.is_err() {
-                    return ExitCode::SUCCESS;
+                    break Ok(());
                 }
                 let snapshot = updates.borrow_and_update().clone();
-                let code = print(&snapshot, args.format, true);
-                if code != ExitCode::SUCCESS {
-                    return code;
+                if let Err(err) = print(&snapshot, format, true) {
+                    break Err(err);
                 }
             }
         }
-    }
+    };
+    stop.cancel();
+    let _ = rescans.await;
+    outcome
 }
 
 /// Writes one rendering; a closed stdout ends the program quietly (`gpud inventory | head`).
-fn print(snapshot: &Snapshot, format: OutputFormat, compact: bool) -> ExitCode {
+fn print(snapshot: &Snapshot, format: OutputFormat, compact: bool) -> Result<(), Error> {
     let text = match (format, compact) {
         (OutputFormat::Table, _) => table::render(snapshot),
         (OutputFormat::Json, false) => render_json(serde_json::to_string_pretty(snapshot)),
         (OutputFormat::Json, true) => render_json(serde_json::to_string(snapshot)),
     };
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("gpud: cannot write the inventory: {err}");
-            ExitCode::from(exit::FAILURE)
-        }
-    }
+    cli::print_stdout(&text, "the inventory")
 }
 
 fn render_json(result: serde_json::Result<String>) -> String {

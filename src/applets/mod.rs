@@ -11,6 +11,8 @@ mod run;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
+use crate::daemon::Error;
+
 /// One applet: a name for `gpud <name>` / `gpud-<name>` and its entry point.
 #[derive(Debug)]
 pub struct Applet {
@@ -18,44 +20,54 @@ pub struct Applet {
     pub name: &'static str,
     /// One line for `gpud --help`.
     pub about: &'static str,
+    /// Runs under the daemon supervisor, which takes over SIGHUP, SIGTERM and SIGINT; other
+    /// applets get the signals' default actions back before they start.
+    pub daemon: bool,
     /// Entry point; argv[0] is `gpud <name>`.
-    pub run: fn(Vec<OsString>) -> ExitCode,
+    pub run: fn(Vec<OsString>) -> Result<ExitCode, Error>,
 }
 
 /// All applets, in the order `gpud --list` prints them.
 pub static APPLETS: &[Applet] = &[
     Applet {
         name: "cdi",
+        daemon: false,
         about: "generate a CDI spec for the node's GPUs and MIG devices (as nvidia-ctk cdi generate)",
         run: cdi::main,
     },
     Applet {
         name: "device-plugin",
+        daemon: true,
         about: "advertise GPUs to the kubelet (NVIDIA k8s-device-plugin compatible), withdraw and return sick ones",
         run: device_plugin::main,
     },
     Applet {
         name: "exporter",
+        daemon: true,
         about: "serve dcgm-exporter-compatible GPU metrics for Prometheus, with pod attribution",
         run: exporter::main,
     },
     Applet {
         name: "health",
+        daemon: true,
         about: "watch GPU health (XID, ECC, row remapping, lost GPUs) and print transitions",
         run: health::main,
     },
     Applet {
         name: "inventory",
+        daemon: false,
         about: "print the node's GPUs, MIG devices, topology and health (JSON or table)",
         run: inventory::main,
     },
     Applet {
         name: "labeller",
+        daemon: true,
         about: "GFD-compatible node labels, as an NFD features file or on the Node object",
         run: labeller::main,
     },
     Applet {
         name: "run",
+        daemon: true,
         about: "everything in one process over one inventory: device plugin, labeller, exporter, health",
         run: run::main,
     },

@@ -1,16 +1,11 @@
 //! `gpud run`: every subsystem in one process over one inventory — for systemd on bare metal
 //! and single-container deployments.
 //!
-//! One discovery, one health watcher and one rescan loop feed the device plugin, the labeller
+//! One discovery, one health watcher and one rescanner feed the device plugin, the labeller
 //! and the exporter: an XID withdraws the GPU from the kubelet, flips the health labels and
 //! shows in `/metrics` from the same event. Each subsystem keeps its standalone applet's flags
-//! and environment, so a DaemonSet's arguments carry over.
-//!
-//! Supervision is fail-fast: a subsystem that stops with an error (a port in use, a socket
-//! directory that vanished) stops the whole process with a non-zero exit, so systemd or the
-//! kubelet restarts it cleanly instead of leaving a half-working daemon. SIGHUP re-reads
-//! NVIDIA's config file for the device plugin and the labeller; a bad file keeps the running
-//! settings.
+//! and environment, so a DaemonSet's arguments carry over; the supervisor is the same one every
+//! applet uses, with every subsystem added.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -18,23 +13,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
 
-use super::device_plugin::{KubeletArgs, plugin_settings};
-use super::exporter::ExporterArgs;
-use super::labeller::{LabellerArgs, Sink};
-use crate::cli::{self, CommonArgs, HealthArgs};
-use crate::device_plugin::manager;
-use crate::device_plugin::settings_source::{self, PluginArgs};
-use crate::exit;
-use crate::health::watcher;
-use crate::inventory::Inventory;
-use crate::labeller;
-use crate::nvml::NodeFacts;
+use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs};
+use crate::daemon::{self, Daemon, Error};
+use crate::device_plugin::service::DevicePlugin;
+use crate::device_plugin::settings::Settings as PluginSettings;
+use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
+use crate::exporter::{args::ExporterArgs, service};
+use crate::health::service::HealthWatcher;
+use crate::labeller::Settings as LabellerSettings;
+use crate::labeller::args::{LabellerArgs, Sink};
+use crate::nvml::{NodeFacts, Rescanner};
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
 /// over one view of the node's GPUs.
@@ -61,7 +50,7 @@ struct Args {
         value_name = "SUBSYSTEMS",
         env = "GPUD_DISABLE"
     )]
-    disable: Vec<Subsystem>,
+    disable: Vec<Optional>,
 
     /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
     #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL", default_value = "30s",
@@ -82,11 +71,16 @@ struct Args {
 
     #[command(flatten)]
     exporter: ExporterArgs,
+
+    /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
+    /// on the metrics port).
+    #[command(flatten)]
+    admin: AdminArgs,
 }
 
 /// The subsystems `--disable` can leave out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Subsystem {
+enum Optional {
     /// The kubelet device plugin.
     DevicePlugin,
     /// The node labeller.
@@ -95,239 +89,77 @@ enum Subsystem {
     Exporter,
 }
 
-impl Args {
-    fn enabled(&self, subsystem: Subsystem) -> bool {
-        !self.disable.contains(&subsystem)
-    }
+/// What SIGHUP re-reads: NVIDIA's config file, as the device plugin and as GFD see it.
+#[derive(Debug)]
+struct Reloadable {
+    plugin: Arc<PluginSettings>,
+    labeller: Arc<LabellerSettings>,
 }
-
-/// Queue between the health watcher and the exporter's XID record.
-const XID_QUEUE: usize = 1024;
-
-/// How long subsystems get to finish after the stop signal before the process exits anyway.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Entry point.
-pub fn main(argv: Vec<OsString>) -> ExitCode {
-    let args: Args = match cli::parse(argv) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    let enabled = |subsystem| !args.disable.contains(&subsystem);
     // Everything that reads a file or a flag is checked before NVML is opened, so a bad
     // config exits with its reason and nothing half-started.
-    let (health, _) = match args.health.resolve() {
-        Ok(resolved) => resolved,
-        Err(code) => return code,
-    };
-    let plugin_settings = match plugin_settings(&args.plugin) {
-        Ok(settings) => settings,
-        Err(code) => return code,
-    };
-    let gfd_config = match args
-        .labeller
-        .config(args.plugin.config_file.as_deref(), &args.plugin.shared)
-    {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("gpud: {err}");
-            return ExitCode::from(exit::DATA);
-        }
-    };
-    let sink = args.labeller.sink(&gfd_config);
-    if args.enabled(Subsystem::Labeller)
-        && let Err(usage) = args
+    let (health, _) = args.health.resolve()?;
+    let plugin = settings_source::load_at_start(&args.plugin)?;
+    let config_file = args.plugin.config_file.as_deref();
+    let (gfd, sink, labeller) = if enabled(Optional::Labeller) {
+        args.labeller
+            .resolve_at_start(config_file, &args.plugin.shared, args.node_name.as_deref())?
+    } else {
+        let config = args
             .labeller
-            .check(&gfd_config, sink, args.node_name.as_deref())
-    {
-        eprintln!("gpud: {usage}");
-        return ExitCode::from(exit::USAGE);
-    }
-    let labeller_settings = args.labeller.settings(&gfd_config, sink);
-    let counters = match args.exporter.counters() {
-        Ok(counters) => counters,
-        Err(code) => return code,
+            .config(config_file, &args.plugin.shared)
+            .map_err(Error::config)?;
+        let sink = Sink::File;
+        let settings = args.labeller.settings(&config, sink);
+        (config, sink, settings)
     };
-    let nvml = match args.common.start() {
-        Ok(nvml) => nvml,
-        Err(code) => return code,
-    };
-    let exporter_config = match args.exporter.config(&counters, &nvml) {
-        Ok(config) => config,
-        Err(code) => return code,
-    };
+    let counters = args.exporter.counters()?;
+    let nvml = args.common.start()?;
+    let exporter = args.exporter.config(&counters, &nvml)?;
     let facts = NodeFacts {
         node_name: args.node_name.clone(),
-        machine_type_file: gfd_config.flags.gfd.machine_type_file.clone(),
+        machine_type_file: gfd.flags.gfd.machine_type_file.clone(),
     };
-    let inventory = match Inventory::discover(nvml.clone(), facts) {
-        Ok(inventory) => inventory,
-        Err(err) => return cli::fail_nvml(&err),
+    let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan_interval);
+    let inventory = rescanner.discover()?;
+
+    let initial = Reloadable {
+        plugin: Arc::new(plugin),
+        labeller: Arc::new(labeller),
     };
-    let runtime = match cli::runtime(2) {
-        Ok(runtime) => runtime,
-        Err(code) => return code,
-    };
-    runtime.block_on(async move {
-        let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-
-        let (xid_tx, xid_rx) = if args.enabled(Subsystem::Exporter) {
-            let (tx, rx) = mpsc::channel(XID_QUEUE);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
-        // Health is a view, not a service: if it cannot watch, the others still run and the
-        // device states stay what discovery saw.
-        let health_task = tokio::spawn({
-            let (cancel, nvml, inventory) = (cancel.clone(), nvml.clone(), inventory.clone());
-            async move {
-                if let Err(err) =
-                    watcher::run_with_xids(cancel, nvml, inventory, health, xid_tx).await
-                {
-                    warn!(error = %err, "Health watching is off: devices keep discovery's state");
-                }
-            }
-        });
-        let rescan_task = tokio::spawn({
-            let (cancel, inventory) = (cancel.clone(), inventory.clone());
-            let every = args.rescan_interval;
-            async move { inventory.rescan_periodically(cancel, every).await }
-        });
-
-        let (plugin_tx, plugin_rx) = watch::channel(Arc::new(plugin_settings));
-        if args.enabled(Subsystem::DevicePlugin) {
-            let run = manager::run(
-                cancel.clone(),
-                inventory.clone(),
-                plugin_rx,
-                args.kubelet.manager_config(),
-            );
-            tasks.spawn(async move { ("device plugin", run.await.map_err(|e| e.to_string())) });
-        }
-        let (labeller_tx, labeller_rx) = mpsc::channel(4);
-        if args.enabled(Subsystem::Labeller) {
-            let api_sink = match args
-                .labeller
-                .api_sink(sink, args.node_name.as_deref())
-                .await
-            {
-                Ok(api_sink) => api_sink,
-                Err(err) => {
-                    eprintln!("gpud: labeller: {err}");
-                    cancel.cancel();
-                    return ExitCode::from(exit::FAILURE);
-                }
-            };
-            let run = labeller::run(
-                cancel.clone(),
-                Some(inventory.clone()),
-                labeller_settings,
-                api_sink,
-                labeller_rx,
-            );
-            tasks.spawn(async move { ("labeller", run.await.map_err(|e| e.to_string())) });
-        }
-        if args.enabled(Subsystem::Exporter) {
-            let run = crate::exporter::run(
-                cancel.clone(),
-                nvml.clone(),
-                inventory.clone(),
-                exporter_config,
-                xid_rx,
-            );
-            tasks.spawn(async move { ("exporter", run.await.map_err(|e| e.to_string())) });
-        }
-        info!(
-            gpus = inventory.current().gpus.len(),
-            device_plugin = args.enabled(Subsystem::DevicePlugin),
-            labeller = args.enabled(Subsystem::Labeller),
-            exporter = args.enabled(Subsystem::Exporter),
-            "gpud running"
-        );
-
-        let reloads = Reloads {
-            plugin: plugin_tx,
-            labeller: labeller_tx,
-            sink,
-        };
-        let code = supervise(&args, &mut tasks, &reloads).await;
-        cancel.cancel();
-        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while tasks.join_next().await.is_some() {}
-            let _ = health_task.await;
-            let _ = rescan_task.await;
+    let (plugin_args, labeller_args) = (args.plugin.clone(), args.labeller.clone());
+    let mut daemon = Daemon::new("run", initial, move || {
+        let config_file = plugin_args.config_file.as_deref();
+        Ok(Reloadable {
+            plugin: Arc::new(settings_source::reload(&plugin_args)?),
+            labeller: Arc::new(labeller_args.reload(config_file, &plugin_args.shared, sink)?),
         })
-        .await;
-        if drained.is_err() {
-            warn!("Some subsystems did not stop in time");
-        }
-        code
-    })
-}
-
-/// Waits for a stop signal or for a subsystem to end, reloading settings on SIGHUP.
-async fn supervise(
-    args: &Args,
-    tasks: &mut JoinSet<(&'static str, Result<(), String>)>,
-    reloads: &Reloads,
-) -> ExitCode {
-    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
-        error!("Cannot install the SIGHUP handler");
-        return ExitCode::from(exit::FAILURE);
-    };
-    let stop = crate::signals::shutdown();
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => return ExitCode::SUCCESS,
-            _ = hangup.recv() => reload(args, reloads).await,
-            Some(ended) = tasks.join_next() => match ended {
-                Ok((name, Ok(()))) => info!(subsystem = name, "Subsystem finished"),
-                Ok((name, Err(err))) => {
-                    eprintln!("gpud: {name}: {err}");
-                    return ExitCode::from(exit::FAILURE);
-                }
-                Err(err) => {
-                    eprintln!("gpud: a subsystem stopped: {err}");
-                    return ExitCode::from(exit::FAILURE);
-                }
-            },
-        }
+    });
+    daemon.add_support(rescanner);
+    if enabled(Optional::Exporter) {
+        let (watcher, exporter) =
+            service::with_health(nvml, health, exporter, daemon.admin_routes());
+        daemon.add_support(watcher);
+        daemon.add_fixed(exporter);
+    } else {
+        daemon.add_support(HealthWatcher::optional(nvml, health));
+        daemon.serve_admin(&args.admin.address(daemon::DEFAULT_HEALTH_PORT));
     }
-}
-
-/// Where SIGHUP's new settings go.
-struct Reloads {
-    plugin: watch::Sender<Arc<crate::device_plugin::settings::Settings>>,
-    labeller: mpsc::Sender<labeller::Settings>,
-    /// The labeller's sink, fixed for the life of the process.
-    sink: Sink,
-}
-
-/// Re-reads NVIDIA's config file for the device plugin and the labeller; a bad one is
-/// reported and the running settings stay.
-async fn reload(args: &Args, reloads: &Reloads) {
-    match settings_source::load(&args.plugin) {
-        Ok((next, warnings)) => {
-            for warning in warnings {
-                warn!("{warning}");
-            }
-            info!("Configuration reloaded");
-            reloads.plugin.send_replace(Arc::new(next));
-        }
-        Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
+    if enabled(Optional::DevicePlugin) {
+        daemon.add(
+            DevicePlugin::new(args.kubelet.manager_config()),
+            |config: &Arc<Reloadable>| Arc::clone(&config.plugin),
+        );
     }
-    if !args.enabled(Subsystem::Labeller) {
-        return;
+    if enabled(Optional::Labeller) {
+        daemon.add(
+            args.labeller.subsystem(sink, args.node_name.clone()),
+            |config: &Arc<Reloadable>| Arc::clone(&config.labeller),
+        );
     }
-    let labeller_settings = args.labeller.reload(
-        args.plugin.config_file.as_deref(),
-        &args.plugin.shared,
-        reloads.sink,
-    );
-    if let Some(next) = labeller_settings {
-        // A oneshot labeller that has finished no longer listens; nothing to tell it.
-        let _ = reloads.labeller.send(next).await;
-    }
+    daemon.run(inventory)
 }

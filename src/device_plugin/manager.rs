@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
@@ -26,6 +26,7 @@ use super::registration;
 use super::resources::{self, Resource};
 use super::server::{PluginService, PluginState};
 use super::settings::Settings;
+use crate::daemon::ReadyLatch;
 use crate::inventory::{Inventory, Snapshot};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 
@@ -56,14 +57,18 @@ struct Plugin {
     state: watch::Sender<PluginState>,
     stop: CancellationToken,
     socket: PathBuf,
+    /// The kubelet accepted its registration (or there is no kubelet to register with).
+    registered: bool,
 }
 
-/// Runs until `cancel`, then stops every plugin and removes its socket.
+/// Runs until `cancel`, then stops every plugin and removes its socket. `ready` is set once
+/// every resource is served and registered with the kubelet.
 pub async fn run(
     cancel: CancellationToken,
     inventory: Inventory,
     mut settings: watch::Receiver<Arc<Settings>>,
     config: ManagerConfig,
+    ready: ReadyLatch,
 ) -> Result<(), ManagerError> {
     let dir = config
         .kubelet_socket
@@ -75,6 +80,7 @@ pub async fn run(
     let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
     let mut last_error: Option<String> = None;
     let mut restart_all = false;
+    let (registered_tx, mut registered_rx) = mpsc::unbounded_channel();
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
@@ -92,12 +98,21 @@ pub async fn run(
             &dir,
             &config,
             &mut last_error,
+            &registered_tx,
         )?;
+        if plugins.values().all(|plugin| plugin.registered) {
+            ready.set();
+        }
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = snapshots.changed() => if changed.is_err() { break },
             changed = settings.changed() => if changed.is_err() { break },
             () = recreated(&mut kubelet) => restart_all = true,
+            Some(resource) = registered_rx.recv() => {
+                if let Some(plugin) = plugins.get_mut(&resource) {
+                    plugin.registered = true;
+                }
+            }
         }
     }
     for (_, plugin) in plugins {
@@ -120,6 +135,7 @@ fn reconcile(
     dir: &Path,
     config: &ManagerConfig,
     last_error: &mut Option<String>,
+    registered: &mpsc::UnboundedSender<String>,
 ) -> Result<(), ManagerError> {
     let wanted = match resources::resources(snapshot, settings) {
         Ok(wanted) => {
@@ -164,7 +180,7 @@ fn reconcile(
             }
             None => {
                 let name = state.resource.name.clone();
-                let plugin = start(state, dir, config)?;
+                let plugin = start(state, dir, config, registered)?;
                 plugins.insert(name, plugin);
             }
         }
@@ -228,7 +244,12 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     out
 }
 
-fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugin, ManagerError> {
+fn start(
+    state: PluginState,
+    dir: &Path,
+    config: &ManagerConfig,
+    registered: &mpsc::UnboundedSender<String>,
+) -> Result<Plugin, ManagerError> {
     let resource: Arc<Resource> = Arc::clone(&state.resource);
     let socket_name = resource.socket_name();
     let socket = dir.join(&socket_name);
@@ -242,7 +263,8 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     let stop = CancellationToken::new();
     let server_stop = stop.clone();
     let name = resource.name.clone();
-    tokio::spawn(async move {
+    tokio::spawn(
+        async move {
         let service = DevicePluginServer::new(PluginService::new(rx));
         let served = tonic::transport::Server::builder()
             .add_service(service)
@@ -254,20 +276,27 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
         if let Err(err) = served {
             error!(resource = %name, error = %err, "Plugin server failed");
         }
-    });
+    }
+        .in_current_span(),
+    );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
-        tokio::spawn(register_until_accepted(
-            kubelet,
-            socket_name,
-            resource.name.clone(),
-            stop.clone(),
-        ));
+        tokio::spawn(
+            register_until_accepted(
+                kubelet,
+                socket_name,
+                resource.name.clone(),
+                stop.clone(),
+                registered.clone(),
+            )
+            .in_current_span(),
+        );
     }
     Ok(Plugin {
         state: tx,
         stop,
         socket,
+        registered: config.kubelet_socket.is_none(),
     })
 }
 
@@ -278,6 +307,7 @@ async fn register_until_accepted(
     endpoint: String,
     resource: String,
     stop: CancellationToken,
+    registered: mpsc::UnboundedSender<String>,
 ) {
     let mut delay = Duration::from_secs(1);
     let mut warned = false;
@@ -287,6 +317,7 @@ async fn register_until_accepted(
             result = registration::register(&kubelet, &endpoint, &resource) => match result {
                 Ok(()) => {
                     info!(resource = %resource, endpoint = %endpoint, "Registered with the kubelet");
+                    let _ = registered.send(resource);
                     return;
                 }
                 Err(err) if !warned => {

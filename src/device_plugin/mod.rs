@@ -11,3 +11,4 @@ pub mod resources;
 pub mod server;
 pub mod settings;
 pub mod settings_source;
+pub mod service;

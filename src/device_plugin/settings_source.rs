@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::manager::ManagerConfig;
 use super::settings::{Settings, Sharing};
 use crate::nvidia_config::{
     self, Component, Config, GivenFlags, NvidiaConfigError, Origin, PluginFlags, ProcessEnv,
@@ -24,6 +25,54 @@ pub struct PluginArgs {
 
     #[command(flatten)]
     pub plugin: PluginFlags,
+}
+
+/// Where the kubelet is (the device plugin's side of NVIDIA's flags that are not settings).
+#[derive(Debug, Clone, Args)]
+pub struct KubeletArgs {
+    /// The kubelet's registration socket; "" serves without registering.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBELET_SOCKET",
+        default_value = "/var/lib/kubelet/device-plugins/kubelet.sock"
+    )]
+    pub kubelet_socket: String,
+
+    /// The procfs holding the driver's MIG capability tree (for MIG device nodes).
+    #[arg(long, value_name = "PATH", default_value = "/proc")]
+    pub proc_root: PathBuf,
+}
+
+impl KubeletArgs {
+    /// The plugin manager's paths.
+    pub fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            kubelet_socket: (!self.kubelet_socket.is_empty())
+                .then(|| PathBuf::from(&self.kubelet_socket)),
+            plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            proc_root: self.proc_root.clone(),
+        }
+    }
+}
+
+/// The settings at start: warnings printed once on stderr, a bad config file an error
+/// (exit 65) naming the file, the field and the value.
+pub fn load_at_start(args: &PluginArgs) -> Result<Settings, crate::daemon::Error> {
+    let (settings, warnings) = load(args).map_err(crate::daemon::Error::config)?;
+    for warning in warnings {
+        eprintln!("gpud: {warning}");
+    }
+    Ok(settings)
+}
+
+/// The settings on SIGHUP: warnings logged; an error keeps the running settings.
+pub fn reload(args: &PluginArgs) -> Result<Settings, crate::daemon::Error> {
+    let (settings, warnings) = load(args).map_err(crate::daemon::Error::config)?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(settings)
 }
 
 /// Reads the config file (if any) and resolves the settings, with the warnings to log once.

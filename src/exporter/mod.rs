@@ -17,6 +17,7 @@
 //! size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
 //! the sampler, poller and server are thin shells around them.
 
+pub mod args;
 pub mod body;
 pub mod counters;
 pub mod event_loops;
@@ -27,6 +28,7 @@ pub mod render;
 pub mod sampler;
 pub mod sendfile;
 pub mod server;
+pub mod service;
 pub mod xids;
 
 use std::sync::Arc;

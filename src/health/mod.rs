@@ -7,3 +7,5 @@ pub mod tracker;
 pub mod transitions;
 pub mod watcher;
 pub mod xid;
+pub mod report;
+pub mod service;

@@ -3,9 +3,9 @@
 //! NodeFeature object.
 //!
 //! - [`labels`] is the pure core: snapshot + settings → labels.
-//! - [`run`] is the loop: it recomputes whenever the inventory publishes a change, every
-//!   `sleepInterval` (after a rescan, as GFD re-enumerates every cycle), and when new settings
-//!   arrive (SIGHUP). The features file is rewritten when a label other than the timestamp
+//! - [`run`] is the loop: it recomputes whenever the inventory publishes a change (the
+//!   daemon's one rescanner re-reads the node), every `sleepInterval`, and when new settings
+//!   arrive (SIGHUP); [`service`] runs it as a daemon subsystem. The features file is rewritten when a label other than the timestamp
 //!   changed or the interval passed; an API sink writes when what it holds differs.
 //! - [`features_file`], [`node`] and [`node_feature`] are the sinks; the last two go through
 //!   the Kubernetes API and share [`api`] (connection, errors, backoff). [`pci`] reads the
@@ -16,18 +16,21 @@
 //! turns them into an error, since it has no later pass to recover in.
 
 pub mod api;
+pub mod args;
 pub mod features_file;
 pub mod labels;
 pub mod node;
 pub mod node_feature;
 pub mod pci;
+pub mod service;
 pub mod syntax;
 pub mod vgpu;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -37,6 +40,7 @@ pub use labels::{LabelConfig, Labels, labels, warnings};
 pub use node::NodeSink;
 pub use node_feature::NodeFeatureSink;
 
+use crate::daemon::ReadyLatch;
 use crate::inventory::model::Node as NodeFacts;
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvidia_config::{self, MigStrategy, OutputTarget, Sharing, SleepInterval};
@@ -252,31 +256,30 @@ fn removes_on_exit(settings: &Settings) -> Option<&Path> {
 
 /// Runs until `cancel` fires (or after one pass with `oneshot`).
 ///
-/// `inventory` is `None` when NVML is unavailable and `failOnInitError` is false. New
-/// settings arriving on `reload` replace the current ones and restart the timestamp, as GFD's
-/// SIGHUP restart does.
+/// On a node where NVML is unavailable and `failOnInitError` is false, `inventory` holds
+/// [`empty_snapshot`]. New settings arriving on `settings` replace the current ones and restart
+/// the timestamp, as GFD's SIGHUP restart does. `ready` is set once the labels reached every
+/// sink.
 pub async fn run(
     cancel: CancellationToken,
-    inventory: Option<Inventory>,
-    mut settings: Settings,
+    inventory: Inventory,
+    mut settings_rx: watch::Receiver<Arc<Settings>>,
     api_sink: Option<ApiSink>,
-    mut reload: mpsc::Receiver<Settings>,
+    ready: ReadyLatch,
 ) -> Result<(), LabellerError> {
-    let empty = std::sync::Arc::new(empty_snapshot());
-    let mut updates = inventory.as_ref().map(Inventory::subscribe);
+    let mut settings = settings_rx.borrow_and_update().clone();
+    let mut updates = inventory.subscribe();
     let mut timestamp = unix_now();
     let mut written: Option<Labels> = None;
     let mut logged_warnings: Vec<String> = Vec::new();
     let mut api = api_sink.map(|sink| ApiState::new(sink, timestamp));
     let mut force = true;
-    let mut reload_open = true;
+    let mut file_written = false;
+    let mut settings_open = true;
     let mut next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
 
     loop {
-        let snapshot = match &mut updates {
-            Some(rx) => rx.borrow_and_update().clone(),
-            None => empty.clone(),
-        };
+        let snapshot = updates.borrow_and_update().clone();
         let config = label_config(&settings, &snapshot, timestamp);
         let current = labels(&snapshot, &config);
         let found = warnings(&snapshot, &config);
@@ -293,13 +296,18 @@ pub async fn run(
         if force || written.as_ref() != Some(&core) {
             if let Some(target) = &settings.output {
                 match write_output(target, &current) {
-                    Ok(()) => tracing::debug!(labels = current.len(), "Labels written"),
+                    Ok(()) => {
+                        file_written = true;
+                        tracing::debug!(labels = current.len(), "Labels written");
+                    }
                     Err(err) if settings.oneshot => return Err(err),
                     Err(err @ LabellerError::Stdout(_)) => return Err(err),
                     Err(err) => {
                         error!(error = %err, "Cannot write the features file; retrying on the next pass")
                     }
                 }
+            } else {
+                file_written = true;
             }
             if let Some(api) = &mut api {
                 api.pending = Some(current.clone());
@@ -319,21 +327,15 @@ pub async fn run(
         {
             let _ = api.push().await;
         }
+        if file_written && api.as_ref().is_none_or(|api| api.pending.is_none()) {
+            ready.set();
+        }
 
         let retry_at = api.as_ref().and_then(|a| a.retry_at);
         tokio::select! {
             () = cancel.cancelled() => break,
-            changed = changed_or_pending(&mut updates) => {
-                if !changed {
-                    updates = None;
-                }
-            }
+            changed = updates.changed() => if changed.is_err() { break },
             () = sleep_until(next_tick), if next_tick.is_some() => {
-                if let Some(inventory) = &inventory
-                    && let Err(err) = inventory.rescan().await
-                {
-                    warn!(error = %err, "Rescan failed");
-                }
                 force = true;
                 next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
             }
@@ -342,12 +344,13 @@ pub async fn run(
                     let _ = api.push().await;
                 }
             }
-            new = reload.recv(), if reload_open => {
-                let Some(new) = new else {
+            changed = settings_rx.changed(), if settings_open => {
+                if changed.is_err() {
                     // Nobody can send new settings any more: keep running with these.
-                    reload_open = false;
+                    settings_open = false;
                     continue;
-                };
+                }
+                let new = settings_rx.borrow_and_update().clone();
                 if new != settings {
                     if let Some(old) = removes_on_exit(&settings)
                         && removes_on_exit(&new) != Some(old)
@@ -369,17 +372,6 @@ pub async fn run(
         warn!(path = %path.display(), error = %err, "Cannot remove the features file");
     }
     Ok(())
-}
-
-/// Waits for the next inventory change (`false` when the inventory is gone); never resolves
-/// without an inventory.
-async fn changed_or_pending(
-    updates: &mut Option<tokio::sync::watch::Receiver<std::sync::Arc<Snapshot>>>,
-) -> bool {
-    match updates {
-        Some(rx) => rx.changed().await.is_ok(),
-        None => std::future::pending().await,
-    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -14,6 +14,7 @@ pub mod events;
 pub mod library;
 mod probe;
 mod raw;
+mod rescan;
 mod signals;
 pub mod telemetry;
 
@@ -21,9 +22,10 @@ use std::path::{Path, PathBuf};
 
 pub use discover::{DEFAULT_MACHINE_TYPE_FILE, NodeFacts};
 pub use error::NvmlError;
+pub use rescan::Rescanner;
 pub use signals::GpuSignals;
 
-use crate::inventory::Snapshot;
+use crate::inventory::{Inventory, Snapshot};
 
 /// Environment variable naming the NVML library to load (same as `--nvml-lib`).
 pub const LIB_ENV: &str = "GPUD_NVML_LIB";
@@ -55,5 +57,11 @@ impl Nvml {
     /// Reads the whole node. Blocks on the driver.
     pub fn discover(&self, facts: &NodeFacts) -> Result<Snapshot, NvmlError> {
         discover::discover(self.lib, facts)
+    }
+
+    /// Discovers the node once and starts an inventory with it. Blocks on the driver: call it
+    /// before the runtime starts.
+    pub fn inventory(&self, facts: &NodeFacts) -> Result<Inventory, NvmlError> {
+        Ok(Inventory::new(self.discover(facts)?))
     }
 }

@@ -93,6 +93,9 @@ impl Node {
             .env("NVML_MOCK_STATE", self.state_path())
             .env("NVML_MOCK_CLOCK", "1000")
             .env("NODE_NAME", "test-node")
+            // Tests run in parallel: the admin endpoint's fixed default port would collide.
+            // Tests that wait on /readyz pass their own address.
+            .env("GPUD_HEALTH_ADDRESS", "")
             .env(
                 "GFD_MACHINE_TYPE_FILE",
                 self.dir.path().join("product_name"),

@@ -1,0 +1,87 @@
+//! What a running subsystem gets from the supervisor.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::readiness::{Readiness, State};
+
+/// A subsystem's handle on the daemon. `S` is the part of the reloadable configuration the
+/// subsystem reads (`()` for subsystems that keep their start-up settings).
+#[derive(Debug)]
+pub struct Context<S> {
+    cancel: CancellationToken,
+    ready: ReadyLatch,
+    settings: watch::Receiver<Arc<S>>,
+}
+
+impl<S> Context<S> {
+    pub(super) fn new(
+        cancel: CancellationToken,
+        ready: ReadyLatch,
+        settings: watch::Receiver<Arc<S>>,
+    ) -> Self {
+        Context {
+            cancel,
+            ready,
+            settings,
+        }
+    }
+
+    /// The stop signal, to hand to code that waits on it.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Resolves when the daemon stops.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// Marks the subsystem ready (idempotent).
+    pub fn set_ready(&self) {
+        self.ready.set();
+    }
+
+    /// The readiness latch, for code that becomes ready deeper down.
+    pub fn ready_latch(&self) -> ReadyLatch {
+        self.ready.clone()
+    }
+
+    /// The settings now and every reload after this (a receiver of its own).
+    pub fn settings(&self) -> watch::Receiver<Arc<S>> {
+        self.settings.clone()
+    }
+
+    /// The settings now.
+    pub fn current_settings(&self) -> Arc<S> {
+        self.settings.borrow().clone()
+    }
+}
+
+/// Marks one subsystem ready on the daemon's [`Readiness`] board.
+#[derive(Debug, Clone)]
+pub struct ReadyLatch {
+    board: Readiness,
+    slot: usize,
+}
+
+impl ReadyLatch {
+    pub(super) fn new(board: Readiness, slot: usize) -> Self {
+        ReadyLatch { board, slot }
+    }
+
+    /// A latch that belongs to no board: for running a subsystem outside a daemon (tests).
+    pub fn detached() -> Self {
+        ReadyLatch {
+            board: Readiness::default(),
+            slot: usize::MAX,
+        }
+    }
+
+    /// The subsystem is ready; later calls change nothing.
+    pub fn set(&self) {
+        self.board.mark(self.slot, State::Ready);
+    }
+}

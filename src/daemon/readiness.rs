@@ -1,0 +1,166 @@
+//! The readiness board: each subsystem's state, what `/readyz` reports and what the supervisor
+//! waits on before it tells systemd the daemon is ready.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+/// Where a subsystem is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Started, not ready yet.
+    Starting,
+    /// Doing its job.
+    Ready,
+    /// Finished its work and stopped cleanly (a oneshot labeller); counts as ready.
+    Done,
+    /// Stopped with this error.
+    Failed(String),
+}
+
+impl State {
+    fn counts_as_ready(&self) -> bool {
+        matches!(self, State::Ready | State::Done)
+    }
+
+    fn word(&self) -> &str {
+        match self {
+            State::Starting => "starting",
+            State::Ready => "ready",
+            State::Done => "done",
+            State::Failed(_) => "failed",
+        }
+    }
+}
+
+/// Every subsystem's state, shared by the supervisor, the latches and the admin endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    inner: Arc<Board>,
+}
+
+#[derive(Debug, Default)]
+struct Board {
+    entries: Mutex<Vec<(&'static str, State)>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Readiness {
+    /// Adds a subsystem in state `Starting`; returns its slot.
+    pub(super) fn register(&self, name: &'static str) -> usize {
+        let mut entries = self.entries();
+        entries.push((name, State::Starting));
+        entries.len() - 1
+    }
+
+    /// Moves a subsystem to `state`. A failure is final, and `Ready` never goes back to
+    /// `Starting`.
+    pub(super) fn mark(&self, slot: usize, state: State) {
+        let changed = {
+            let mut entries = self.entries();
+            let Some((_, current)) = entries.get_mut(slot) else {
+                return;
+            };
+            if *current == state || matches!(current, State::Failed(_)) {
+                false
+            } else {
+                *current = state;
+                true
+            }
+        };
+        if changed {
+            self.inner.changed.send_modify(|version| *version += 1);
+        }
+    }
+
+    /// Whether every subsystem is ready (or done). A daemon without subsystems is not.
+    pub fn all_ready(&self) -> bool {
+        let entries = self.entries();
+        !entries.is_empty() && entries.iter().all(|(_, state)| state.counts_as_ready())
+    }
+
+    /// Each subsystem and its state, in start order.
+    pub fn states(&self) -> Vec<(&'static str, State)> {
+        self.entries().clone()
+    }
+
+    /// The `/readyz` body: a verdict line, then one line per subsystem.
+    pub fn report(&self) -> (bool, String) {
+        let ready = self.all_ready();
+        let mut text = String::from(if ready { "ready\n" } else { "not ready\n" });
+        for (name, state) in self.states() {
+            let _ = match &state {
+                State::Failed(why) => writeln!(text, "{name} failed: {why}"),
+                other => writeln!(text, "{name} {}", other.word()),
+            };
+        }
+        (ready, text)
+    }
+
+    /// A receiver woken on every state change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<(&'static str, State)>> {
+        // A panic while holding this lock leaves plain data behind; keep serving it.
+        self.inner
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_subsystem_is() {
+        let board = Readiness::default();
+        assert!(!board.all_ready(), "no subsystem is not ready");
+        let a = board.register("exporter");
+        let b = board.register("labeller");
+        board.mark(a, State::Ready);
+        assert!(!board.all_ready());
+        assert_eq!(
+            board.report(),
+            (
+                false,
+                "not ready\nexporter ready\nlabeller starting\n".to_owned()
+            )
+        );
+        board.mark(b, State::Done);
+        assert_eq!(
+            board.report(),
+            (true, "ready\nexporter ready\nlabeller done\n".to_owned())
+        );
+    }
+
+    #[test]
+    fn failure_is_final_and_reported() {
+        let board = Readiness::default();
+        let a = board.register("exporter");
+        board.mark(a, State::Failed("cannot listen on :9400".into()));
+        board.mark(a, State::Ready);
+        assert_eq!(
+            board.report(),
+            (
+                false,
+                "not ready\nexporter failed: cannot listen on :9400\n".to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn changes_wake_subscribers_once_per_change() {
+        let board = Readiness::default();
+        let a = board.register("health");
+        let mut rx = board.subscribe();
+        board.mark(a, State::Ready);
+        board.mark(a, State::Ready);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 1);
+    }
+}

@@ -1,0 +1,314 @@
+//! The supervisor: starts subsystems, waits for readiness, fans SIGHUP out, stops everything
+//! with one grace period and maps the outcome to an exit code.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, warn};
+
+use super::admin::{self, Admin};
+use super::context::{Context, ReadyLatch};
+use super::error::Error;
+use super::notify::Notifier;
+use super::readiness::{Readiness, State};
+use super::signals::{Request, Signals};
+use crate::inventory::Inventory;
+
+/// One long-running part of gpud.
+pub trait Subsystem: Send + Sized + 'static {
+    /// The part of the reloadable configuration it reads (`()` for none).
+    type Settings: Send + Sync + 'static;
+
+    /// Its name in logs, `/readyz` and error messages (see [`crate::subsystem_name`]).
+    fn name(&self) -> &'static str;
+
+    /// The span its log lines are written in (see [`crate::subsystem_name`]).
+    fn span(&self) -> tracing::Span;
+
+    /// Runs until `ctx` is cancelled (or its work is done). An error stops the daemon with
+    /// exit 1, naming the subsystem.
+    fn run(
+        self,
+        ctx: Context<Self::Settings>,
+        inventory: Inventory,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// How long subsystems get to finish after the stop signal before the process exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+type Started = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+type Starter = Box<dyn FnOnce(CancellationToken, Inventory) -> Started + Send>;
+type FanOut<C> = Box<dyn Fn(&Arc<C>) + Send>;
+
+struct Pending {
+    name: &'static str,
+    slot: usize,
+    /// Serves the other subsystems (rescans, health, the admin endpoint) rather than doing
+    /// the applet's own work: the daemon stops once every other subsystem has finished.
+    support: bool,
+    start: Starter,
+}
+
+/// A daemon under construction: the applet adds its subsystems, then [`Daemon::run`]s it.
+///
+/// `C` is the applet's reloadable configuration: `reload` builds a fresh one on SIGHUP, and
+/// each subsystem sees its own part of it through its [`Context`].
+pub struct Daemon<C> {
+    applet: &'static str,
+    current: Arc<C>,
+    reload: Box<dyn Fn() -> Result<C, Error> + Send>,
+    fan_out: Vec<FanOut<C>>,
+    pending: Vec<Pending>,
+    readiness: Readiness,
+    notifier: Notifier,
+    workers: usize,
+}
+
+impl<C> std::fmt::Debug for Daemon<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("applet", &self.applet)
+            .field("subsystems", &self.readiness.states())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Daemon<()> {
+    /// A daemon without reloadable configuration: SIGHUP is logged and changes nothing.
+    pub fn fixed(applet: &'static str) -> Self {
+        Daemon::new(applet, (), || Ok(()))
+    }
+}
+
+impl<C: Send + Sync + 'static> Daemon<C> {
+    /// A daemon for `applet` whose configuration starts as `initial` and is rebuilt by
+    /// `reload` on every SIGHUP (an error keeps the running configuration).
+    pub fn new(
+        applet: &'static str,
+        initial: C,
+        reload: impl Fn() -> Result<C, Error> + Send + 'static,
+    ) -> Self {
+        Daemon {
+            applet,
+            current: Arc::new(initial),
+            reload: Box::new(reload),
+            fan_out: Vec::new(),
+            pending: Vec::new(),
+            readiness: Readiness::default(),
+            notifier: Notifier::from_env(std::env::var_os("NOTIFY_SOCKET")),
+            workers: 2,
+        }
+    }
+
+    /// The readiness board, for the routes of an admin endpoint served by a subsystem.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
+    }
+
+    /// The `/healthz` and `/readyz` routes, for a subsystem that serves HTTP anyway (the
+    /// exporter); see [`Daemon::serve_admin`] otherwise.
+    pub fn admin_routes(&self) -> axum::Router {
+        admin::routes(self.readiness.clone())
+    }
+
+    /// Serves `/healthz` and `/readyz` on `address` (`""` leaves them off).
+    pub fn serve_admin(&mut self, address: &str) {
+        if !address.is_empty() {
+            let routes = self.admin_routes();
+            self.add_support(Admin::new(address.to_owned(), routes));
+        }
+    }
+
+    /// Adds a subsystem that keeps its start-up settings.
+    pub fn add_fixed<S: Subsystem<Settings = ()>>(&mut self, subsystem: S) {
+        self.add(subsystem, |_: &Arc<C>| Arc::new(()));
+    }
+
+    /// Adds a subsystem that serves the others (the rescanner, the health watcher beside a
+    /// device plugin): it runs as long as they do, and its finishing early stops nothing.
+    pub fn add_support<S: Subsystem<Settings = ()>>(&mut self, subsystem: S) {
+        self.push(subsystem, |_: &Arc<C>| Arc::new(()), true);
+    }
+
+    /// Adds a subsystem whose settings are `part` of the configuration, re-derived on every
+    /// reload.
+    pub fn add<S: Subsystem>(
+        &mut self,
+        subsystem: S,
+        part: impl Fn(&Arc<C>) -> Arc<S::Settings> + Send + 'static,
+    ) {
+        self.push(subsystem, part, false);
+    }
+
+    fn push<S: Subsystem>(
+        &mut self,
+        subsystem: S,
+        part: impl Fn(&Arc<C>) -> Arc<S::Settings> + Send + 'static,
+        support: bool,
+    ) {
+        let (tx, rx) = watch::channel(part(&self.current));
+        self.fan_out.push(Box::new(move |config| {
+            tx.send_replace(part(config));
+        }));
+        let name = subsystem.name();
+        let slot = self.readiness.register(name);
+        let latch = ReadyLatch::new(self.readiness.clone(), slot);
+        let span = subsystem.span();
+        let start: Starter = Box::new(move |cancel, inventory| {
+            let ctx = Context::new(cancel, latch, rx);
+            Box::pin(subsystem.run(ctx, inventory).instrument(span))
+        });
+        self.pending.push(Pending {
+            name,
+            slot,
+            support,
+            start,
+        });
+    }
+
+    /// Runs the daemon until SIGTERM/SIGINT, a subsystem's failure, or every subsystem having
+    /// finished its work. Builds the runtime; call it from `main`'s thread.
+    pub fn run(self, inventory: Inventory) -> Result<ExitCode, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.workers)
+            .thread_name("gpud-worker")
+            .enable_all()
+            .build()
+            .map_err(|err| Error::Failure(format!("cannot start the runtime: {err}")))?;
+        let outcome = runtime.block_on(self.supervise(inventory));
+        // A blocking NVML call stuck on a sick GPU must not hold the exit.
+        runtime.shutdown_timeout(Duration::from_millis(500));
+        outcome.map(|()| ExitCode::SUCCESS)
+    }
+
+    async fn supervise(self, inventory: Inventory) -> Result<(), Error> {
+        let mut signals = Signals::install()
+            .map_err(|err| Error::Failure(format!("cannot install signal handlers: {err}")))?;
+        raise_fd_limit();
+        let Daemon {
+            applet,
+            reload,
+            fan_out,
+            pending,
+            readiness,
+            notifier,
+            ..
+        } = self;
+        let root = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut names = HashMap::new();
+        let mut primaries = HashMap::new();
+        for Pending {
+            name,
+            slot,
+            support,
+            start,
+        } in pending
+        {
+            let run = start(root.child_token(), inventory.clone());
+            let handle = tasks.spawn(async move { (slot, run.await) });
+            names.insert(handle.id(), name);
+            if !support {
+                primaries.insert(handle.id(), name);
+            }
+        }
+        info!(
+            applet,
+            subsystems = %names.values().copied().collect::<Vec<_>>().join(","),
+            gpus = inventory.current().gpus.len(),
+            "gpud started"
+        );
+        let mut changes = readiness.subscribe();
+        let mut announced = false;
+        let outcome = loop {
+            tokio::select! {
+                request = signals.next() => match request {
+                    Request::Stop => {
+                        info!("Stopping on signal");
+                        break Ok(());
+                    }
+                    Request::Reload => {
+                        notifier.reloading();
+                        match reload() {
+                            Ok(next) => {
+                                let next = Arc::new(next);
+                                for send in &fan_out {
+                                    send(&next);
+                                }
+                                info!("Configuration reloaded");
+                            }
+                            Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
+                        }
+                        notifier.ready();
+                    }
+                },
+                changed = changes.changed(), if !announced => {
+                    if changed.is_ok() && readiness.all_ready() {
+                        announced = true;
+                        notifier.ready();
+                        info!("Ready");
+                    }
+                }
+                Some(joined) = tasks.join_next_with_id() => match joined {
+                    Ok((id, (slot, Ok(())))) => {
+                        readiness.mark(slot, State::Done);
+                        info!(subsystem = names.get(&id).copied().unwrap_or("?"), "Subsystem finished");
+                        if primaries.remove(&id).is_some() && primaries.is_empty() {
+                            break Ok(());
+                        }
+                    }
+                    Ok((id, (slot, Err(cause)))) => {
+                        let name = names.get(&id).copied().unwrap_or("subsystem");
+                        readiness.mark(slot, State::Failed(format!("{cause:#}")));
+                        break Err(Error::Subsystem { name, cause });
+                    }
+                    Err(join) => {
+                        let name = names.get(&join.id()).copied().unwrap_or("subsystem");
+                        break Err(Error::Subsystem { name, cause: anyhow::anyhow!("stopped unexpectedly: {join}") });
+                    }
+                },
+            }
+        };
+        notifier.stopping();
+        root.cancel();
+        let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while let Some(joined) = tasks.join_next_with_id().await {
+                if let Ok((id, (_, Err(cause)))) = joined {
+                    let name = names.get(&id).copied().unwrap_or("subsystem");
+                    error!(subsystem = name, error = %format!("{cause:#}"), "Subsystem failed while stopping");
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "Some subsystems did not stop in time; exiting anyway"
+            );
+            tasks.abort_all();
+        }
+        outcome
+    }
+}
+
+/// Raises the soft open-file limit to the hard one: connections, sockets and NVML's own
+/// descriptors share one table, and systemd's usual soft limit of 1024 is easy to reach.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "Raised the open-file limit"),
+            Err(err) => warn!(soft, hard, error = %err, "Cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(err) => warn!(error = %err, "Cannot read the open-file limit"),
+    }
+}

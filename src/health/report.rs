@@ -1,0 +1,98 @@
+//! `gpud health --once`: the health of every device now, as a table or JSON lines, and the
+//! exit code scripts branch on.
+
+use std::time::SystemTime;
+
+use super::tracker::Tracker;
+use super::transitions::state_word;
+use super::watcher::WatcherConfig;
+use crate::inventory::{Health, HealthState, Inventory, Snapshot};
+use crate::nvml::Nvml;
+
+/// One poll of every signal on top of discovery; returns the snapshot to print.
+pub fn poll_once(nvml: &Nvml, inventory: &Inventory, config: WatcherConfig) -> Snapshot {
+    let mut tracker = Tracker::new(config.policy, config.tracker);
+    let now = SystemTime::now();
+    for signals in nvml.poll_signals() {
+        tracker.observe_signals(&signals, now);
+    }
+    inventory.update(|snapshot| tracker.apply(snapshot));
+    (*inventory.current()).clone()
+}
+
+/// The exit code for a snapshot: 0 all healthy, 1 something degraded, 2 something unhealthy.
+pub fn exit_code(snapshot: &Snapshot) -> u8 {
+    let worst = snapshot
+        .gpus
+        .iter()
+        .flat_map(|gpu| {
+            std::iter::once(gpu.health.state).chain(gpu.mig.devices.iter().map(|m| m.health.state))
+        })
+        .max()
+        .unwrap_or(HealthState::Healthy);
+    match worst {
+        HealthState::Healthy => 0,
+        HealthState::Degraded => 1,
+        HealthState::Unhealthy => 2,
+    }
+}
+
+/// The health table: one row per GPU and per MIG device.
+pub fn table(snapshot: &Snapshot) -> String {
+    let mut out = format!(
+        "{:<5}{:<42}{:<11}{}\n",
+        "GPU", "UUID", "STATE", "REASON — ACTION"
+    );
+    for gpu in &snapshot.gpus {
+        out.push_str(&row(&gpu.index.to_string(), &gpu.uuid, &gpu.health));
+        for mig in &gpu.mig.devices {
+            out.push_str(&row(&format!("  {}", mig.profile), &mig.uuid, &mig.health));
+        }
+    }
+    out
+}
+
+fn row(device: &str, uuid: &str, health: &Health) -> String {
+    let mut line = format!("{device:<5}{uuid:<42}{:<11}", state_word(health.state));
+    if let Some(reason) = &health.reason {
+        line.push_str(reason);
+    }
+    if let Some(action) = &health.action {
+        line.push_str(" — ");
+        line.push_str(action);
+    }
+    format!("{}\n", line.trim_end())
+}
+
+/// One JSON object per GPU and per MIG device.
+pub fn json_lines(snapshot: &Snapshot) -> String {
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        gpu: u32,
+        uuid: &'a str,
+        mig_profile: Option<&'a str>,
+        health: &'a Health,
+    }
+    let mut out = String::new();
+    for gpu in &snapshot.gpus {
+        let rows = std::iter::once(Row {
+            gpu: gpu.index,
+            uuid: &gpu.uuid,
+            mig_profile: None,
+            health: &gpu.health,
+        })
+        .chain(gpu.mig.devices.iter().map(|m| Row {
+            gpu: gpu.index,
+            uuid: &m.uuid,
+            mig_profile: Some(&m.profile),
+            health: &m.health,
+        }));
+        for r in rows {
+            if let Ok(line) = serde_json::to_string(&r) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,132 @@
+//! The health watcher and the transition printer as daemon subsystems.
+
+use std::io::Write;
+use std::time::SystemTime;
+
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::transitions;
+use super::watcher::{self, WatcherConfig, XidSeen};
+use crate::daemon::{Context, Subsystem};
+use crate::inventory::{Inventory, Snapshot};
+use crate::nvml::Nvml;
+
+/// The health watcher: NVML events, polled signals and the kernel log folded into the
+/// inventory's health states.
+#[derive(Debug)]
+pub struct HealthWatcher {
+    nvml: Nvml,
+    config: WatcherConfig,
+    xids: Option<mpsc::Sender<XidSeen>>,
+    required: bool,
+}
+
+impl HealthWatcher {
+    /// A watcher that stops the daemon when it cannot watch (`gpud health`).
+    pub fn required(nvml: Nvml, config: WatcherConfig) -> Self {
+        HealthWatcher {
+            nvml,
+            config,
+            xids: None,
+            required: true,
+        }
+    }
+
+    /// A watcher beside other subsystems: if it cannot watch, they still run and devices keep
+    /// discovery's state (health is a view, not a service).
+    pub fn optional(nvml: Nvml, config: WatcherConfig) -> Self {
+        HealthWatcher {
+            required: false,
+            ..HealthWatcher::required(nvml, config)
+        }
+    }
+
+    /// Also hands every XID occurrence to the exporter's counters.
+    pub fn with_xids(mut self, xids: Option<mpsc::Sender<XidSeen>>) -> Self {
+        self.xids = xids;
+        self
+    }
+}
+
+impl Subsystem for HealthWatcher {
+    type Settings = ();
+    crate::subsystem_name!("health");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        ctx.set_ready();
+        let watched = watcher::run_with_xids(
+            ctx.cancel_token(),
+            self.nvml,
+            inventory,
+            self.config,
+            self.xids,
+        )
+        .await;
+        match watched {
+            Ok(()) => Ok(()),
+            Err(err) if self.required => Err(err.into()),
+            Err(err) => {
+                warn!(error = %err, "Health watching is off: devices keep discovery's state");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Prints one line per health transition on stdout (`gpud health`), as text or JSON.
+#[derive(Debug)]
+pub struct TransitionPrinter {
+    json: bool,
+}
+
+impl TransitionPrinter {
+    /// A printer of text lines, or JSON objects with `json`.
+    pub fn new(json: bool) -> Self {
+        TransitionPrinter { json }
+    }
+}
+
+impl Subsystem for TransitionPrinter {
+    type Settings = ();
+    crate::subsystem_name!("printer");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let mut updates = inventory.subscribe();
+        let mut last = updates.borrow_and_update().clone();
+        ctx.set_ready();
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                changed = updates.changed() => if changed.is_err() { return Ok(()) },
+            }
+            let now = updates.borrow_and_update().clone();
+            if !print_transitions(&last, &now, self.json) {
+                // stdout is gone (the reader quit): nothing left to do.
+                return Ok(());
+            }
+            last = now;
+        }
+    }
+}
+
+/// Prints transitions; `false` once stdout is closed.
+fn print_transitions(before: &Snapshot, after: &Snapshot, json: bool) -> bool {
+    let now = SystemTime::now();
+    let mut out = std::io::stdout().lock();
+    for change in transitions::between(before, after) {
+        let line = if json {
+            change.json(now)
+        } else {
+            format!(
+                "{} {}",
+                humantime::format_rfc3339_seconds(now),
+                change.line()
+            )
+        };
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return false;
+        }
+    }
+    true
+}
