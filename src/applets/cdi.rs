@@ -161,8 +161,7 @@ fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
     if to_stdout {
         return cli::print_stdout(&text, "the spec");
     }
-    cdi::write::write_atomic(&args.output, &text)
-        .map_err(|err| Error::Failure(err.to_string()))?;
+    cdi::write::write_atomic(&args.output, &text).map_err(|err| Error::Failure(err.to_string()))?;
     tracing::info!(
         path = %args.output.display(),
         kind = %generated.spec.kind,

@@ -62,10 +62,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     });
     daemon.add_support(rescanner);
     daemon.add_support(HealthWatcher::optional(nvml, health));
-    daemon.add(
-        DevicePlugin::new(args.kubelet.manager_config()),
-        Arc::clone,
-    );
+    daemon.add(DevicePlugin::new(args.kubelet.manager_config()), Arc::clone);
     daemon.serve_admin(&args.admin.address(HEALTH_PORT));
     daemon.run(inventory)
 }

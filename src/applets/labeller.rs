@@ -104,16 +104,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     // GPUs, and the health watcher for the gpud.io/gpu.* health labels. A oneshot labels what
     // discovery saw.
     if let Some(nvml) = nvml.filter(|_| !oneshot) {
-        daemon.add_support(Rescanner::new(
-            nvml.clone(),
-            facts,
-            args.rescan_interval,
-        ));
+        daemon.add_support(Rescanner::new(nvml.clone(), facts, args.rescan_interval));
         if health_labels {
             daemon.add_support(HealthWatcher::optional(nvml, health));
         }
     }
-    daemon.add(args.labeller.subsystem(sink, args.node_name.clone()), Arc::clone);
+    daemon.add(
+        args.labeller.subsystem(sink, args.node_name.clone()),
+        Arc::clone,
+    );
     if !oneshot {
         daemon.serve_admin(&args.admin.address(HEALTH_PORT));
     }

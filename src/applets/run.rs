@@ -106,8 +106,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let plugin = settings_source::load_at_start(&args.plugin)?;
     let config_file = args.plugin.config_file.as_deref();
     let (gfd, sink, labeller) = if enabled(Optional::Labeller) {
-        args.labeller
-            .resolve_at_start(config_file, &args.plugin.shared, args.node_name.as_deref())?
+        args.labeller.resolve_at_start(
+            config_file,
+            &args.plugin.shared,
+            args.node_name.as_deref(),
+        )?
     } else {
         let config = args
             .labeller

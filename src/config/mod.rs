@@ -29,6 +29,17 @@ pub const CONFIG_ENV: &str = "GPUD_CONFIG";
 pub use crate::nvidia_config::NvidiaConfigError as ConfigError;
 use crate::nvidia_config::Origin;
 
+/// The XID section of gpud's configuration file (the health watcher's XID policy reads it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct XidPolicyConfig {
+    /// Extra XIDs to ignore, like entries of `DP_DISABLE_HEALTHCHECKS`.
+    pub ignore: Vec<u32>,
+    /// XIDs to always check, like entries of `DP_ENABLE_HEALTHCHECKS`.
+    pub enable: Vec<u32>,
+    /// Disable XID health checks, like `DP_DISABLE_HEALTHCHECKS=all`.
+    pub disable_all: bool,
+}
+
 /// The file as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -73,7 +84,7 @@ pub struct HealthSection {
     pub xid_quiet_period: Option<Duration>,
     /// `Some(None)` when the file disables the kernel-log source with `""`.
     pub kmsg_path: Option<Option<PathBuf>>,
-    pub xid: crate::health::xid::XidPolicyConfig,
+    pub xid: XidPolicyConfig,
 }
 
 /// The only config version this build reads.
@@ -139,7 +150,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
                 .health
                 .kmsg_path
                 .map(|p| (!p.is_empty()).then(|| PathBuf::from(p))),
-            xid: crate::health::xid::XidPolicyConfig {
+            xid: XidPolicyConfig {
                 ignore: raw.health.xid.ignore,
                 enable: raw.health.xid.enable,
                 disable_all: raw.health.xid.disable_all,

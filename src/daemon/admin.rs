@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use super::context::Context;
 use super::readiness::Readiness;
-use super::supervisor::Subsystem;
+use super::subsystem::Subsystem;
 use crate::inventory::Inventory;
 
 /// The port of the admin endpoint of `gpud run` without the exporter; standalone applets use

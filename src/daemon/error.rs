@@ -3,7 +3,6 @@
 use std::process::ExitCode;
 
 use crate::exit;
-use crate::nvml::NvmlError;
 
 /// Why an applet stopped. Each variant is one exit code; the message is printed once, as
 /// `gpud: <message>`, by [`exit_code`].
@@ -16,9 +15,9 @@ pub enum Error {
     /// the value (65).
     #[error("{0}")]
     Config(String),
-    /// NVML could not be loaded or initialised (69), or a node-wide NVML call failed (1).
-    #[error(transparent)]
-    Nvml(#[from] NvmlError),
+    /// The driver is not there: NVML could not be loaded or initialised (69).
+    #[error("{0}")]
+    Unavailable(String),
     /// A subsystem stopped with an error while running (1).
     #[error("{name}: {cause:#}")]
     Subsystem {
@@ -47,8 +46,8 @@ impl Error {
         match self {
             Error::Usage(_) => exit::USAGE,
             Error::Config(_) => exit::DATA,
-            Error::Nvml(NvmlError::Unavailable { .. }) => exit::UNAVAILABLE,
-            Error::Nvml(_) | Error::Subsystem { .. } | Error::Failure(_) => exit::FAILURE,
+            Error::Unavailable(_) => exit::UNAVAILABLE,
+            Error::Subsystem { .. } | Error::Failure(_) => exit::FAILURE,
             Error::Reported(code) => *code,
         }
     }
@@ -74,10 +73,7 @@ mod tests {
     fn each_kind_has_its_exit_code() {
         assert_eq!(Error::Usage("x".into()).code(), 64);
         assert_eq!(Error::Config("x".into()).code(), 65);
-        assert_eq!(
-            Error::Nvml(NvmlError::Unavailable { attempts: vec![] }).code(),
-            69
-        );
+        assert_eq!(Error::Unavailable("x".into()).code(), 69);
         assert_eq!(Error::Failure("x".into()).code(), 1);
         assert_eq!(Error::Reported(0).code(), 0);
     }

@@ -20,13 +20,15 @@ mod error;
 mod notify;
 mod readiness;
 pub mod signals;
+mod subsystem;
 mod supervisor;
 
 pub use admin::{Admin, DEFAULT_HEALTH_PORT, routes as admin_routes};
 pub use context::{Context, ReadyLatch};
 pub use error::{Error, exit_code};
 pub use readiness::{Readiness, State};
-pub use supervisor::{Daemon, Subsystem};
+pub use subsystem::Subsystem;
+pub use supervisor::Daemon;
 
 /// Gives a [`Subsystem`] impl its name and its tracing span from one literal (a span's name
 /// must be known at compile time). The span is at ERROR level so that it is enabled whenever

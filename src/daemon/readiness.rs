@@ -57,12 +57,13 @@ impl Readiness {
     /// Moves a subsystem to `state`. A failure is final, and `Ready` never goes back to
     /// `Starting`.
     pub(super) fn mark(&self, slot: usize, state: State) {
+        let now_ready = state == State::Ready;
         let changed = {
             let mut entries = self.entries();
             let Some((_, current)) = entries.get_mut(slot) else {
                 return;
             };
-            if *current == state || matches!(current, State::Failed(_)) {
+            if *current == state || matches!(current, State::Failed(_) | State::Done) {
                 false
             } else {
                 *current = state;
@@ -70,6 +71,10 @@ impl Readiness {
             }
         };
         if changed {
+            if now_ready {
+                // Logged where the subsystem marks itself, so the line carries its span.
+                tracing::info!("Ready");
+            }
             self.inner.changed.send_modify(|version| *version += 1);
         }
     }

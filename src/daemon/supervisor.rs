@@ -19,27 +19,8 @@ use super::error::Error;
 use super::notify::Notifier;
 use super::readiness::{Readiness, State};
 use super::signals::{Request, Signals};
+use super::subsystem::Subsystem;
 use crate::inventory::Inventory;
-
-/// One long-running part of gpud.
-pub trait Subsystem: Send + Sized + 'static {
-    /// The part of the reloadable configuration it reads (`()` for none).
-    type Settings: Send + Sync + 'static;
-
-    /// Its name in logs, `/readyz` and error messages (see [`crate::subsystem_name`]).
-    fn name(&self) -> &'static str;
-
-    /// The span its log lines are written in (see [`crate::subsystem_name`]).
-    fn span(&self) -> tracing::Span;
-
-    /// Runs until `ctx` is cancelled (or its work is done). An error stops the daemon with
-    /// exit 1, naming the subsystem.
-    fn run(
-        self,
-        ctx: Context<Self::Settings>,
-        inventory: Inventory,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
-}
 
 /// How long subsystems get to finish after the stop signal before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -164,7 +145,17 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         let span = subsystem.span();
         let start: Starter = Box::new(move |cancel, inventory| {
             let ctx = Context::new(cancel, latch, rx);
-            Box::pin(subsystem.run(ctx, inventory).instrument(span))
+            Box::pin(
+                async move {
+                    info!("Starting");
+                    let outcome = subsystem.run(ctx, inventory).await;
+                    if outcome.is_ok() {
+                        info!("Stopped");
+                    }
+                    outcome
+                }
+                .instrument(span),
+            )
         });
         self.pending.push(Pending {
             name,
@@ -254,7 +245,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                     if changed.is_ok() && readiness.all_ready() {
                         announced = true;
                         notifier.ready();
-                        info!("Ready");
+                        info!("All subsystems ready");
                     }
                 }
                 Some(joined) = tasks.join_next_with_id() => match joined {

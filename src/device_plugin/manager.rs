@@ -265,18 +265,18 @@ fn start(
     let name = resource.name.clone();
     tokio::spawn(
         async move {
-        let service = DevicePluginServer::new(PluginService::new(rx));
-        let served = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(listener),
-                server_stop.cancelled(),
-            )
-            .await;
-        if let Err(err) = served {
-            error!(resource = %name, error = %err, "Plugin server failed");
+            let service = DevicePluginServer::new(PluginService::new(rx));
+            let served = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    UnixListenerStream::new(listener),
+                    server_stop.cancelled(),
+                )
+                .await;
+            if let Err(err) = served {
+                error!(resource = %name, error = %err, "Plugin server failed");
+            }
         }
-    }
         .in_current_span(),
     );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");

@@ -9,6 +9,6 @@ pub mod preferred;
 pub mod registration;
 pub mod resources;
 pub mod server;
+pub mod service;
 pub mod settings;
 pub mod settings_source;
-pub mod service;

@@ -122,11 +122,7 @@ impl ExporterArgs {
 
     /// The exporter's configuration once NVML says which fields it can give (GPM or not);
     /// the fields it cannot are logged once.
-    pub fn config(
-        &self,
-        counters: &Counters,
-        nvml: &Nvml,
-    ) -> Result<ExporterConfig, Error> {
+    pub fn config(&self, counters: &Counters, nvml: &Nvml) -> Result<ExporterConfig, Error> {
         let gpm_available = nvml.gpm_support().iter().any(|(_, supported)| *supported);
         let selection = fields::select(&counters.source, &counters.rows, gpm_available)
             .map_err(Error::config)?;

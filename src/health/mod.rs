@@ -3,9 +3,9 @@
 
 pub mod kmsg;
 pub mod kmsg_source;
+pub mod report;
+pub mod service;
 pub mod tracker;
 pub mod transitions;
 pub mod watcher;
 pub mod xid;
-pub mod report;
-pub mod service;

@@ -370,16 +370,7 @@ pub const ENV_ENABLE_HEALTHCHECKS: &str = "DP_ENABLE_HEALTHCHECKS";
 /// application errors: the GPU is expected to still be healthy.
 pub const DEFAULT_IGNORED_XIDS: [u32; 6] = [13, 31, 43, 45, 68, 109];
 
-/// The XID section of gpud's configuration file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct XidPolicyConfig {
-    /// Extra XIDs to ignore, like entries of `DP_DISABLE_HEALTHCHECKS`.
-    pub ignore: Vec<u32>,
-    /// XIDs to always check, like entries of `DP_ENABLE_HEALTHCHECKS`.
-    pub enable: Vec<u32>,
-    /// Disable XID health checks, like `DP_DISABLE_HEALTHCHECKS=all`.
-    pub disable_all: bool,
-}
+pub use crate::config::XidPolicyConfig;
 
 /// Which XIDs mark a device unhealthy.
 ///

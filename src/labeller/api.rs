@@ -1,16 +1,12 @@
-//! What the two Kubernetes API sinks share: the client connection, the error type, the retry
-//! backoff, and [`ApiSink`], the one handle the run loop pushes labels through and retries.
+//! What the two Kubernetes API sinks share: the client connection, the error type and the
+//! retry backoff.
 //!
 //! The Node sink ([`super::node`]) labels the Node itself; the NodeFeature sink
-//! ([`super::node_feature`]) hands the labels to nfd-master in a NodeFeature object. Both
-//! answer "did this sync write anything?" so the loop logs real changes only.
+//! ([`super::node_feature`]) hands the labels to nfd-master in a NodeFeature object;
+//! [`super::sink::ApiSink`] is the one handle the run loop pushes labels through.
 
 use std::path::Path;
 use std::time::Duration;
-
-use super::labels::Labels;
-use super::node::NodeSink;
-use super::node_feature::NodeFeatureSink;
 
 /// Field manager recorded by the API server for the labeller's writes.
 pub const FIELD_MANAGER: &str = "gpud-labeller";
@@ -57,45 +53,6 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ApiSinkE
             .map_err(|e| ApiSinkError::Config(e.to_string()))?,
     };
     kube::Client::try_from(config).map_err(|e| ApiSinkError::Config(e.to_string()))
-}
-
-/// The API sink the labeller writes through (at most one: the Node and a NodeFeature
-/// object would make gpud and nfd-master fight over the same Node labels). Boxed: the
-/// variants differ in size and a process holds one.
-#[derive(Debug)]
-pub enum ApiSink {
-    /// The Node's own labels.
-    Node(Box<NodeSink>),
-    /// NFD's NodeFeature object for this node.
-    NodeFeature(Box<NodeFeatureSink>),
-}
-
-impl ApiSink {
-    /// What the sink writes, for messages: `node n1`, `NodeFeature gpu/nvidia-features-for-n1`.
-    pub fn target(&self) -> String {
-        match self {
-            ApiSink::Node(sink) => format!("node {}", sink.node()),
-            ApiSink::NodeFeature(sink) => sink.target(),
-        }
-    }
-
-    /// A per-node number that spreads the retries of many nodes apart.
-    pub fn seed(&self) -> u64 {
-        let node = match self {
-            ApiSink::Node(sink) => sink.node(),
-            ApiSink::NodeFeature(sink) => sink.node(),
-        };
-        node.bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
-    }
-
-    /// One attempt at bringing the sink up to `wanted`; returns whether anything was written.
-    pub async fn sync(&mut self, wanted: &Labels) -> Result<bool, ApiSinkError> {
-        match self {
-            ApiSink::Node(sink) => sink.sync(wanted).await,
-            ApiSink::NodeFeature(sink) => sink.sync(wanted).await,
-        }
-    }
 }
 
 /// Exponential backoff with jitter for retrying the API server: 500 ms doubling to 30 s.

@@ -23,6 +23,7 @@ pub mod node;
 pub mod node_feature;
 pub mod pci;
 pub mod service;
+pub mod sink;
 pub mod syntax;
 pub mod vgpu;
 
@@ -35,10 +36,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-pub use api::{ApiSink, ApiSinkError};
+pub use api::ApiSinkError;
 pub use labels::{LabelConfig, Labels, labels, warnings};
 pub use node::NodeSink;
 pub use node_feature::NodeFeatureSink;
+pub use sink::ApiSink;
 
 use crate::daemon::ReadyLatch;
 use crate::inventory::model::Node as NodeFacts;

@@ -33,6 +33,17 @@ pub enum NvmlError {
     },
 }
 
+/// A driver that cannot be loaded is exit 69 (`EX_UNAVAILABLE`); any other NVML failure at
+/// start is a plain failure.
+impl From<NvmlError> for crate::daemon::Error {
+    fn from(err: NvmlError) -> Self {
+        match err {
+            NvmlError::Unavailable { .. } => crate::daemon::Error::Unavailable(err.to_string()),
+            other => crate::daemon::Error::Failure(other.to_string()),
+        }
+    }
+}
+
 /// Formats the attempts as `PATH: reason; PATH: reason`.
 struct Attempts<'a>(&'a [(PathBuf, String)]);
 

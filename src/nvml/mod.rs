@@ -13,6 +13,8 @@ mod error;
 pub mod events;
 pub mod library;
 mod probe;
+// The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
+#[allow(unsafe_code)]
 mod raw;
 mod rescan;
 mod signals;

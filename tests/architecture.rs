@@ -1,0 +1,505 @@
+//! Architecture rules the compiler does not keep, checked on the source: no import cycles.
+//!
+//! Two graphs are built from every `use` and every `crate::…`/`super::…` path in `src/`
+//! (test modules left out):
+//! - top-level modules (`inventory`, `nvml`, `daemon`, …): an edge when a file of one names an
+//!   item of another. It must have no cycle — the inventory stays a seam that the NVML side
+//!   feeds, the daemon core knows no subsystem, and so on.
+//! - the files inside each top-level module, with an item re-exported by a `mod.rs` traced to
+//!   the file that defines it, and a `mod.rs` declaring or re-exporting its own children not
+//!   counted as a dependency. It must have no cycle either: two files that need each other are
+//!   one job split in two, or a missing third file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// One source file: its module path (`["exporter", "server"]`) and its code without comments,
+/// string literals or test modules.
+struct Source {
+    module: Vec<String>,
+    code: String,
+}
+
+fn sources() -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    collect(&root, &mut files);
+    files
+        .into_iter()
+        .map(|path| {
+            let relative = path.strip_prefix(&root).unwrap().with_extension("");
+            let mut module: Vec<String> = relative
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                module.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                module.pop();
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            Source {
+                module,
+                code: without_tests(&strip(&text)),
+            }
+        })
+        .collect()
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && !path.file_name().unwrap().to_string_lossy().contains("test")
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// Blanks out comments and string and char literals, keeping line structure.
+fn strip(text: &str) -> String {
+    let bytes: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let next = bytes.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < bytes.len() && bytes[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            i += 2;
+            while i + 1 < bytes.len() && !(bytes[i] == '*' && bytes[i + 1] == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if c == '"' || (c == 'r' && matches!(next, Some('"' | '#')) && raw_start(&bytes, i))
+        {
+            i = skip_string(&bytes, i);
+            out.push_str("\"\"");
+        } else if c == '\'' && is_char_literal(&bytes, i) {
+            i += 1;
+            while i < bytes.len() && bytes[i] != '\'' {
+                if bytes[i] == '\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i += 1;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn raw_start(bytes: &[char], i: usize) -> bool {
+    let before_ok = i == 0 || !(bytes[i - 1].is_alphanumeric() || bytes[i - 1] == '_');
+    let mut j = i + 1;
+    while bytes.get(j) == Some(&'#') {
+        j += 1;
+    }
+    before_ok && bytes.get(j) == Some(&'"')
+}
+
+fn skip_string(bytes: &[char], mut i: usize) -> usize {
+    if bytes[i] == 'r' {
+        i += 1;
+        let mut hashes = 0;
+        while bytes[i] == '#' {
+            hashes += 1;
+            i += 1;
+        }
+        i += 1;
+        while i < bytes.len() {
+            if bytes[i] == '"' && (0..hashes).all(|k| bytes.get(i + 1 + k) == Some(&'#')) {
+                return i + 1 + hashes;
+            }
+            i += 1;
+        }
+        return i;
+    }
+    i += 1;
+    while i < bytes.len() && bytes[i] != '"' {
+        if bytes[i] == '\\' {
+            i += 1;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// `'a'` or `'\n'` rather than a lifetime `'a`.
+fn is_char_literal(bytes: &[char], i: usize) -> bool {
+    match (bytes.get(i + 1), bytes.get(i + 2)) {
+        (Some('\\'), _) => true,
+        (Some(_), Some('\'')) => true,
+        _ => false,
+    }
+}
+
+/// Drops `#[cfg(test)]` modules (unit tests name `super::*`, which is not a dependency).
+fn without_tests(code: &str) -> String {
+    let mut out = String::new();
+    let mut skip_depth: Option<i32> = None;
+    let mut pending_cfg_test = false;
+    let mut depth = 0i32;
+    for line in code.lines() {
+        let trimmed = line.trim();
+        if skip_depth.is_none() {
+            if trimmed.starts_with("#[cfg(test)]") {
+                pending_cfg_test = true;
+                continue;
+            }
+            if pending_cfg_test && (trimmed.starts_with("mod ") || trimmed.starts_with("pub mod "))
+            {
+                pending_cfg_test = false;
+                if trimmed.ends_with(';') {
+                    continue;
+                }
+                skip_depth = Some(depth);
+            } else {
+                pending_cfg_test = false;
+            }
+        }
+        for c in line.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        match skip_depth {
+            Some(start) if depth <= start && line.contains('}') => skip_depth = None,
+            Some(_) => {}
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Every path the code names through `crate`, `super` or (in `use`) `self`, expanded from use
+/// trees, as segments starting with that keyword.
+fn named_paths(code: &str) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    // `use` declarations, with their trees.
+    let mut rest = code;
+    while let Some(at) = find_word(rest, "use") {
+        let after = &rest[at + 3..];
+        let Some(end) = after.find(';') else { break };
+        expand_tree(&after[..end], &mut Vec::new(), &mut paths);
+        rest = &after[end..];
+    }
+    // Paths in expressions and types.
+    let chars: Vec<char> = code.chars().collect();
+    let text: String = chars.iter().collect();
+    for keyword in ["crate::", "super::"] {
+        let mut from = 0;
+        while let Some(found) = text[from..].find(keyword) {
+            let at = from + found;
+            from = at + keyword.len();
+            let before = text[..at].chars().last();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let mut segments = Vec::new();
+            let mut cursor = &text[at..];
+            loop {
+                let ident: String = cursor
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if ident.is_empty() {
+                    break;
+                }
+                cursor = &cursor[ident.len()..];
+                segments.push(ident);
+                match cursor.strip_prefix("::") {
+                    Some(next) => cursor = next,
+                    None => break,
+                }
+            }
+            paths.push(segments);
+        }
+    }
+    paths
+}
+
+fn find_word(text: &str, word: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(found) = text[from..].find(word) {
+        let at = from + found;
+        let before = text[..at].chars().last();
+        let after = text[at + word.len()..].chars().next();
+        let boundary = |c: Option<char>| !c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        if boundary(before) && after.is_some_and(char::is_whitespace) {
+            return Some(at);
+        }
+        from = at + word.len();
+    }
+    None
+}
+
+/// Expands `a::{b, c::{d, e}}` under `prefix`.
+fn expand_tree(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let tree = tree.trim();
+    if let Some(open) = tree.find('{') {
+        let head: Vec<String> = segments(&tree[..open]);
+        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+        let depth_before = prefix.len();
+        prefix.extend(head);
+        for part in split_top(inner) {
+            expand_tree(part, prefix, out);
+        }
+        prefix.truncate(depth_before);
+    } else {
+        let name = tree.split(" as ").next().unwrap_or(tree);
+        let mut path = prefix.clone();
+        path.extend(segments(name));
+        if path.last().is_some_and(|s| s == "self") {
+            path.pop();
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+}
+
+fn segments(text: &str) -> Vec<String> {
+    text.split("::")
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "*")
+        .map(str::to_owned)
+        .collect()
+}
+
+fn split_top(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// The file module a path names from `module`, as (module path, first item after it).
+fn resolve(
+    module: &[String],
+    path: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> Option<(Vec<String>, Option<String>)> {
+    let mut base: Vec<String> = match path.first().map(String::as_str) {
+        Some("crate") => Vec::new(),
+        Some("super") | Some("self") => module.to_vec(),
+        _ => return None,
+    };
+    let mut rest = path.iter().peekable();
+    while let Some(seg) = rest.peek() {
+        match seg.as_str() {
+            "crate" => {}
+            "self" => {}
+            "super" => {
+                base.pop()?;
+            }
+            _ => break,
+        }
+        rest.next();
+    }
+    for seg in rest.by_ref() {
+        let mut next = base.clone();
+        next.push(seg.clone());
+        if modules.contains(&next) {
+            base = next;
+        } else {
+            return Some((base, Some(seg.clone())));
+        }
+    }
+    Some((base, None))
+}
+
+/// Items a `mod.rs` re-exports from its children: item name → child module.
+fn re_exports(source: &Source, modules: &BTreeSet<Vec<String>>) -> BTreeMap<String, Vec<String>> {
+    let mut map = BTreeMap::new();
+    let mut rest = source.code.as_str();
+    while let Some(at) = rest.find("pub use ") {
+        let after = &rest[at + 8..];
+        let Some(end) = after.find(';') else { break };
+        let mut paths = Vec::new();
+        expand_tree(&after[..end], &mut Vec::new(), &mut paths);
+        for path in paths {
+            let mut full = vec!["self".to_owned()];
+            full.extend(path.iter().cloned());
+            if let Some((target, Some(item))) = resolve(&source.module, &full, modules)
+                && target.len() > source.module.len()
+            {
+                map.insert(item, target);
+            }
+        }
+        rest = &after[end..];
+    }
+    map
+}
+
+/// The groups of nodes that reach each other (strongly connected components of more than one
+/// node, or a node that names itself): each group is an import cycle.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let nodes: Vec<&String> = graph
+        .keys()
+        .chain(graph.values().flatten())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let reach = |from: &String| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(node) = todo.pop() {
+            for next in graph.get(&node).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        nodes.iter().map(|n| (*n, reach(n))).collect();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut placed = BTreeSet::new();
+    for node in &nodes {
+        if placed.contains(*node) || !reaches[node].contains(*node) {
+            continue;
+        }
+        let group: Vec<String> = nodes
+            .iter()
+            .filter(|other| reaches[node].contains(**other) && reaches[*other].contains(*node))
+            .map(|other| (*other).clone())
+            .collect();
+        placed.extend(group.iter().cloned());
+        groups.push(group);
+    }
+    groups
+}
+
+fn describe(groups: &[Vec<String>]) -> String {
+    groups
+        .iter()
+        .map(|g| format!("{{{}}}", g.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn edges() -> Vec<(Vec<String>, Vec<String>)> {
+    let sources = sources();
+    let modules: BTreeSet<Vec<String>> = sources.iter().map(|s| s.module.clone()).collect();
+    let exports: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>> = sources
+        .iter()
+        .map(|s| (s.module.clone(), re_exports(s, &modules)))
+        .collect();
+    let mut edges = Vec::new();
+    for source in &sources {
+        for path in named_paths(&source.code) {
+            let Some((mut target, item)) = resolve(&source.module, &path, &modules) else {
+                continue;
+            };
+            if let Some(child) = item.and_then(|item| exports.get(&target)?.get(&item).cloned()) {
+                target = child;
+            }
+            let declares_child =
+                target.len() > source.module.len() && target.starts_with(&source.module);
+            if target != source.module && !declares_child {
+                edges.push((source.module.clone(), target));
+            }
+        }
+    }
+    edges
+}
+
+fn name(module: &[String]) -> String {
+    if module.is_empty() {
+        "crate".to_owned()
+    } else {
+        module.join("::")
+    }
+}
+
+#[test]
+fn top_level_modules_have_no_import_cycle() {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in edges() {
+        let (Some(a), Some(b)) = (from.first(), to.first()) else {
+            continue;
+        };
+        if a != b {
+            graph.entry(a.clone()).or_default().insert(b.clone());
+        }
+    }
+    assert!(
+        graph.contains_key("nvml"),
+        "the graph was not built: {graph:?}"
+    );
+    let found = cycles(&graph);
+    assert!(
+        found.is_empty(),
+        "import cycles between modules: {}",
+        describe(&found)
+    );
+}
+
+#[test]
+fn files_within_a_module_have_no_import_cycle() {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in edges() {
+        if from.first() == to.first() && !from.is_empty() {
+            graph.entry(name(&from)).or_default().insert(name(&to));
+        }
+    }
+    let found = cycles(&graph);
+    assert!(
+        found.is_empty(),
+        "import cycles between files: {}",
+        describe(&found)
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cycle() {
+    let graph = BTreeMap::from([
+        ("a".to_owned(), BTreeSet::from(["b".to_owned()])),
+        ("b".to_owned(), BTreeSet::from(["a".to_owned()])),
+    ]);
+    assert_eq!(cycles(&graph), [vec!["a", "b"]]);
+    let mut found = Vec::new();
+    expand_tree(
+        "crate::x::{a::B, c::{self, D as E}}",
+        &mut Vec::new(),
+        &mut found,
+    );
+    assert_eq!(
+        found,
+        [
+            vec!["crate", "x", "a", "B"],
+            vec!["crate", "x", "c"],
+            vec!["crate", "x", "c", "D"]
+        ]
+    );
+}

@@ -1,0 +1,230 @@
+//! The daemon core, black-box: every long-running applet starts, becomes ready, reloads on
+//! SIGHUP (also one that arrives while it is still starting) and stops cleanly on SIGTERM through the one
+//! supervisor, and every subsystem's log lines carry its name.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Node;
+use common::http::{self, free_port};
+use fake_kubelet::FakeKubelet;
+
+/// One long-running applet under test, with its stderr in a file.
+struct Applet {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Applet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Applet {
+    fn spawn(mut cmd: Command, port: u16, log: PathBuf) -> Applet {
+        let stderr = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn gpud");
+        Applet { child, port, log }
+    }
+
+    fn signal(&self, name: &str) {
+        common::send_signal(&self.child, name);
+    }
+
+    /// Sends SIGHUP the moment gpud's first instruction in `main` has run (it blocks the
+    /// signals it handles): the earliest moment any program can protect itself, since
+    /// between `execve` and `main` only the dynamic loader runs.
+    fn hangup_at_once(&self) {
+        let status = format!("/proc/{}/status", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let blocked = std::fs::read_to_string(&status)
+                .ok()
+                .and_then(|text| {
+                    let mask = text.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+                    u64::from_str_radix(mask.trim(), 16).ok()
+                })
+                .is_some_and(|mask| mask & 1 == 1); // bit 0: SIGHUP
+            if blocked {
+                break;
+            }
+            assert!(Instant::now() < deadline, "gpud never blocked SIGHUP");
+            std::hint::spin_loop();
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    }
+
+    /// Waits until `/readyz` answers 200 and returns its body.
+    fn ready(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(answer) = http::get(self.port, "/readyz")
+                && answer.status == 200
+            {
+                return answer.body;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "gpud exited with {status} before it was ready:\n{}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready within 20 s:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the log holds `count` lines containing `text`.
+    fn logged(&mut self, text: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.stderr().matches(text).count() < count {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("gpud exited with {status}:\n{}", self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} not logged {count} times within 20 s:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn stop(&mut self) -> Option<i32> {
+        self.signal("TERM");
+        self.child.wait().unwrap().code()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The command line of each long-running applet on `node`, with its admin endpoint (or
+/// metrics port) on `port`.
+fn command(applet: &str, node: &Node, kubelet: &Path, port: u16) -> Command {
+    let dir = node.dir.path();
+    let address = format!("127.0.0.1:{port}");
+    let features = dir.join("gfd");
+    let kubelet = kubelet.to_str().unwrap();
+    let mut args: Vec<&str> = vec![applet, "--kmsg", "", "--health-poll-interval", "50ms"];
+    match applet {
+        "device-plugin" => args.extend(["--kubelet-socket", kubelet]),
+        "exporter" => args.extend(["-a", &address, "-c", "100"]),
+        "health" => {}
+        "labeller" => args.extend(["-o", features.to_str().unwrap(), "--no-timestamp"]),
+        "run" => args.extend([
+            "--kubelet-socket",
+            kubelet,
+            "-o",
+            features.to_str().unwrap(),
+            "-a",
+            &address,
+            "-c",
+            "100",
+        ]),
+        other => panic!("no command line for {other}"),
+    }
+    let mut cmd = node.gpud(&args);
+    if !matches!(applet, "exporter" | "run") {
+        cmd.env("GPUD_HEALTH_ADDRESS", &address);
+    }
+    cmd.env("GPUD_SYSFS_ROOT", dir);
+    cmd
+}
+
+/// The subsystems each applet runs.
+fn subsystems(applet: &str) -> &'static [&'static str] {
+    match applet {
+        "device-plugin" => &["rescan", "health", "device-plugin", "admin"],
+        "exporter" => &["rescan", "health", "exporter"],
+        "health" => &["health", "printer", "admin"],
+        "labeller" => &["rescan", "health", "labeller", "admin"],
+        "run" => &["rescan", "health", "exporter", "device-plugin", "labeller"],
+        other => panic!("no subsystems for {other}"),
+    }
+}
+
+/// Start → SIGHUP as soon as `main` runs → ready → SIGHUP → SIGTERM, `rounds` times; asserts that
+/// each round became ready with every subsystem listed, reloaded twice, and exited 0 with
+/// every subsystem's start, readiness and stop in its own span.
+async fn lifecycle(applet: &str, rounds: usize) {
+    let node = Node::new("dgx-h100");
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+    let socket = kubelet.socket();
+    for round in 0..rounds {
+        let port = free_port();
+        let log = node.dir.path().join(format!("{applet}-{round}.log"));
+        let mut gpud = Applet::spawn(command(applet, &node, &socket, port), port, log);
+        gpud.hangup_at_once();
+        let body = tokio::task::block_in_place(|| gpud.ready());
+        let mut expected: Vec<String> = subsystems(applet)
+            .iter()
+            .map(|name| format!("{name} ready"))
+            .collect();
+        let mut listed: Vec<String> = body.lines().skip(1).map(str::to_owned).collect();
+        expected.sort();
+        listed.sort();
+        assert_eq!(body.lines().next(), Some("ready"), "{body}");
+        assert_eq!(listed, expected, "round {round}: /readyz of {applet}");
+        tokio::task::block_in_place(|| gpud.logged("Configuration reloaded", 1));
+        gpud.signal("HUP");
+        tokio::task::block_in_place(|| gpud.logged("Configuration reloaded", 2));
+        let code = tokio::task::block_in_place(|| gpud.stop());
+        let stderr = gpud.stderr();
+        assert_eq!(code, Some(0), "round {round}: {applet} exit code\n{stderr}");
+        for name in subsystems(applet) {
+            for event in ["Starting", "Ready", "Stopped"] {
+                let line = format!(" {name}: {event}");
+                assert!(
+                    stderr.contains(&line),
+                    "round {round}: {applet} did not log {line:?}:\n{stderr}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_plugin_lifecycle() {
+    lifecycle("device-plugin", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporter_lifecycle() {
+    lifecycle("exporter", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_lifecycle() {
+    lifecycle("health", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labeller_lifecycle() {
+    lifecycle("labeller", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_lifecycle() {
+    lifecycle("run", 3).await;
+}
