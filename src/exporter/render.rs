@@ -153,7 +153,7 @@ fn identity(frame: &Frame<'_>, gpu: &Gpu, instance: Option<(&str, u32)>, model: 
     let mut s = String::with_capacity(160);
     push_label(&mut s, "gpu", &gpu.index.to_string());
     push_label(&mut s, "UUID", &gpu.uuid);
-    push_label(&mut s, "pci_bus_id", &gpu.pci.bus_id);
+    push_label(&mut s, "pci_bus_id", &gpu.pci.bus_id.nvml());
     push_label(&mut s, "device", &format!("nvidia{}", gpu.index));
     if model == Model::Include {
         if frame.labels.replace_blanks_in_model_name {
@@ -182,7 +182,7 @@ fn label_field_value<'a>(frame: &'a Frame<'_>, gpu: &'a Gpu, source: LabelSource
         LabelSource::Serial => gpu.serial.clone().unwrap_or_default(),
         LabelSource::Name => gpu.name.clone(),
         LabelSource::Uuid => gpu.uuid.clone(),
-        LabelSource::PciBusId => gpu.pci.bus_id.clone(),
+        LabelSource::PciBusId => gpu.pci.bus_id.to_string(),
         LabelSource::PciDeviceId => gpu.pci.device_id.clone(),
     }
 }
@@ -598,7 +598,7 @@ mod tests {
                 serial: Some("1234".into()),
                 brand: Some("nvidia".into()),
                 pci: Pci {
-                    bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+                    bus_id: format!("00000000:{:02X}:00.0", 0x18 + index).into(),
                     device_id: "0x233010DE".into(),
                     subsystem_id: None,
                 },

@@ -1,6 +1,7 @@
 //! Health watching: NVML events, polled counters and the kernel log, folded into per-device
 //! health states on the shared inventory.
 
+pub mod dedup;
 pub mod kmsg;
 pub mod kmsg_source;
 pub mod tracker;

@@ -13,12 +13,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::kmsg::{Deduper, KmsgEvent, Occurrence, XidSource};
+use super::dedup::{Deduper, Occurrence, XidSource};
+use super::kmsg::KmsgEvent;
 use super::kmsg_source;
 use super::tracker::{Tracker, TrackerConfig};
 use super::transitions;
 use super::xid::XidPolicy;
-use crate::inventory::{Inventory, Snapshot};
+use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{GpuSignals, Nvml, NvmlError};
 
@@ -202,20 +203,19 @@ fn log_transitions(before: &Snapshot, after: &Snapshot) {
     }
 }
 
-/// GPU bus ids (upper case) by index, and the reverse.
+/// GPU bus ids by index, and the reverse.
 struct BusMap {
-    by_bus: HashMap<String, u32>,
-    by_index: HashMap<u32, String>,
+    by_bus: HashMap<PciBusId, u32>,
+    by_index: HashMap<u32, PciBusId>,
 }
 
 fn bus_ids(snapshot: &Snapshot) -> BusMap {
     let mut by_bus = HashMap::new();
     let mut by_index = HashMap::new();
     for gpu in &snapshot.gpus {
-        if !gpu.pci.bus_id.is_empty() {
-            let bus = gpu.pci.bus_id.to_ascii_uppercase();
-            by_bus.insert(bus.clone(), gpu.index);
-            by_index.insert(gpu.index, bus);
+        if gpu.pci.bus_id.address().is_some() {
+            by_bus.insert(gpu.pci.bus_id.clone(), gpu.index);
+            by_index.insert(gpu.index, gpu.pci.bus_id.clone());
         }
     }
     BusMap { by_bus, by_index }
@@ -273,7 +273,7 @@ fn on_kmsg(
     xids: Option<&mpsc::Sender<XidSeen>>,
 ) {
     let now = SystemTime::now();
-    let Some(&gpu) = bus.by_bus.get(&event.pci_bus_id().to_ascii_uppercase()) else {
+    let Some(&gpu) = bus.by_bus.get(event.pci_bus_id()) else {
         return; // a GPU this node's NVML does not know (or not a GPU at all)
     };
     match event {

@@ -12,6 +12,7 @@
 pub mod health;
 pub mod mig_profile;
 pub mod model;
+pub mod pci_bus_id;
 mod rescan;
 pub mod table;
 #[cfg(test)]
@@ -27,6 +28,7 @@ use tracing::{debug, info, warn};
 
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
+pub use pci_bus_id::PciBusId;
 
 use crate::nvml::{NodeFacts, Nvml, NvmlError};
 

@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 
 use super::syntax::sanitise;
 use super::vgpu::Vgpu;
-use crate::inventory::HealthState;
 use crate::inventory::model::{Gpu, MigDevice, Snapshot, family_for};
+use crate::inventory::{HealthState, PciBusId};
 use crate::nvidia_config::{MigStrategy, Sharing, SharingStrategy};
 
 /// Resource name of full GPUs (and of MIG devices under the `single` strategy).
@@ -50,7 +50,7 @@ pub struct LabelConfig {
     pub machine_type: Option<String>,
     /// PCI class of each GPU by NVML bus id (read from sysfs; NVML does not report it). A GPU
     /// missing here makes `nvidia.com/gpu.mode` `unknown`.
-    pub pci_classes: BTreeMap<String, u32>,
+    pub pci_classes: BTreeMap<PciBusId, u32>,
     /// What the NVIDIA PCI functions' configuration spaces say about vGPUs.
     pub vgpu: Vgpu,
     /// Whether to add gpud's health-summary labels.
@@ -614,7 +614,7 @@ mod tests {
                 compute_capability: opt_text(&g["compute_capability"]),
                 memory_mib: num(&g["memory_mib"]),
                 pci: Pci {
-                    bus_id: text(&g["pci"]["bus_id"]),
+                    bus_id: text(&g["pci"]["bus_id"]).into(),
                     device_id: text(&g["pci"]["device_id"]),
                     subsystem_id: opt_text(&g["pci"]["subsystem_id"]),
                 },
@@ -693,7 +693,7 @@ mod tests {
         }
     }
 
-    fn all_compute(snapshot: &Snapshot) -> BTreeMap<String, u32> {
+    fn all_compute(snapshot: &Snapshot) -> BTreeMap<PciBusId, u32> {
         snapshot
             .gpus
             .iter()
