@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use clap::builder::FalseyValueParser;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -23,6 +22,7 @@ use crate::exporter::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
 use crate::exporter::pods::ResourceFilter;
 use crate::exporter::render::LabelOptions;
 use crate::exporter::{self, ExporterConfig, fields};
+use crate::health::ledger::XidLedger;
 use crate::health::watcher::{self, WatcherConfig};
 use crate::inventory::Inventory;
 use crate::nvml::Nvml;
@@ -262,9 +262,6 @@ impl ExporterArgs {
     }
 }
 
-/// Queue between the health watcher and the exporter's XID record.
-const XID_QUEUE: usize = 1024;
-
 async fn serve(
     nvml: crate::nvml::Nvml,
     inventory: Inventory,
@@ -280,14 +277,15 @@ async fn serve(
         let inventory = inventory.clone();
         async move { inventory.rescan_periodically(cancel, rescan_every).await }
     });
-    let (xid_tx, xid_rx) = mpsc::channel(XID_QUEUE);
+    let xids = XidLedger::new(config.xid_window);
     let health = tokio::spawn({
         let cancel = cancel.clone();
         let nvml = nvml.clone();
         let inventory = inventory.clone();
+        let xids = xids.clone();
         async move {
             if let Err(err) =
-                watcher::run_with_xids(cancel, nvml, inventory, watcher_config, Some(xid_tx)).await
+                watcher::run_with_xids(cancel, nvml, inventory, watcher_config, Some(xids)).await
             {
                 warn!(error = %err, "Health watching is off: gpud_gpu_health shows discovery's view only");
             }
@@ -298,7 +296,7 @@ async fn serve(
         nvml,
         inventory,
         config,
-        Some(xid_rx),
+        Some(xids),
     ));
     let stop = crate::signals::shutdown();
     tokio::pin!(stop);

@@ -31,6 +31,7 @@ use crate::cli::{self, CommonArgs, HealthArgs};
 use crate::device_plugin::manager;
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::exit;
+use crate::health::ledger::XidLedger;
 use crate::health::watcher;
 use crate::inventory::Inventory;
 use crate::labeller;
@@ -101,9 +102,6 @@ impl Args {
     }
 }
 
-/// Queue between the health watcher and the exporter's XID record.
-const XID_QUEUE: usize = 1024;
-
 /// How long subsystems get to finish after the stop signal before the process exits anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -171,19 +169,17 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
 
-        let (xid_tx, xid_rx) = if args.enabled(Subsystem::Exporter) {
-            let (tx, rx) = mpsc::channel(XID_QUEUE);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
+        let xids = args
+            .enabled(Subsystem::Exporter)
+            .then(|| XidLedger::new(exporter_config.xid_window));
         // Health is a view, not a service: if it cannot watch, the others still run and the
         // device states stay what discovery saw.
         let health_task = tokio::spawn({
             let (cancel, nvml, inventory) = (cancel.clone(), nvml.clone(), inventory.clone());
+            let xid_ledger = xids.clone();
             async move {
                 if let Err(err) =
-                    watcher::run_with_xids(cancel, nvml, inventory, health, xid_tx).await
+                    watcher::run_with_xids(cancel, nvml, inventory, health, xid_ledger).await
                 {
                     warn!(error = %err, "Health watching is off: devices keep discovery's state");
                 }
@@ -234,7 +230,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
                 nvml.clone(),
                 inventory.clone(),
                 exporter_config,
-                xid_rx,
+                xids,
             );
             tasks.spawn(async move { ("exporter", run.await.map_err(|e| e.to_string())) });
         }

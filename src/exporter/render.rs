@@ -19,7 +19,8 @@ use std::time::SystemTime;
 
 use super::fields::{LabelSource, MetricDef, Selection, Source, Value};
 use super::pods::{Attribution, DeviceKey, PodLabels};
-use super::xids::{self, XidState};
+use super::xids;
+use crate::health::xid_counts::{DropSource, XidCounts};
 use crate::inventory::model::{Gpu, MigDevice};
 use crate::inventory::{HealthState, Snapshot};
 use crate::nvml::telemetry::{
@@ -67,7 +68,7 @@ pub struct Frame<'a> {
     /// NVLink throughput per GPU index, MB/s, between the last two samples.
     pub nvlink_rates: &'a [(u32, f64)],
     pub pods: &'a Attribution,
-    pub xids: &'a XidState,
+    pub xids: &'a XidCounts,
     pub now: SystemTime,
     pub own: &'a OwnStats,
 }
@@ -414,7 +415,7 @@ fn state_value(state: HealthState) -> (u8, &'static str) {
     }
 }
 
-/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts,
+/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts and drops,
 /// pod-resources reachability.
 fn own_families(frame: &Frame<'_>, out: &mut String) {
     header(out, "gpud_build_info", "gpud's version; always 1.", "gauge");
@@ -530,6 +531,20 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
             let _ = writeln!(out, "gpud_xid_errors_total{{{labels}}} {count}");
         }
     }
+    header(
+        out,
+        "gpud_xid_events_dropped_total",
+        "XID reports a memory bound made gpud let go of, by where: window (left out of DCGM_EXP_XID_ERRORS_COUNT early; gpud_xid_errors_total still counts them), dedup (unpaired NVML/kernel-log reports forgotten; a late partner counts again).",
+        "counter",
+    );
+    for source in DropSource::ALL {
+        let _ = writeln!(
+            out,
+            "gpud_xid_events_dropped_total{{source=\"{}\"}} {}",
+            source.as_str(),
+            frame.xids.dropped(source)
+        );
+    }
 
     if let Some(up) = frame.own.pod_resources_up {
         header(
@@ -637,7 +652,7 @@ mod tests {
         snapshot: Snapshot,
         telemetry: NodeTelemetry,
         pods: Attribution,
-        xids: XidState,
+        xids: XidCounts,
         labels: LabelOptions,
     }
 
@@ -652,7 +667,7 @@ mod tests {
                     gpus: t,
                 },
                 pods: Attribution::default(),
-                xids: XidState::new(Duration::from_secs(300)),
+                xids: XidCounts::new(Duration::from_secs(300)),
                 labels: LabelOptions::default(),
             }
         }
@@ -861,6 +876,8 @@ mod tests {
                     own_id(1),
                     crate::inventory::health::LOST_REASON
                 ),
+                "gpud_xid_events_dropped_total{source=\"window\"} 0".to_owned(),
+                "gpud_xid_events_dropped_total{source=\"dedup\"} 0".to_owned(),
                 "gpud_pod_resources_up 0".to_owned(),
             ]
         );
