@@ -97,7 +97,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                 compute_capability: None,
                 memory_mib: g["memory_mib"].as_u64().unwrap(),
                 pci: Pci {
-                    bus_id: text(&g["pci"]["bus_id"]),
+                    bus_id: text(&g["pci"]["bus_id"]).into(),
                     device_id: text(&g["pci"]["device_id"]),
                     subsystem_id: None,
                 },

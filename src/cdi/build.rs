@@ -403,7 +403,7 @@ mod tests {
                 minor_number: minor,
                 device_node: minor.map(|m| format!("/dev/nvidia{m}")),
                 pci: Pci {
-                    bus_id: String::new(),
+                    bus_id: crate::inventory::PciBusId::unknown(),
                     ..base.pci.clone()
                 },
                 ..base

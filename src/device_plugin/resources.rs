@@ -300,7 +300,7 @@ mod tests {
             Gpu {
                 device_node: Some(format!("/dev/nvidia{index}")),
                 pci: Pci {
-                    bus_id: format!("00000000:0{index}:00.0"),
+                    bus_id: format!("00000000:0{index}:00.0").into(),
                     device_id: "0x20B210DE".into(),
                     subsystem_id: None,
                 },

@@ -8,8 +8,8 @@
 //! * the sampling thread ([`sampler`]) reads NVML every collect interval;
 //! * the pod-resources poller ([`podresources`]) asks the kubelet who uses which GPU on its
 //!   own interval;
-//! * the health watcher (run by the applet) publishes health through the inventory and sends
-//!   every XID it sees.
+//! * the health watcher (run by the applet) publishes health through the inventory and counts
+//!   every XID in the shared [`XidLedger`], waking the renderer once per batch.
 //!
 //! The renderer task wakes on any of them, renders the whole exposition body once
 //! ([`render`]) and publishes it; the HTTP server ([`server`]) hands out the last body. A scrape
@@ -35,11 +35,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::health::watcher::XidSeen;
+use crate::health::ledger::XidLedger;
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
 use body::Body;
@@ -48,7 +48,6 @@ use podresources::{PodResourcesConfig, PodsState};
 use render::{Frame, LabelOptions, OwnStats};
 use sampler::Sampled;
 use server::{ListenError, Published, Shared};
-use xids::XidState;
 
 /// dcgm-exporter's default listen address.
 pub const DEFAULT_ADDRESS: &str = ":9400";
@@ -89,15 +88,16 @@ pub enum ExporterError {
     Serve(#[source] std::io::Error),
 }
 
-/// Runs the exporter until `cancel` fires. `xids` carries XID occurrences from the health
-/// watcher (none when it does not run). Fails only on setup (listen address, threads) or if the
-/// server itself fails.
+/// Runs the exporter until `cancel` fires. `xids` is the ledger the health watcher counts XIDs
+/// in (none when it does not run); build it with `XidLedger::new(config.xid_window)`, as its
+/// window is the one `DCGM_EXP_XID_ERRORS_COUNT` reports. Fails only on setup (listen address,
+/// threads) or if the server itself fails.
 pub async fn run(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: ExporterConfig,
-    xids: Option<mpsc::Receiver<XidSeen>>,
+    xids: Option<XidLedger>,
 ) -> Result<(), ExporterError> {
     let listener = server::bind(&config.address).await?;
     if let Ok(local) = listener.local_addr() {
@@ -147,11 +147,12 @@ async fn render_loop(
     inventory: Inventory,
     mut samples: watch::Receiver<Option<Arc<Sampled>>>,
     mut pods: watch::Receiver<Arc<PodsState>>,
-    mut xid_rx: Option<mpsc::Receiver<XidSeen>>,
+    xids: Option<XidLedger>,
     shared: Shared,
 ) {
     let mut snapshots = inventory.subscribe();
-    let mut xids = XidState::new(config.xid_window);
+    let ledger = xids.unwrap_or_else(|| XidLedger::new(config.xid_window));
+    let mut xid_changes = ledger.subscribe();
     let mut capacity = 16 * 1024;
     // Without pod attribution the pods channel's sender is gone at once; stop watching it.
     let mut pods_live = true;
@@ -161,30 +162,18 @@ async fn render_loop(
             changed = samples.changed() => if changed.is_err() { return },
             changed = pods.changed(), if pods_live => if changed.is_err() { pods_live = false },
             changed = snapshots.changed() => if changed.is_err() { return },
-            seen = next_xid(&mut xid_rx) => match seen {
-                Some(seen) => {
-                    observe(&mut xids, &inventory, seen);
-                    // A storm is one render, not one per XID.
-                    while let Some(rx) = xid_rx.as_mut() {
-                        match rx.try_recv() {
-                            Ok(seen) => observe(&mut xids, &inventory, seen),
-                            Err(_) => break,
-                        }
-                    }
-                }
-                None => xid_rx = None,
-            },
+            changed = xid_changes.changed() => if changed.is_err() { return },
         }
         let sample = samples.borrow_and_update().clone();
         let Some(sample) = sample else {
             continue; // nothing to serve before the first sample
         };
         let now = SystemTime::now();
-        xids.expire(now);
         let pods_state = pods.borrow_and_update().clone();
         let snapshot = snapshots.borrow_and_update().clone();
+        xid_changes.borrow_and_update();
         // A rescan may have removed GPU instances: their XID totals go with their series.
-        xids.retain_instances(|gpu, gi| {
+        let xids = ledger.view(now, |gpu, gi| {
             snapshot
                 .gpu(gpu)
                 .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == gi))
@@ -215,22 +204,4 @@ async fn render_loop(
         };
         shared.send_replace(published);
     }
-}
-
-async fn next_xid(rx: &mut Option<mpsc::Receiver<XidSeen>>) -> Option<XidSeen> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Records an XID against the GPU instance the driver named, when the GPU has one with that id.
-fn observe(xids: &mut XidState, inventory: &Inventory, seen: XidSeen) {
-    let gi = seen.mig.map(|(gi, _)| gi).filter(|gi| {
-        inventory
-            .current()
-            .gpu(seen.gpu)
-            .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == *gi))
-    });
-    xids.observe(seen.gpu, gi, seen.code, seen.at);
 }

@@ -259,7 +259,7 @@ mod tests {
             Gpu {
                 minor_number: Some(index + 10),
                 pci: Pci {
-                    bus_id: format!("00000000:{:02X}:00.0", index + 7),
+                    bus_id: format!("00000000:{:02X}:00.0", index + 7).into(),
                     ..base.pci.clone()
                 },
                 ..base

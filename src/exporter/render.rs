@@ -19,7 +19,8 @@ use std::time::SystemTime;
 
 use super::fields::{LabelSource, MetricDef, Selection, Source, Value};
 use super::pods::{Attribution, DeviceKey, PodLabels};
-use super::xids::{self, XidState};
+use super::xids;
+use crate::health::xid_counts::{DropSource, XidCounts};
 use crate::inventory::model::{Gpu, MigDevice};
 use crate::inventory::{HealthState, Snapshot};
 use crate::nvml::telemetry::{
@@ -67,7 +68,7 @@ pub struct Frame<'a> {
     /// NVLink throughput per GPU index, MB/s, between the last two samples.
     pub nvlink_rates: &'a [(u32, f64)],
     pub pods: &'a Attribution,
-    pub xids: &'a XidState,
+    pub xids: &'a XidCounts,
     pub now: SystemTime,
     pub own: &'a OwnStats,
 }
@@ -153,7 +154,7 @@ fn identity(frame: &Frame<'_>, gpu: &Gpu, instance: Option<(&str, u32)>, model: 
     let mut s = String::with_capacity(160);
     push_label(&mut s, "gpu", &gpu.index.to_string());
     push_label(&mut s, "UUID", &gpu.uuid);
-    push_label(&mut s, "pci_bus_id", &gpu.pci.bus_id);
+    push_label(&mut s, "pci_bus_id", &gpu.pci.bus_id.nvml());
     push_label(&mut s, "device", &format!("nvidia{}", gpu.index));
     if model == Model::Include {
         if frame.labels.replace_blanks_in_model_name {
@@ -182,7 +183,7 @@ fn label_field_value<'a>(frame: &'a Frame<'_>, gpu: &'a Gpu, source: LabelSource
         LabelSource::Serial => gpu.serial.clone().unwrap_or_default(),
         LabelSource::Name => gpu.name.clone(),
         LabelSource::Uuid => gpu.uuid.clone(),
-        LabelSource::PciBusId => gpu.pci.bus_id.clone(),
+        LabelSource::PciBusId => gpu.pci.bus_id.to_string(),
         LabelSource::PciDeviceId => gpu.pci.device_id.clone(),
     }
 }
@@ -414,7 +415,7 @@ fn state_value(state: HealthState) -> (u8, &'static str) {
     }
 }
 
-/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts,
+/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts and drops,
 /// pod-resources reachability.
 fn own_families(frame: &Frame<'_>, out: &mut String) {
     header(out, "gpud_build_info", "gpud's version; always 1.", "gauge");
@@ -530,6 +531,20 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
             let _ = writeln!(out, "gpud_xid_errors_total{{{labels}}} {count}");
         }
     }
+    header(
+        out,
+        "gpud_xid_events_dropped_total",
+        "XID reports a memory bound made gpud let go of, by where: window (left out of DCGM_EXP_XID_ERRORS_COUNT early; gpud_xid_errors_total still counts them), dedup (unpaired NVML/kernel-log reports forgotten; a late partner counts again).",
+        "counter",
+    );
+    for source in DropSource::ALL {
+        let _ = writeln!(
+            out,
+            "gpud_xid_events_dropped_total{{source=\"{}\"}} {}",
+            source.as_str(),
+            frame.xids.dropped(source)
+        );
+    }
 
     if let Some(up) = frame.own.pod_resources_up {
         header(
@@ -598,7 +613,7 @@ mod tests {
                 serial: Some("1234".into()),
                 brand: Some("nvidia".into()),
                 pci: Pci {
-                    bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+                    bus_id: format!("00000000:{:02X}:00.0", 0x18 + index).into(),
                     device_id: "0x233010DE".into(),
                     subsystem_id: None,
                 },
@@ -637,7 +652,7 @@ mod tests {
         snapshot: Snapshot,
         telemetry: NodeTelemetry,
         pods: Attribution,
-        xids: XidState,
+        xids: XidCounts,
         labels: LabelOptions,
     }
 
@@ -652,7 +667,7 @@ mod tests {
                     gpus: t,
                 },
                 pods: Attribution::default(),
-                xids: XidState::new(Duration::from_secs(300)),
+                xids: XidCounts::new(Duration::from_secs(300)),
                 labels: LabelOptions::default(),
             }
         }
@@ -861,6 +876,8 @@ mod tests {
                     own_id(1),
                     crate::inventory::health::LOST_REASON
                 ),
+                "gpud_xid_events_dropped_total{source=\"window\"} 0".to_owned(),
+                "gpud_xid_events_dropped_total{source=\"dedup\"} 0".to_owned(),
                 "gpud_pod_resources_up 0".to_owned(),
             ]
         );

@@ -1,12 +1,11 @@
 //! The exporter as a daemon subsystem: it serves `/metrics` and, on the same port, the
 //! daemon's `/healthz` and `/readyz`; ready once the first body is rendered.
 
-use tokio::sync::mpsc;
-
 use super::ExporterConfig;
 use crate::daemon::{Context, Subsystem};
+use crate::health::ledger::XidLedger;
 use crate::health::service::HealthWatcher;
-use crate::health::watcher::{WatcherConfig, XidSeen};
+use crate::health::watcher::WatcherConfig;
 use crate::inventory::Inventory;
 use crate::nvml::Nvml;
 
@@ -15,19 +14,14 @@ use crate::nvml::Nvml;
 pub struct Exporter {
     nvml: Nvml,
     config: ExporterConfig,
-    xids: Option<mpsc::Receiver<XidSeen>>,
+    xids: XidLedger,
     admin: axum::Router,
 }
 
 impl Exporter {
-    /// An exporter sampling `nvml` as `config` says, counting the XIDs the health watcher
-    /// hands over on `xids`, and serving the `admin` routes beside `/metrics`.
-    pub fn new(
-        nvml: Nvml,
-        config: ExporterConfig,
-        xids: Option<mpsc::Receiver<XidSeen>>,
-        admin: axum::Router,
-    ) -> Self {
+    /// An exporter sampling `nvml` as `config` says, rendering the XIDs the health watcher
+    /// records in `xids`, and serving the `admin` routes beside `/metrics`.
+    pub fn new(nvml: Nvml, config: ExporterConfig, xids: XidLedger, admin: axum::Router) -> Self {
         Exporter {
             nvml,
             config,
@@ -50,15 +44,12 @@ impl Subsystem for Exporter {
             self.nvml,
             inventory,
             self.config,
-            self.xids,
+            Some(self.xids),
         )
         .await?;
         Ok(())
     }
 }
-
-/// Queue between the health watcher and the exporter's XID record.
-const XID_QUEUE: usize = 1024;
 
 /// The exporter and the health watcher that feeds its XID counters and `gpud_gpu_health`.
 /// The watcher is optional: without NVML events the metrics still flow.
@@ -68,9 +59,9 @@ pub fn with_health(
     config: ExporterConfig,
     admin: axum::Router,
 ) -> (HealthWatcher, Exporter) {
-    let (xid_tx, xid_rx) = mpsc::channel(XID_QUEUE);
+    let xids = XidLedger::new(config.xid_window);
     (
-        HealthWatcher::optional(nvml.clone(), watcher).with_xids(Some(xid_tx)),
-        Exporter::new(nvml, config, Some(xid_rx), admin),
+        HealthWatcher::optional(nvml.clone(), watcher).with_xids(xids.clone()),
+        Exporter::new(nvml, config, xids, admin),
     )
 }

@@ -1,9 +1,9 @@
 //! Kernel log parsing for GPU health: `NVRM` lines in, [`KmsgEvent`]s out.
 //!
 //! This module owns the pure half of the kernel-log watcher: turning one
-//! line of text into at most one event, and deciding whether an XID seen in
-//! the kernel log and one delivered by NVML are the same occurrence
-//! ([`Deduper`]). Reading `/dev/kmsg` itself is the caller's job.
+//! line of text into at most one event. Reading `/dev/kmsg` is
+//! `kmsg_source.rs`'s job, merging an XID seen here with NVML's report of
+//! it `dedup.rs`'s, and the bus ids it finds are [`PciBusId`]s.
 //!
 //! Accepted input, one line at a time:
 //!
@@ -34,8 +34,8 @@
 //! followed by a comma, so a record cut short after `): 7` is never read as
 //! XID 7 when it was XID 79.
 
-use std::fmt;
-use std::time::Duration;
+use crate::inventory::PciBusId;
+use crate::inventory::pci_bus_id::PciAddress;
 
 // === Events ===
 
@@ -48,8 +48,8 @@ use std::time::Duration;
 pub enum KmsgEvent {
     /// `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., <detail>`.
     Xid {
-        /// Bus id in NVML's form, e.g. `00000000:3B:00.0`.
-        pci_bus_id: String,
+        /// The GPU's bus id (printed `PCI:0000:3b:00`, equal to NVML's `00000000:3B:00.0`).
+        pci_bus_id: PciBusId,
         /// The XID code.
         code: u32,
         /// Process the driver attributed the error to, when known.
@@ -73,8 +73,8 @@ pub enum KmsgEvent {
     /// to XID 79, but it means the GPU is lost even when no XID line is
     /// seen (the XID record may have been dropped by a full ring buffer).
     FallenOffBus {
-        /// Bus id in NVML's form.
-        pci_bus_id: String,
+        /// The GPU's bus id.
+        pci_bus_id: PciBusId,
         /// `/dev/kmsg` sequence number (of the first line, for the banner).
         seq: Option<u64>,
         /// Kernel timestamp in microseconds since boot.
@@ -85,8 +85,8 @@ pub enum KmsgEvent {
     /// but it maps a bus id to a UUID even when NVML can no longer reach
     /// the device.
     GpuIdentified {
-        /// Bus id in NVML's form.
-        pci_bus_id: String,
+        /// The GPU's bus id.
+        pci_bus_id: PciBusId,
         /// The GPU UUID, `GPU-` followed by 36 characters.
         uuid: String,
         /// `/dev/kmsg` sequence number.
@@ -97,8 +97,8 @@ pub enum KmsgEvent {
 }
 
 impl KmsgEvent {
-    /// The bus id the event is about, in NVML's form.
-    pub fn pci_bus_id(&self) -> &str {
+    /// The bus id the event is about.
+    pub fn pci_bus_id(&self) -> &PciBusId {
         match self {
             Self::Xid { pci_bus_id, .. }
             | Self::FallenOffBus { pci_bus_id, .. }
@@ -170,7 +170,7 @@ pub struct KmsgParser {
 /// A banner waiting for its "fallen off the bus" line.
 #[derive(Debug)]
 struct PendingBanner {
-    pci_bus_id: String,
+    pci_bus_id: PciBusId,
     seq: Option<u64>,
     timestamp_us: Option<u64>,
     lines_left: u8,
@@ -195,7 +195,7 @@ impl KmsgParser {
             }
             Some(Nvrm::Banner(addr)) => {
                 self.pending = Some(PendingBanner {
-                    pci_bus_id: addr.to_string(),
+                    pci_bus_id: PciBusId::from(addr),
                     seq: record.seq,
                     timestamp_us: record.timestamp_us,
                     lines_left: BANNER_LOOKAHEAD,
@@ -365,7 +365,7 @@ enum Nvrm {
     /// A complete event.
     Event(Parsed),
     /// `The NVIDIA GPU <bus id>`: the first line of a banner.
-    Banner(PciAddr),
+    Banner(PciAddress),
     /// A line saying "fallen off the bus" without a bus id of its own.
     FallenPhrase,
 }
@@ -374,7 +374,7 @@ enum Nvrm {
 #[derive(Debug)]
 enum Parsed {
     Xid {
-        addr: PciAddr,
+        addr: PciAddress,
         code: u32,
         pid: Option<u32>,
         process_name: Option<String>,
@@ -382,8 +382,8 @@ enum Parsed {
         compute_instance_id: Option<u32>,
         detail: String,
     },
-    FallenOffBus(PciAddr),
-    GpuIdentified(PciAddr, String),
+    FallenOffBus(PciAddress),
+    GpuIdentified(PciAddress, String),
 }
 
 impl Parsed {
@@ -399,7 +399,7 @@ impl Parsed {
                 compute_instance_id,
                 detail,
             } => KmsgEvent::Xid {
-                pci_bus_id: addr.to_string(),
+                pci_bus_id: PciBusId::from(addr),
                 code,
                 pid,
                 process_name,
@@ -410,12 +410,12 @@ impl Parsed {
                 timestamp_us,
             },
             Self::FallenOffBus(addr) => KmsgEvent::FallenOffBus {
-                pci_bus_id: addr.to_string(),
+                pci_bus_id: PciBusId::from(addr),
                 seq,
                 timestamp_us,
             },
             Self::GpuIdentified(addr, uuid) => KmsgEvent::GpuIdentified {
-                pci_bus_id: addr.to_string(),
+                pci_bus_id: PciBusId::from(addr),
                 uuid,
                 seq,
                 timestamp_us,
@@ -492,9 +492,9 @@ fn parse_xid(rest: &str) -> Option<Parsed> {
 /// The parenthesised source of an XID: a bus id, then optional MIG
 /// attribution. Unknown extra tokens are tolerated so that a future driver
 /// adding one does not hide XIDs.
-fn parse_xid_source(inside: &str) -> Option<(PciAddr, Option<u32>, Option<u32>)> {
+fn parse_xid_source(inside: &str) -> Option<(PciAddress, Option<u32>, Option<u32>)> {
     let mut tokens = inside.split_whitespace();
-    let addr = PciAddr::parse(tokens.next()?)?;
+    let addr = PciAddress::parse(tokens.next()?)?;
     let (mut gi, mut ci) = (None, None);
     for token in tokens {
         if let Some(id) = token.strip_prefix("GPU-I:") {
@@ -551,11 +551,11 @@ fn parse_gpu_fallen(rest: &str) -> Option<Parsed> {
 
 /// Reads a bus id up to the next whitespace (dropping a trailing `:`) and
 /// returns it with the rest of the text.
-fn take_pci(text: &str) -> Option<(PciAddr, &str)> {
+fn take_pci(text: &str) -> Option<(PciAddress, &str)> {
     let end = text.find(char::is_whitespace).unwrap_or(text.len());
     let token = text.get(..end)?;
     let token = token.strip_suffix(':').unwrap_or(token);
-    Some((PciAddr::parse(token)?, text.get(end..)?.trim_start()))
+    Some((PciAddress::parse(token)?, text.get(end..)?.trim_start()))
 }
 
 /// `GPU-` followed by a canonical 8-4-4-4-12 hex UUID.
@@ -568,204 +568,6 @@ fn is_gpu_uuid(text: &str) -> bool {
             8 | 13 | 18 | 23 => c == '-',
             _ => c.is_ascii_hexdigit(),
         })
-}
-
-// === PCI addresses ===
-
-/// Normalises a PCI bus id to NVML's form, `00000000:3B:00.0`: eight-digit
-/// domain, upper-case hex, function `.0` when absent.
-///
-/// Accepts the kernel log spellings `PCI:0000:3b:00`, `0000:3b:00.0` and
-/// `3b:00.0` (domain 0) as well as NVML's own form. Returns `None` for
-/// anything else.
-pub fn normalize_pci_bus_id(raw: &str) -> Option<String> {
-    PciAddr::parse(raw.trim()).map(|addr| addr.to_string())
-}
-
-/// A parsed PCI address: domain, bus, device (0-31), function (0-7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PciAddr {
-    domain: u32,
-    bus: u8,
-    device: u8,
-    function: u8,
-}
-
-impl PciAddr {
-    fn parse(text: &str) -> Option<Self> {
-        let text = text
-            .strip_prefix("PCI:")
-            .or_else(|| text.strip_prefix("pci:"))
-            .unwrap_or(text);
-        let (main, function) = match text.split_once('.') {
-            Some((main, function)) => (main, parse_hex(function, 1)?),
-            None => (text, 0),
-        };
-        let mut parts = main.split(':');
-        let (first, second, third) = (parts.next()?, parts.next()?, parts.next());
-        if parts.next().is_some() {
-            return None;
-        }
-        let (domain, bus, device) = match third {
-            Some(device) => (parse_hex(first, 8)?, second, device),
-            None => (0, first, second),
-        };
-        let addr = Self {
-            domain,
-            bus: u8::try_from(parse_hex(bus, 2)?).ok()?,
-            device: u8::try_from(parse_hex(device, 2)?).ok()?,
-            function: u8::try_from(function).ok()?,
-        };
-        (addr.device < 32 && addr.function < 8).then_some(addr)
-    }
-
-    /// A compact key for equality checks without allocation.
-    fn key(self) -> u64 {
-        (u64::from(self.domain) << 16)
-            | (u64::from(self.bus) << 8)
-            | (u64::from(self.device) << 3)
-            | u64::from(self.function)
-    }
-}
-
-impl fmt::Display for PciAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:08X}:{:02X}:{:02X}.{:X}",
-            self.domain, self.bus, self.device, self.function
-        )
-    }
-}
-
-/// 1 to `max_digits` hex digits.
-fn parse_hex(text: &str, max_digits: usize) -> Option<u32> {
-    if text.is_empty() || text.len() > max_digits || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(text, 16).ok()
-}
-
-// === Deduper ===
-
-/// Where an XID report came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XidSource {
-    /// Parsed from the kernel log.
-    Kmsg,
-    /// Delivered by an NVML event set.
-    Nvml,
-}
-
-/// The verdict of [`Deduper::observe`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub enum Occurrence {
-    /// A fault not seen before: act on it.
-    New,
-    /// The other source's report of a fault already acted on.
-    Duplicate,
-}
-
-/// How many recent reports a [`Deduper`] remembers.
-pub const DEDUP_CAPACITY: usize = 64;
-
-/// Pairs kernel-log and NVML reports of the same XID.
-///
-/// The driver reports most XIDs both ways; acting on both would double
-/// every count. A report is a duplicate when the *other* source already
-/// reported the same (bus id, code) within `window` of it, and that report
-/// has not been paired yet. Reports from the same source are never merged:
-/// two kernel log lines are two faults.
-///
-/// Timestamps are microseconds on one clock chosen by the caller (the kmsg
-/// timestamp and `CLOCK_MONOTONIC` at NVML delivery are close enough for a
-/// window of a second or two). Arrival order does not matter.
-///
-/// Memory is bounded: a fixed ring of [`DEDUP_CAPACITY`] entries (a few
-/// kilobytes, no heap). When more distinct reports than that arrive within
-/// one window, the oldest are forgotten and a late partner is counted as
-/// new. That errs towards double counting during a storm rather than
-/// dropping a real fault.
-#[derive(Debug, Clone)]
-pub struct Deduper {
-    window_us: u64,
-    ring: [Option<Sighting>; DEDUP_CAPACITY],
-    next: usize,
-}
-
-/// One remembered report.
-#[derive(Debug, Clone, Copy)]
-struct Sighting {
-    key: u64,
-    code: u32,
-    source: XidSource,
-    at_us: u64,
-    paired: bool,
-}
-
-impl Deduper {
-    /// A deduper that pairs reports at most `window` apart.
-    pub fn new(window: Duration) -> Self {
-        Self {
-            window_us: u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
-            ring: [None; DEDUP_CAPACITY],
-            next: 0,
-        }
-    }
-
-    /// Records a report and says whether it is a new occurrence.
-    ///
-    /// A bus id that cannot be parsed is always new and not remembered.
-    pub fn observe(
-        &mut self,
-        source: XidSource,
-        pci_bus_id: &str,
-        code: u32,
-        at_us: u64,
-    ) -> Occurrence {
-        let Some(addr) = PciAddr::parse(pci_bus_id.trim()) else {
-            return Occurrence::New;
-        };
-        let key = addr.key();
-        if let Some(partner) = self.partner(key, code, source, at_us) {
-            partner.paired = true;
-            return Occurrence::Duplicate;
-        }
-        if let Some(slot) = self.ring.get_mut(self.next) {
-            *slot = Some(Sighting {
-                key,
-                code,
-                source,
-                at_us,
-                paired: false,
-            });
-        }
-        self.next = (self.next + 1) % DEDUP_CAPACITY;
-        Occurrence::New
-    }
-
-    /// The unpaired report from the other source closest in time.
-    fn partner(
-        &mut self,
-        key: u64,
-        code: u32,
-        source: XidSource,
-        at_us: u64,
-    ) -> Option<&mut Sighting> {
-        let window_us = self.window_us;
-        self.ring
-            .iter_mut()
-            .flatten()
-            .filter(|seen| {
-                !seen.paired
-                    && seen.key == key
-                    && seen.code == code
-                    && seen.source != source
-                    && seen.at_us.abs_diff(at_us) <= window_us
-            })
-            .min_by_key(|seen| seen.at_us.abs_diff(at_us))
-    }
 }
 
 #[cfg(test)]
@@ -792,7 +594,7 @@ mod tests {
 
     fn xid(bus: &str, code: u32, pid: Option<u32>, name: Option<&str>, detail: &str) -> KmsgEvent {
         KmsgEvent::Xid {
-            pci_bus_id: bus.to_owned(),
+            pci_bus_id: PciBusId::from(bus),
             code,
             pid,
             process_name: name.map(str::to_owned),
@@ -838,7 +640,7 @@ mod tests {
 
     fn fallen(bus: &str) -> KmsgEvent {
         KmsgEvent::FallenOffBus {
-            pci_bus_id: bus.to_owned(),
+            pci_bus_id: PciBusId::from(bus),
             seq: None,
             timestamp_us: None,
         }
@@ -846,7 +648,7 @@ mod tests {
 
     fn identified(bus: &str, uuid: &str) -> KmsgEvent {
         KmsgEvent::GpuIdentified {
-            pci_bus_id: bus.to_owned(),
+            pci_bus_id: PciBusId::from(bus),
             uuid: uuid.to_owned(),
             seq: None,
             timestamp_us: None,
@@ -1387,40 +1189,6 @@ mod tests {
     }
 
     #[test]
-    fn bus_id_spellings() {
-        let cases = [
-            ("PCI:0000:3b:00", "00000000:3B:00.0"),
-            ("0000:3b:00", "00000000:3B:00.0"),
-            ("PCI:0000:3b:00.0", "00000000:3B:00.0"),
-            ("0000:3b:00.1", "00000000:3B:00.1"),
-            ("3b:00.0", "00000000:3B:00.0"),
-            ("00000000:3B:00.0", "00000000:3B:00.0"),
-            ("0018:01:00", "00000018:01:00.0"),
-            ("PCI:0000:10:1c", "00000000:10:1C.0"),
-            (" 0000:3b:00.0 ", "00000000:3B:00.0"),
-        ];
-        for (raw, want) in cases {
-            assert_eq!(normalize_pci_bus_id(raw).as_deref(), Some(want), "{raw:?}");
-        }
-        for raw in [
-            "",
-            "PCI:",
-            "3b",
-            "0000:3b:20",
-            "0000:3b:00.8",
-            "0000:3b:00.",
-            "000000000:3b:00",
-            "0000:3bb:00",
-            "0000:3b:00:00",
-            "zz:00.0",
-            "0000:3b:00.0.0",
-            "GPU-3b:00",
-        ] {
-            assert_eq!(normalize_pci_bus_id(raw), None, "{raw:?}");
-        }
-    }
-
-    #[test]
     fn dmesg_timestamps() {
         let cases = [
             (
@@ -1499,138 +1267,13 @@ mod tests {
     #[test]
     fn accessors() {
         let event = KmsgEvent::GpuIdentified {
-            pci_bus_id: "00000000:3B:00.0".to_owned(),
+            pci_bus_id: PciBusId::from("00000000:3B:00.0"),
             uuid: "GPU-979426f2-893a-7cbb-c4cf-81472f89a462".to_owned(),
             seq: Some(3),
             timestamp_us: Some(4),
         };
-        assert_eq!(event.pci_bus_id(), "00000000:3B:00.0");
+        assert_eq!(event.pci_bus_id().to_string(), "00000000:3B:00.0");
         assert_eq!(event.seq(), Some(3));
         assert_eq!(event.timestamp_us(), Some(4));
-    }
-
-    // --- deduper ---
-
-    const WINDOW: Duration = Duration::from_secs(2);
-    const SEC: u64 = 1_000_000;
-
-    #[test]
-    fn kmsg_then_nvml_is_one_occurrence() {
-        let mut dedup = Deduper::new(WINDOW);
-        let kmsg = dedup.observe(XidSource::Kmsg, "PCI:0000:3b:00", 79, 10 * SEC);
-        let nvml = dedup.observe(XidSource::Nvml, "00000000:3B:00.0", 79, 11 * SEC);
-        assert_eq!((kmsg, nvml), (Occurrence::New, Occurrence::Duplicate));
-    }
-
-    #[test]
-    fn nvml_then_kmsg_is_one_occurrence() {
-        let mut dedup = Deduper::new(WINDOW);
-        let nvml = dedup.observe(XidSource::Nvml, "00000000:3B:00.0", 48, 10 * SEC);
-        let kmsg = dedup.observe(XidSource::Kmsg, "0000:3b:00.0", 48, 10 * SEC - 1);
-        assert_eq!((nvml, kmsg), (Occurrence::New, Occurrence::Duplicate));
-    }
-
-    #[test]
-    fn window_is_inclusive_and_bounded() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, 0);
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 79, 2 * SEC),
-            Occurrence::Duplicate
-        );
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, 10 * SEC);
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 79, 12 * SEC + 1),
-            Occurrence::New
-        );
-    }
-
-    #[test]
-    fn different_gpu_code_or_same_source_are_new() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, SEC);
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3c:00", 79, SEC),
-            Occurrence::New
-        );
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 48, SEC),
-            Occurrence::New
-        );
-        assert_eq!(
-            dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, SEC),
-            Occurrence::New
-        );
-    }
-
-    #[test]
-    fn each_report_pairs_at_most_once() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 13, SEC);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 13, SEC + 500_000);
-        // Two kernel lines, two NVML events: two pairs, then a new one.
-        let verdicts: Vec<_> = [SEC + 100_000, SEC + 600_000, SEC + 700_000]
-            .into_iter()
-            .map(|at| dedup.observe(XidSource::Nvml, "0000:3b:00", 13, at))
-            .collect();
-        assert_eq!(
-            verdicts,
-            [
-                Occurrence::Duplicate,
-                Occurrence::Duplicate,
-                Occurrence::New
-            ]
-        );
-    }
-
-    #[test]
-    fn pairs_with_the_closest_report() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 13, SEC);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 13, 2 * SEC);
-        // Closest to 2 s is the second line; the first stays free for a
-        // report near it.
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 13, 2 * SEC + 100),
-            Occurrence::Duplicate
-        );
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 13, SEC - 100),
-            Occurrence::Duplicate
-        );
-    }
-
-    #[test]
-    fn memory_is_bounded_by_the_ring() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, SEC);
-        // A storm of distinct reports pushes the first one out.
-        for code in (1000..).take(DEDUP_CAPACITY) {
-            let _ = dedup.observe(XidSource::Kmsg, "0000:3c:00", code, SEC);
-        }
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 79, SEC),
-            Occurrence::New
-        );
-    }
-
-    #[test]
-    fn unparseable_bus_ids_are_always_new() {
-        let mut dedup = Deduper::new(WINDOW);
-        let _ = dedup.observe(XidSource::Kmsg, "garbage", 79, SEC);
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "garbage", 79, SEC),
-            Occurrence::New
-        );
-    }
-
-    #[test]
-    fn huge_window_does_not_overflow() {
-        let mut dedup = Deduper::new(Duration::MAX);
-        let _ = dedup.observe(XidSource::Kmsg, "0000:3b:00", 79, 0);
-        assert_eq!(
-            dedup.observe(XidSource::Nvml, "0000:3b:00", 79, u64::MAX),
-            Occurrence::Duplicate
-        );
     }
 }

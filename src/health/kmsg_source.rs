@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -26,6 +26,9 @@ pub const DEFAULT_KMSG_PATH: &str = "/dev/kmsg";
 
 /// How often a regular file is checked for growth.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(20);
+
+/// `read` on `/dev/kmsg` after the ring overwrote unread records.
+const EPIPE: i32 = 32;
 
 /// The largest kmsg record the kernel hands out (util-linux uses the same bound).
 const RECORD_BUFFER: usize = 8192;
@@ -83,12 +86,18 @@ pub fn start(path: &Path, tx: mpsc::Sender<KmsgEvent>) -> Option<KmsgSource> {
     }
 }
 
+/// Overruns of the kernel's ring closer together than this are one episode, logged once.
+const OVERRUN_EPISODE_GAP: Duration = Duration::from_secs(60);
+
 /// `/dev/kmsg`: each `read` returns one record. `EPIPE` means records were overwritten before
-/// we read them (the ring wrapped); reading simply continues with the next one.
+/// we read them (the ring wrapped, in the kernel, before gpud could read it); that is logged
+/// once per episode — the NVML events still carry those XIDs — and reading continues with the
+/// next record.
 fn follow_device(mut file: File, tx: &mpsc::Sender<KmsgEvent>, stop: &AtomicBool) {
     let _ = file.seek(SeekFrom::End(0));
     let mut parser = KmsgParser::new();
     let mut buf = vec![0u8; RECORD_BUFFER];
+    let mut last_overrun: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         match file.read(&mut buf) {
             Ok(0) => std::thread::sleep(FOLLOW_INTERVAL),
@@ -100,7 +109,15 @@ fn follow_device(mut file: File, tx: &mpsc::Sender<KmsgEvent>, stop: &AtomicBool
                     }
                 }
             }
-            Err(err) if err.raw_os_error() == Some(32) || err.kind() == ErrorKind::Interrupted => {}
+            Err(err) if err.raw_os_error() == Some(EPIPE) => {
+                if last_overrun.is_none_or(|at| at.elapsed() > OVERRUN_EPISODE_GAP) {
+                    warn!(
+                        "Kernel log records were overwritten before gpud read them; XIDs among them come from NVML events only"
+                    );
+                }
+                last_overrun = Some(Instant::now());
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
             Err(err) => {
                 warn!(error = %err, "Kernel log read failed; stopping the kernel log reader");
                 return;
@@ -141,7 +158,8 @@ fn follow_file(mut file: File, tx: &mpsc::Sender<KmsgEvent>, stop: &AtomicBool) 
     }
 }
 
-/// Parses one line and sends any event; `false` when the receiver is gone.
+/// Parses one line and sends any event, waiting while the watcher's queue is full (the file,
+/// or the kernel's ring, holds the rest meanwhile); `false` when the receiver is gone.
 fn forward(parser: &mut KmsgParser, line: &str, tx: &mpsc::Sender<KmsgEvent>) -> bool {
     match parser.feed(line) {
         Some(event) => tx.blocking_send(event).is_ok(),

@@ -3,11 +3,11 @@
 use std::io::Write;
 use std::time::SystemTime;
 
-use tokio::sync::mpsc;
 use tracing::warn;
 
+use super::ledger::XidLedger;
 use super::transitions;
-use super::watcher::{self, WatcherConfig, XidSeen};
+use super::watcher::{self, WatcherConfig};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::Nvml;
@@ -18,7 +18,7 @@ use crate::nvml::Nvml;
 pub struct HealthWatcher {
     nvml: Nvml,
     config: WatcherConfig,
-    xids: Option<mpsc::Sender<XidSeen>>,
+    xids: Option<XidLedger>,
     required: bool,
 }
 
@@ -42,9 +42,9 @@ impl HealthWatcher {
         }
     }
 
-    /// Also hands every XID occurrence to the exporter's counters.
-    pub fn with_xids(mut self, xids: Option<mpsc::Sender<XidSeen>>) -> Self {
-        self.xids = xids;
+    /// Also records every XID occurrence in `xids` (the exporter's counters).
+    pub fn with_xids(mut self, xids: XidLedger) -> Self {
+        self.xids = Some(xids);
         self
     }
 }

@@ -4,21 +4,30 @@
 //! on a blocking thread every poll interval. One task owns the [`Tracker`] and, after each
 //! batch of inputs, writes its verdicts into the inventory — which publishes only when a
 //! device's health actually changed, so a storm is one publish.
+//!
+//! XIDs are counted exactly: the source threads hand their reports over bounded queues that
+//! make them wait rather than drop when full, and the task records each occurrence (the NVML
+//! event and the kernel-log line of one XID merged by the [`Deduper`]) in the [`XidLedger`]
+//! in the same step that feeds the tracker.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::kmsg::{Deduper, KmsgEvent, Occurrence, XidSource};
+use super::dedup::{Deduper, Occurrence, XidSource};
+use super::kmsg::KmsgEvent;
 use super::kmsg_source;
+use super::ledger::XidLedger;
 use super::tracker::{Tracker, TrackerConfig};
 use super::transitions;
 use super::xid::XidPolicy;
-use crate::inventory::{Inventory, Snapshot};
+use super::xid_counts::DropSource;
+use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{GpuSignals, Nvml, NvmlError};
 
@@ -100,22 +109,10 @@ impl WatcherConfig {
     }
 }
 
-/// Queue depth between the source threads and the tracker.
+/// Queue depth between each source thread and the tracker. A full queue makes the source
+/// thread wait (the NVML driver and the kernel keep their own queues meanwhile); nothing is
+/// dropped.
 const QUEUE: usize = 1024;
-
-/// One XID occurrence, after the NVML event and the kernel-log line for it were merged:
-/// what the exporter counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct XidSeen {
-    /// NVML index of the GPU.
-    pub gpu: u32,
-    /// The XID.
-    pub code: u32,
-    /// `(gpu instance, compute instance)` when the driver attributed it to a MIG device.
-    pub mig: Option<(u32, u32)>,
-    /// When gpud saw it.
-    pub at: SystemTime,
-}
 
 /// Runs until `cancel` fires. Fails only when the NVML event source cannot be set up.
 pub async fn run(
@@ -127,57 +124,87 @@ pub async fn run(
     run_with_xids(cancel, nvml, inventory, config, None).await
 }
 
-/// [`run`], also sending every XID occurrence (ignored ones included, duplicates merged) to
-/// `xids`. The send never waits: if the receiver falls behind, occurrences are dropped rather
-/// than stalling health.
+/// [`run`], also recording every XID occurrence (ignored ones included, the NVML and
+/// kernel-log reports of one occurrence merged) in `xids`, which it publishes after each batch.
 pub async fn run_with_xids(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: WatcherConfig,
-    xids: Option<mpsc::Sender<XidSeen>>,
+    xids: Option<XidLedger>,
 ) -> Result<(), NvmlError> {
-    let (event_tx, mut events) = mpsc::channel(QUEUE);
+    let (event_tx, events) = mpsc::channel(QUEUE);
     // ECC events count whatever the XID policy says, so the event source always runs.
-    let _event_thread = nvml.watch_events(event_tx)?;
-    let (kmsg_tx, mut kmsg) = mpsc::channel(QUEUE);
-    let _kmsg_thread = config
+    let event_thread = nvml.watch_events(event_tx)?;
+    let (kmsg_tx, kmsg) = mpsc::channel(QUEUE);
+    let kmsg_thread = config
         .kmsg_path
         .as_deref()
         .and_then(|path| kmsg_source::start(path, kmsg_tx));
+    let mut queues = Queues { events, kmsg };
+    let mut state = State {
+        tracker: Tracker::new(config.policy.clone(), config.tracker.clone()),
+        dedup: Deduper::new(config.dedup_window),
+        xids,
+        origin: Instant::now(),
+        forgotten: 0,
+    };
+    watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
+    // The event thread may be waiting to hand over an event: closing its queue first lets it
+    // see that nobody listens any more, so joining it (dropping the watcher) cannot hang.
+    drop(queues);
+    drop(event_thread);
+    drop(kmsg_thread);
+    Ok(())
+}
 
-    let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
-    let mut dedup = Deduper::new(config.dedup_window);
+/// The receiving ends of the source threads' queues.
+struct Queues {
+    events: mpsc::Receiver<GpuEvent>,
+    kmsg: mpsc::Receiver<KmsgEvent>,
+}
+
+/// What the watcher keeps between batches.
+struct State {
+    tracker: Tracker,
+    dedup: Deduper,
+    xids: Option<XidLedger>,
+    /// Zero of the de-duplicator's clock.
+    origin: Instant,
+    /// The de-duplicator's forgotten count already passed to the ledger.
+    forgotten: u64,
+}
+
+async fn watch(
+    cancel: &CancellationToken,
+    nvml: &Nvml,
+    inventory: &Inventory,
+    config: &WatcherConfig,
+    queues: &mut Queues,
+    state: &mut State,
+) {
     let mut poll = tokio::time::interval(config.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick fires at once: an initial poll before anything else.
     loop {
         tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
-            Some(event) = events.recv() => {
-                let bus = bus_ids(&inventory.current());
-                on_event(&mut tracker, &mut dedup, &bus, event, xids.as_ref());
-                while let Ok(event) = events.try_recv() {
-                    on_event(&mut tracker, &mut dedup, &bus, event, xids.as_ref());
-                }
+            () = cancel.cancelled() => return,
+            Some(event) = queues.events.recv() => {
+                state.batch(inventory, event, &mut queues.events, State::on_event);
             }
-            Some(line) = kmsg.recv() => {
-                let bus = bus_ids(&inventory.current());
-                on_kmsg(&mut tracker, &mut dedup, &bus, line, xids.as_ref());
-                while let Ok(line) = kmsg.try_recv() {
-                    on_kmsg(&mut tracker, &mut dedup, &bus, line, xids.as_ref());
-                }
+            Some(line) = queues.kmsg.recv() => {
+                state.batch(inventory, line, &mut queues.kmsg, State::on_kmsg);
             }
             _ = poll.tick() => {
                 let poller = nvml.clone();
                 match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
-                    Ok(signals) => observe_all(&mut tracker, &signals),
+                    Ok(signals) => observe_all(&mut state.tracker, &signals),
                     Err(err) => warn!(error = %err, "Signal poll failed"),
                 }
             }
         }
-        tracker.tick(SystemTime::now());
-        publish(&inventory, &tracker);
+        state.tracker.tick(SystemTime::now());
+        publish(inventory, &state.tracker);
     }
 }
 
@@ -202,115 +229,129 @@ fn log_transitions(before: &Snapshot, after: &Snapshot) {
     }
 }
 
-/// GPU bus ids (upper case) by index, and the reverse.
-struct BusMap {
-    by_bus: HashMap<String, u32>,
-    by_index: HashMap<u32, String>,
+/// The GPUs of one snapshot by bus id, for one batch of reports.
+struct GpuMap {
+    snapshot: Arc<Snapshot>,
+    by_bus: HashMap<PciBusId, u32>,
 }
 
-fn bus_ids(snapshot: &Snapshot) -> BusMap {
-    let mut by_bus = HashMap::new();
-    let mut by_index = HashMap::new();
-    for gpu in &snapshot.gpus {
-        if !gpu.pci.bus_id.is_empty() {
-            let bus = gpu.pci.bus_id.to_ascii_uppercase();
-            by_bus.insert(bus.clone(), gpu.index);
-            by_index.insert(gpu.index, bus);
+impl GpuMap {
+    fn new(snapshot: Arc<Snapshot>) -> Self {
+        let by_bus = snapshot
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.pci.bus_id.address().is_some())
+            .map(|gpu| (gpu.pci.bus_id.clone(), gpu.index))
+            .collect();
+        GpuMap { snapshot, by_bus }
+    }
+
+    fn bus_id(&self, gpu: u32) -> Option<&PciBusId> {
+        self.snapshot.gpu(gpu).map(|g| &g.pci.bus_id)
+    }
+
+    /// The GPU instance an XID is counted against: the one the driver named, when the GPU has
+    /// an instance with that id; the whole GPU otherwise.
+    fn gpu_instance(&self, gpu: u32, mig: Option<(u32, u32)>) -> Option<u32> {
+        let (gi, _) = mig?;
+        self.snapshot
+            .gpu(gpu)
+            .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == gi))
+            .then_some(gi)
+    }
+}
+
+impl State {
+    /// Handles `first` and everything already queued behind it as one batch, against one
+    /// snapshot, and publishes the XIDs once for all of them.
+    fn batch<T>(
+        &mut self,
+        inventory: &Inventory,
+        first: T,
+        queue: &mut mpsc::Receiver<T>,
+        handle: fn(&mut State, &GpuMap, T),
+    ) {
+        let gpus = GpuMap::new(inventory.current());
+        handle(self, &gpus, first);
+        while let Ok(item) = queue.try_recv() {
+            handle(self, &gpus, item);
         }
+        self.publish_xids();
     }
-    BusMap { by_bus, by_index }
-}
 
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-/// Passes an XID occurrence on to the exporter, if one listens.
-fn forward(xids: Option<&mpsc::Sender<XidSeen>>, seen: XidSeen) {
-    if let Some(tx) = xids {
-        let _ = tx.try_send(seen);
+    /// Microseconds since the watcher started, on the monotonic clock: the de-duplicator's
+    /// time, which a wall-clock step cannot disturb.
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
-}
 
-fn on_event(
-    tracker: &mut Tracker,
-    dedup: &mut Deduper,
-    bus: &BusMap,
-    event: GpuEvent,
-    xids: Option<&mpsc::Sender<XidSeen>>,
-) {
-    let now = SystemTime::now();
-    match event.kind {
-        EventKind::Xid(code) => {
-            if let Some(bus_id) = bus.by_index.get(&event.gpu)
-                && dedup.observe(XidSource::Nvml, bus_id, code, now_us()) == Occurrence::Duplicate
-            {
-                return;
+    /// One XID occurrence, after de-duplication: counted, then judged.
+    fn on_xid(&mut self, gpus: &GpuMap, gpu: u32, code: u32, mig: Option<(u32, u32)>) {
+        let now = SystemTime::now();
+        if let Some(ledger) = &self.xids {
+            ledger.record(gpu, gpus.gpu_instance(gpu, mig), code, now);
+        }
+        self.tracker.observe_xid(gpu, code, mig, now);
+    }
+
+    fn on_event(&mut self, gpus: &GpuMap, event: GpuEvent) {
+        match event.kind {
+            EventKind::Xid(code) => {
+                let at_us = self.now_us();
+                if let Some(bus_id) = gpus.bus_id(event.gpu)
+                    && self.dedup.observe(XidSource::Nvml, bus_id, code, at_us)
+                        == Occurrence::Duplicate
+                {
+                    return;
+                }
+                self.on_xid(gpus, event.gpu, code, event.mig);
             }
-            forward(
-                xids,
-                XidSeen {
-                    gpu: event.gpu,
-                    code,
-                    mig: event.mig,
-                    at: now,
-                },
-            );
-            tracker.observe_xid(event.gpu, code, event.mig, now);
+            EventKind::DoubleBitEcc => self.tracker.observe_dbe_event(event.gpu, SystemTime::now()),
+            EventKind::SingleBitEcc => self.tracker.observe_sbe_event(event.gpu, SystemTime::now()),
         }
-        EventKind::DoubleBitEcc => tracker.observe_dbe_event(event.gpu, now),
-        EventKind::SingleBitEcc => tracker.observe_sbe_event(event.gpu, now),
     }
-}
 
-fn on_kmsg(
-    tracker: &mut Tracker,
-    dedup: &mut Deduper,
-    bus: &BusMap,
-    event: KmsgEvent,
-    xids: Option<&mpsc::Sender<XidSeen>>,
-) {
-    let now = SystemTime::now();
-    let Some(&gpu) = bus.by_bus.get(&event.pci_bus_id().to_ascii_uppercase()) else {
-        return; // a GPU this node's NVML does not know (or not a GPU at all)
-    };
-    match event {
-        KmsgEvent::Xid {
-            ref pci_bus_id,
-            code,
-            gpu_instance_id,
-            compute_instance_id,
-            ..
-        } => {
-            if dedup.observe(XidSource::Kmsg, pci_bus_id, code, now_us()) == Occurrence::Duplicate {
-                return;
+    fn on_kmsg(&mut self, gpus: &GpuMap, event: KmsgEvent) {
+        let Some(&gpu) = gpus.by_bus.get(event.pci_bus_id()) else {
+            return; // a GPU this node's NVML does not know (or not a GPU at all)
+        };
+        match event {
+            KmsgEvent::Xid {
+                ref pci_bus_id,
+                code,
+                gpu_instance_id,
+                compute_instance_id,
+                ..
+            } => {
+                let at_us = self.now_us();
+                if self.dedup.observe(XidSource::Kmsg, pci_bus_id, code, at_us)
+                    == Occurrence::Duplicate
+                {
+                    return;
+                }
+                self.on_xid(gpus, gpu, code, gpu_instance_id.zip(compute_instance_id));
             }
-            let mig = gpu_instance_id.zip(compute_instance_id);
-            forward(
-                xids,
-                XidSeen {
-                    gpu,
-                    code,
-                    mig,
-                    at: now,
-                },
-            );
-            tracker.observe_xid(gpu, code, mig, now);
+            // Not an XID report of its own (the driver prints XID 79 next to it, counted from
+            // that line), but proof the GPU is gone even when that line was lost: health only.
+            KmsgEvent::FallenOffBus { .. } => {
+                self.tracker.observe_xid(gpu, 79, None, SystemTime::now());
+            }
+            KmsgEvent::GpuIdentified { .. } => {}
         }
-        KmsgEvent::FallenOffBus { .. } => {
-            forward(
-                xids,
-                XidSeen {
-                    gpu,
-                    code: 79,
-                    mig: None,
-                    at: now,
-                },
-            );
-            tracker.observe_xid(gpu, 79, None, now);
-        }
-        KmsgEvent::GpuIdentified { .. } => {}
+    }
+
+    /// Passes what the de-duplicator had to forget to the ledger, and wakes its readers.
+    fn publish_xids(&mut self) {
+        let Some(ledger) = &self.xids else {
+            return;
+        };
+        let forgotten = self.dedup.forgotten();
+        ledger.record_dropped(
+            DropSource::Dedup,
+            forgotten - self.forgotten,
+            SystemTime::now(),
+        );
+        self.forgotten = forgotten;
+        ledger.publish();
     }
 }

@@ -9,6 +9,7 @@
 pub mod health;
 pub mod mig_profile;
 pub mod model;
+pub mod pci_bus_id;
 mod rescan;
 pub mod table;
 #[cfg(test)]
@@ -20,6 +21,7 @@ use tokio::sync::watch;
 
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
+pub use pci_bus_id::PciBusId;
 
 /// The node's inventory: the current snapshot, shared by every subsystem of the process.
 #[derive(Debug, Clone)]

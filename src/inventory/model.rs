@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::health::Health;
+use super::pci_bus_id::PciBusId;
 
 /// One published view of the node. Cheap to share: subscribers hold an `Arc<Snapshot>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,8 +122,8 @@ impl Fabric {
 /// PCI identity of a GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pci {
-    /// Bus id in NVML's form, e.g. `00000000:18:00.0`.
-    pub bus_id: String,
+    /// Bus id, spelled in NVML's form (`00000000:18:00.0`); empty when NVML refused the GPU.
+    pub bus_id: PciBusId,
     /// Combined device and vendor id, e.g. `0x233010DE`.
     pub device_id: String,
     /// Combined subsystem device and vendor id, e.g. `0x16C110DE`.
@@ -205,11 +206,11 @@ pub struct NvLink {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NvLinkRemote {
     /// Another GPU of this node, by NVML index.
-    Gpu { bus_id: String, gpu_index: u32 },
+    Gpu { bus_id: PciBusId, gpu_index: u32 },
     /// An NVSwitch: every GPU attached to the switch fabric is reachable through it.
-    Switch { bus_id: String },
+    Switch { bus_id: PciBusId },
     /// Something NVML could not classify (an NPU, or a GPU gpud does not know).
-    Other { bus_id: String },
+    Other { bus_id: PciBusId },
 }
 
 /// How two GPUs are connected.

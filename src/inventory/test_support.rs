@@ -20,7 +20,7 @@ pub fn gpu(index: u32, uuid: &str, name: &str, memory_mib: u64) -> Gpu {
         compute_capability: None,
         memory_mib,
         pci: Pci {
-            bus_id: format!("00000000:{:02X}:00.0", index),
+            bus_id: format!("00000000:{:02X}:00.0", index).into(),
             device_id: String::new(),
             subsystem_id: None,
         },

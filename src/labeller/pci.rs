@@ -11,18 +11,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::inventory::Snapshot;
+use crate::inventory::{PciBusId, Snapshot};
 
 /// Default sysfs mount point.
 pub const DEFAULT_SYSFS_ROOT: &str = "/sys";
-
-/// The sysfs name of a PCI device from NVML's bus id: NVML writes an 8-digit domain in upper
-/// case (`00000000:18:00.0`), sysfs a 4-digit one in lower case (`0000:18:00.0`).
-pub fn sysfs_address(nvml_bus_id: &str) -> Option<String> {
-    let (domain, rest) = nvml_bus_id.split_once(':')?;
-    let domain = domain.get(domain.len().checked_sub(4)?..)?;
-    Some(format!("{domain}:{rest}").to_ascii_lowercase())
-}
 
 /// Parses a sysfs `class` file (`0x030200`).
 pub fn parse_class(text: &str) -> Option<u32> {
@@ -32,12 +24,12 @@ pub fn parse_class(text: &str) -> Option<u32> {
 }
 
 /// Reads the class of every GPU of the snapshot that has one.
-pub fn read_classes(sysfs_root: &Path, snapshot: &Snapshot) -> BTreeMap<String, u32> {
+pub fn read_classes(sysfs_root: &Path, snapshot: &Snapshot) -> BTreeMap<PciBusId, u32> {
     snapshot
         .gpus
         .iter()
         .filter_map(|gpu| {
-            let address = sysfs_address(&gpu.pci.bus_id)?;
+            let address = gpu.pci.bus_id.sysfs()?;
             let path = sysfs_root
                 .join("bus/pci/devices")
                 .join(address)
@@ -105,24 +97,6 @@ pub fn nvidia_functions(sysfs_root: &Path) -> Result<Vec<Function>, SysfsError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses() {
-        assert_eq!(
-            sysfs_address("00000000:18:00.0").as_deref(),
-            Some("0000:18:00.0")
-        );
-        assert_eq!(
-            sysfs_address("00000001:AB:00.0").as_deref(),
-            Some("0001:ab:00.0")
-        );
-        assert_eq!(
-            sysfs_address("0000:af:00.0").as_deref(),
-            Some("0000:af:00.0")
-        );
-        assert_eq!(sysfs_address(""), None);
-        assert_eq!(sysfs_address("12:00.0"), None);
-    }
 
     #[test]
     fn classes() {

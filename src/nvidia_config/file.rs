@@ -597,3 +597,168 @@ fn render(value: &Value) -> String {
         .map(|s| s.trim_end().to_owned())
         .unwrap_or_else(|_| format!("{value:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Parsing NVIDIA's config file: the spellings it accepts, and bad files with the exact
+    //! message each one produces.
+
+    use std::path::Path;
+
+    use super::*;
+    use crate::nvidia_config::DeviceListStrategy;
+
+    const PATH: &str = "/config/config.yaml";
+
+    fn file(text: &str) -> Result<FileConfig, NvidiaConfigError> {
+        parse(Path::new(PATH), text)
+    }
+
+    #[test]
+    fn empty_version_and_empty_file_mean_v1() {
+        assert!(file("version: \"\"\n").is_ok());
+        assert_eq!(file("").unwrap(), FileConfig::default());
+        assert_eq!(file("# only a comment\n").unwrap(), FileConfig::default());
+    }
+
+    #[test]
+    fn device_list_strategy_string_or_list() {
+        let one = file("flags:\n  plugin:\n    deviceListStrategy: cdi-cri\n").unwrap();
+        assert_eq!(
+            one.flags.plugin.device_list_strategy,
+            Some(vec![DeviceListStrategy::CdiCri])
+        );
+        let many =
+            file("flags:\n  plugin:\n    deviceListStrategy: [envvar, cdi-annotations]\n").unwrap();
+        assert_eq!(
+            many.flags.plugin.device_list_strategy,
+            Some(vec![
+                DeviceListStrategy::Envvar,
+                DeviceListStrategy::CdiAnnotations
+            ])
+        );
+    }
+
+    /// Bad configs and the exact message each produces.
+    #[test]
+    fn bad_configs_name_file_field_and_value() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "version: v2\n",
+                "/config/config.yaml: field version: invalid value \"v2\": unknown version; only v1 exists",
+            ),
+            (
+                "flags:\n  migStrategy: both\n",
+                "/config/config.yaml: field flags.migStrategy: invalid value \"both\": must be one of none, single, mixed",
+            ),
+            (
+                "flags:\n  plugin:\n    deviceListStrategy: [envvar, cdi]\n",
+                "/config/config.yaml: field flags.plugin.deviceListStrategy[1]: invalid value \"cdi\": must be one of envvar, volume-mounts, cdi-annotations, cdi-cri",
+            ),
+            (
+                "flags:\n  plugin:\n    deviceIDStrategy: serial\n",
+                "/config/config.yaml: field flags.plugin.deviceIDStrategy: invalid value \"serial\": must be one of uuid, index",
+            ),
+            (
+                "flags:\n  plugin:\n    sharedDevicesAllocationPolicy: spread\n",
+                "/config/config.yaml: field flags.plugin.sharedDevicesAllocationPolicy: invalid value \"spread\": must be one of distributed, packed",
+            ),
+            (
+                "flags:\n  deviceDiscoveryStrategy: pci\n",
+                "/config/config.yaml: field flags.deviceDiscoveryStrategy: invalid value \"pci\": must be one of auto, nvml, tegra, vfio",
+            ),
+            (
+                "flags:\n  gfd:\n    sleepInterval: soon\n",
+                "/config/config.yaml: field flags.gfd.sleepInterval: invalid value \"soon\": not a duration (examples: 60s, 1m30s, 500ms, infinite)",
+            ),
+            (
+                "flags:\n  gfd:\n    sleepInterval: 0s\n",
+                "/config/config.yaml: field flags.gfd.sleepInterval: invalid value \"0s\": must be longer than zero (or \"infinite\")",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].replicas: invalid value \"1\": must be at least 2",
+            ),
+            (
+                "sharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n",
+                "/config/config.yaml: field sharing.mps.resources[0].replicas: invalid value \"\": is required",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - replicas: 4\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].name: invalid value \"\": is required",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources: []\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources: invalid value \"\": must list at least one resource",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - name: GPU\n      replicas: 2\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].name: invalid value \"GPU\": the name after nvidia.com/ must be a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      devices: some\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].devices: invalid value \"some\": the only string accepted is \"all\"",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      devices: 0\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].devices: invalid value \"0\": a count of devices must be greater than 0",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 2\n      devices: [\"GPU-1\"]\n",
+                "/config/config.yaml: field sharing.timeSlicing.resources[0].devices[0]: invalid value \"GPU-1\": must be a GPU index (0), a MIG index (0:1) or a GPU-/MIG- UUID",
+            ),
+            (
+                "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 2}\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n",
+                "/config/config.yaml: field sharing: invalid value \"timeSlicing and mps\": time-slicing and MPS cannot be configured together",
+            ),
+            (
+                "imex:\n  channelIDs: [1]\n",
+                "/config/config.yaml: field imex.channelIDs: invalid value \"[1]\": only [] or [0] is supported",
+            ),
+            (
+                "resources:\n  gpus:\n  - name: gpu\n",
+                "/config/config.yaml: field resources.gpus[0].pattern: invalid value \"\": is required",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = file(text).unwrap_err().to_string();
+            assert_eq!(&err, want, "for {text:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_name_the_path() {
+        let err = file("flags:\n  gfd:\n    sleepIntervall: 10s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/config/config.yaml: flags.gfd: unknown field `sleepIntervall`"),
+            "{err}"
+        );
+        let err = file(
+            "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: ten\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+        err.starts_with("/config/config.yaml: sharing.timeSlicing.resources[0].replicas: invalid type: string \"ten\""),
+        "{err}"
+    );
+        let err = file("migStrategy: mixed\n").unwrap_err().to_string();
+        assert!(
+            err.starts_with("/config/config.yaml: unknown field `migStrategy`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let err = load(Path::new("/nonexistent/gpud/config.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/nonexistent/gpud/config.yaml: cannot read: "),
+            "{err}"
+        );
+    }
+}

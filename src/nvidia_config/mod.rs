@@ -63,6 +63,3 @@ pub fn load_and_resolve(
         component,
     )
 }
-
-#[cfg(test)]
-mod tests;

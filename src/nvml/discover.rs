@@ -23,6 +23,7 @@ use tracing::debug;
 use super::NvmlError;
 use super::probe::Probe;
 use super::raw::{self, RemoteKind};
+use crate::inventory::PciBusId;
 use crate::inventory::health::Health;
 use crate::inventory::mig_profile;
 use crate::inventory::model::{
@@ -71,10 +72,10 @@ pub fn discover(lib: &Lib, facts: &NodeFacts) -> Result<Snapshot, NvmlError> {
         }
     }
 
-    let bus_to_index: HashMap<String, u32> = gpus
+    let bus_to_index: HashMap<PciBusId, u32> = gpus
         .iter()
-        .filter(|gpu| !gpu.pci.bus_id.is_empty())
-        .map(|gpu| (gpu.pci.bus_id.to_ascii_uppercase(), gpu.index))
+        .filter(|gpu| !gpu.pci.bus_id.is_unknown())
+        .map(|gpu| (gpu.pci.bus_id.clone(), gpu.index))
         .collect();
     let mut lost_later = Vec::new();
     for (gpu, handle) in gpus.iter_mut().zip(&handles) {
@@ -200,12 +201,12 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
         memory_mib: total_bytes >> 20,
         pci: pci
             .map(|p| Pci {
-                bus_id: p.bus_id,
+                bus_id: PciBusId::from_nvml(&p.bus_id),
                 device_id: format!("0x{:08X}", p.pci_device_id),
                 subsystem_id: p.pci_sub_system_id.map(|id| format!("0x{id:08X}")),
             })
             .unwrap_or_else(|| Pci {
-                bus_id: String::new(),
+                bus_id: PciBusId::unknown(),
                 device_id: String::new(),
                 subsystem_id: None,
             }),
@@ -244,7 +245,7 @@ fn unreachable_gpu(index: u32, err: &E, now: SystemTime) -> Gpu {
         compute_capability: None,
         memory_mib: 0,
         pci: Pci {
-            bus_id: String::new(),
+            bus_id: PciBusId::unknown(),
             device_id: String::new(),
             subsystem_id: None,
         },
@@ -397,7 +398,7 @@ fn read_mig_device(
 fn read_nvlinks(
     lib: &Lib,
     device: &Device<'_>,
-    bus_to_index: &HashMap<String, u32>,
+    bus_to_index: &HashMap<PciBusId, u32>,
 ) -> (Vec<NvLink>, bool) {
     let mut links = Vec::new();
     for link in 0..NVML_NVLINK_MAX_LINKS {
@@ -409,8 +410,8 @@ fn read_nvlinks(
         };
         let remote = if active {
             wrapper.remote_pci_info().ok().map(|pci| {
-                let bus_id = pci.bus_id;
-                let known_gpu = bus_to_index.get(&bus_id.to_ascii_uppercase()).copied();
+                let bus_id = PciBusId::from_nvml(&pci.bus_id);
+                let known_gpu = bus_to_index.get(&bus_id).copied();
                 match (raw::nvlink_remote_kind(lib, device, link), known_gpu) {
                     (Ok(RemoteKind::Switch), _) => NvLinkRemote::Switch { bus_id },
                     (_, Some(gpu_index)) => NvLinkRemote::Gpu { bus_id, gpu_index },

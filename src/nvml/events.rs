@@ -3,8 +3,10 @@
 //! `nvmlEventSetWait_v2` is a blocking C call that can sleep for its whole timeout, so it never
 //! runs on an async worker. The thread waits in short slices so that a stop request is honoured
 //! within half a second, and forwards each event to the health tracker through a bounded
-//! channel: a storm fills the channel and then the driver's own queue, it never grows gpud's
-//! memory.
+//! channel. A storm fills the channel and then the driver's own queue: the thread waits for
+//! room instead of dropping an event, so every XID the driver delivers is counted, and gpud's
+//! memory does not grow. A stop request ends that wait too, so dropping the [`EventWatcher`]
+//! never hangs on a consumer that stopped reading.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use std::time::Duration;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::error::NvmlError as E;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, warn};
 
 use super::raw;
@@ -51,6 +54,10 @@ fn wanted() -> EventTypes {
 
 /// How long one wait may block before the thread checks for a stop request.
 const WAIT_SLICE_MS: u32 = 500;
+
+/// How long the thread sleeps before it retries handing an event to a full channel. The
+/// consumer empties the channel in far less than this, so it bounds the delay, not the rate.
+const FULL_RETRY: Duration = Duration::from_millis(1);
 
 /// A running event thread; dropping it stops the thread.
 #[derive(Debug)]
@@ -153,8 +160,26 @@ fn event_loop(
         let Some(event) = translate(&data, &handles) else {
             continue;
         };
-        if tx.blocking_send(event).is_err() {
-            return; // the tracker is gone: nothing left to do
+        if !hand_over(&tx, event, &stop) {
+            return; // the tracker is gone, or a stop was requested: nothing left to do
+        }
+    }
+}
+
+/// Sends `event`, waiting while the channel is full. `false` when the receiver is gone or a
+/// stop was requested meanwhile.
+fn hand_over(tx: &mpsc::Sender<GpuEvent>, mut event: GpuEvent, stop: &AtomicBool) -> bool {
+    loop {
+        match tx.try_send(event) {
+            Ok(()) => return true,
+            Err(TrySendError::Closed(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+                event = back;
+                std::thread::sleep(FULL_RETRY);
+            }
         }
     }
 }
@@ -174,4 +199,54 @@ fn translate(data: &raw::RawEventData, handles: &HashMap<usize, u32>) -> Option<
     let mig = (data.gpu_instance_id != u32::MAX && data.compute_instance_id != u32::MAX)
         .then_some((data.gpu_instance_id, data.compute_instance_id));
     Some(GpuEvent { gpu, kind, mig })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xid(code: u32) -> GpuEvent {
+        GpuEvent {
+            gpu: 0,
+            kind: EventKind::Xid(code),
+            mig: None,
+        }
+    }
+
+    #[test]
+    fn a_full_channel_makes_the_sender_wait_and_loses_nothing() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let stop = Arc::new(AtomicBool::new(false));
+        let sender = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || (0..1_000).all(|code| hand_over(&tx, xid(code), &stop)))
+        };
+        let mut received = Vec::new();
+        while let Some(event) = rx.blocking_recv() {
+            received.push(event);
+        }
+        assert!(sender.join().unwrap());
+        assert_eq!(received, (0..1_000).map(xid).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_stop_request_ends_the_wait_on_a_full_channel() {
+        let (tx, rx) = mpsc::channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        assert!(hand_over(&tx, xid(1), &stop));
+        let sender = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || hand_over(&tx, xid(2), &stop))
+        };
+        stop.store(true, Ordering::Relaxed);
+        assert!(!sender.join().unwrap(), "gave up instead of hanging");
+        drop(rx);
+    }
+
+    #[test]
+    fn a_closed_channel_ends_the_thread() {
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        assert!(!hand_over(&tx, xid(1), &AtomicBool::new(false)));
+    }
 }

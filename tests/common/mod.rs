@@ -63,6 +63,19 @@ impl Node {
         file.sync_all().expect("sync control file");
     }
 
+    /// Appends many fault-injection lines to the control file in one write, as a storm that
+    /// the simulated driver sees all at once.
+    pub fn inject_all(&self, lines: &[String]) {
+        let mut text = lines.join("\n");
+        text.push('\n');
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(self.control_path())
+            .expect("open control file");
+        file.write_all(text.as_bytes()).expect("write control file");
+        file.sync_all().expect("sync control file");
+    }
+
     /// Replaces the simulated driver's MIG state of GPU `uuid` at once (through a rename, as
     /// the driver's state changes in one step): MIG mode on, with `gpu_instances` in the state
     /// file's form (see tests/nvml-mock/README.md). Running processes see it on their next NVML

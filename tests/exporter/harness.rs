@@ -26,9 +26,19 @@ impl Exporter {
 
     /// [`Exporter::start`] with extra environment variables.
     pub fn start_with(node: &Node, args: &[&str], env: &[(&str, &str)]) -> Exporter {
+        Self::start_following(node, "", args, env)
+    }
+
+    /// [`Exporter::start_with`], following `kmsg` as the kernel log (`""`: none).
+    pub fn start_following(
+        node: &Node,
+        kmsg: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Exporter {
         let port = http::free_port();
         let address = format!("127.0.0.1:{port}");
-        let mut all = vec!["exporter", "-a", &address, "-c", "100", "--kmsg", ""];
+        let mut all = vec!["exporter", "-a", &address, "-c", "100", "--kmsg", kmsg];
         all.extend_from_slice(args);
         let mut cmd = node.gpud(&all);
         for (key, value) in env {

@@ -14,3 +14,4 @@ mod metrics;
 mod packaging;
 mod pods;
 mod rescan;
+mod storm;

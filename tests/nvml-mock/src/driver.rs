@@ -317,10 +317,9 @@ impl Runtime {
         }
     }
 
-    fn deliver(&self, event: &Event) {
-        for set in self.event_sets.values() {
-            set.deliver(event);
-        }
+    /// The event sets that exist now, to deliver to once the runtime lock is released.
+    fn sets(&self) -> Vec<Arc<EventSet>> {
+        self.event_sets.values().cloned().collect()
     }
 
     /// Finds the GPU (and MIG instance) a control command names.
@@ -350,10 +349,16 @@ impl Runtime {
         }
     }
 
-    /// Applies one control command. State effects always happen; events are produced only
-    /// when `live` (a line appended after init), because a driver does not deliver events
-    /// from before a consumer subscribed.
-    fn apply(&mut self, node: &Node, cmd: &Command, live: bool, now_us: u64) -> Result<(), String> {
+    /// Applies one control command. State effects always happen; the event to deliver is
+    /// returned only when `live` (a line appended after init), because a driver does not
+    /// deliver events from before a consumer subscribed.
+    fn apply(
+        &mut self,
+        node: &Node,
+        cmd: &Command,
+        live: bool,
+        now_us: u64,
+    ) -> Result<Option<Event>, String> {
         let (gpu, attributed) = self.resolve(node, cmd.target())?;
         let (gi, ci) = attributed.unwrap_or((NO_INSTANCE, NO_INSTANCE));
         let event = |event_type: u32, data: u64, instance: (u32, u32)| Event {
@@ -428,10 +433,7 @@ impl Runtime {
                 None
             }
         };
-        if live && let Some(e) = emitted {
-            self.deliver(&e);
-        }
-        Ok(())
+        Ok(emitted.filter(|_| live))
     }
 
     /// What a GPU reset does to MIG: the pending mode becomes current, dropping instances.
@@ -516,15 +518,25 @@ impl Session {
             .map_or(String::new(), |p| p.display().to_string());
         let mut rt = self.lock();
         let result = match control::parse_line(line) {
-            Ok(None) => Ok(()),
+            Ok(None) => Ok(None),
             Ok(Some(cmd)) => rt.apply(&self.node, &cmd, live, self.timestamp_us()),
             Err(e) => Err(e),
         };
-        if let Err(e) = result {
-            rt.warn_once(format!(
+        match result {
+            Ok(Some(event)) => {
+                let sets = rt.sets();
+                // A delivery may wait for a consumer to make room, and the consumer needs the
+                // runtime lock to reach its set: deliver without holding it.
+                drop(rt);
+                for set in sets {
+                    set.deliver(&event);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => rt.warn_once(format!(
                 "control file {origin}: skipping {:?}: {e}",
                 line.trim()
-            ));
+            )),
         }
     }
 
