@@ -10,6 +10,7 @@ pub mod config;
 pub mod device_plugin;
 pub mod exit;
 pub mod exporter;
+pub mod grpc;
 pub mod health;
 pub mod inventory;
 pub mod labeller;
