@@ -3,23 +3,31 @@
 //! - XID injection to the Unhealthy device list arriving on the kubelet's ListAndWatch stream;
 //! - Allocate round trip over the plugin socket;
 //! - GetPreferredAllocation computed in-process on the 8-GPU NVSwitch topology, every size;
-//! - the `:authority` rewriting every plugin connection passes through, per request, in-process.
+//! - the `:authority` rewriting every plugin connection passes through: per request
+//!   in-process, and as Allocate round trips against two in-process servers, one with and one
+//!   without it, interleaved so that load on the machine affects both alike.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/common/fake_kubelet.rs"]
 mod fake_kubelet;
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use gpud::device_plugin::preferred::preferred;
 use gpud::device_plugin::resources::resources;
+use gpud::device_plugin::server::{PluginService, PluginState};
 use gpud::device_plugin::settings::{Settings, SharedPolicy};
 use gpud::grpc::rewrite::{PREFACE, Rewriter};
 use gpud::inventory::Snapshot;
+use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use gpud::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use gpud::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 
 const XID_ROUNDS: usize = 100;
@@ -124,6 +132,58 @@ fn rewrite_costs() {
         );
         rewrite_cost(&format!("{label}: later requests"), &connection, &next);
     }
+}
+
+async fn client(path: &Path) -> DevicePluginClient<tonic::transport::Channel> {
+    let endpoint = tonic::transport::Endpoint::try_from(format!("unix://{}", path.display()));
+    DevicePluginClient::new(endpoint.unwrap().connect().await.unwrap())
+}
+
+/// Allocate round trips against the same service served through `gpud::grpc` (socket bound
+/// with its mode, connections wrapped) and through tonic alone, alternating call by call.
+async fn wrapper_round_trips(snapshot: &Snapshot, ids: &[String]) {
+    let settings = Settings::default();
+    let state = PluginState {
+        resource: Arc::new(resources(snapshot, &settings).unwrap().remove(0)),
+        snapshot: Arc::new(snapshot.clone()),
+        settings: Arc::new(settings),
+        control_nodes: Arc::new(Vec::new()),
+        mig_caps: Arc::new(HashMap::new()),
+    };
+    let (_state, rx) = tokio::sync::watch::channel(state);
+    let dir = tempfile::tempdir().unwrap();
+    let wrapped = dir.path().join("wrapped.sock");
+    let plain = dir.path().join("plain.sock");
+    let listener = gpud::grpc::bind(&wrapped, gpud::grpc::SOCKET_MODE).unwrap();
+    let service = DevicePluginServer::new(PluginService::new(rx.clone()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(gpud::grpc::incoming(listener)),
+    );
+    let listener = tokio::net::UnixListener::bind(&plain).unwrap();
+    let service = DevicePluginServer::new(PluginService::new(rx));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let mut clients = [client(&wrapped).await, client(&plain).await];
+    let mut samples = [Vec::new(), Vec::new()];
+    for round in 0..2 * ALLOCATE_ROUNDS {
+        let pair = vec![ids[round % 8].clone(), ids[(round + 1) % 8].clone()];
+        let start = Instant::now();
+        clients[round % 2]
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest { devices_ids: pair }],
+            })
+            .await
+            .unwrap();
+        samples[round % 2].push(start.elapsed());
+    }
+    let [with, without] = &mut samples;
+    report("Allocate, gpud::grpc socket", with, "in-process server");
+    report("Allocate, plain tonic socket", without, "same, interleaved");
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -243,6 +303,7 @@ async fn main() {
     );
 
     rewrite_costs();
+    wrapper_round_trips(&snapshot, &ids).await;
 
     let _ = child.kill();
     let _ = child.wait();

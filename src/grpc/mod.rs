@@ -19,3 +19,16 @@ pub mod stream;
 
 pub use socket::{BindError, SOCKET_MODE, bind};
 pub use stream::{AuthorityFix, incoming};
+
+/// Helpers for this module's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Bytes from hex digits; whitespace between them is ignored.
+    pub fn hex(text: &str) -> Vec<u8> {
+        let digits: String = text.split_whitespace().collect();
+        (0..digits.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
+            .collect()
+    }
+}

@@ -114,6 +114,9 @@ pub struct Rewriter {
     joined: Vec<u8>,
     /// The block re-encoded.
     encoded: Vec<u8>,
+    /// The block's fields while it may still be forwarded as received.
+    held: HeldFields,
+    authorities: AuthorityCheck,
     /// Set at the first replaced authority; from then on every block is re-encoded.
     rewriting: bool,
 }
@@ -135,6 +138,8 @@ impl Rewriter {
             decoder: Decoder::new(HEADER_TABLE_SIZE, MAX_HEADER_LIST),
             joined: Vec::new(),
             encoded: Vec::new(),
+            held: HeldFields::default(),
+            authorities: AuthorityCheck::default(),
             rewriting: false,
         }
     }
@@ -284,6 +289,8 @@ impl Rewriter {
             decoder,
             joined,
             encoded,
+            held,
+            authorities,
             rewriting,
             ..
         } = self;
@@ -299,33 +306,36 @@ impl Rewriter {
             }
         };
         encoded.clear();
-        let mut replaced = false;
+        held.clear();
+        let mut rewrite = *rewriting;
         decoder
             .decode(fragment, |field| {
-                if field.name == b":authority" && !valid_authority(field.value) {
-                    if !replaced && !*rewriting {
-                        debug!(
-                            authority = %String::from_utf8_lossy(field.value),
-                            "Client sent an :authority that is not a URI authority; using localhost"
-                        );
+                let replace = field.name == b":authority" && !authorities.is_valid(field.value);
+                if !rewrite {
+                    if !replace {
+                        // Likely forwarded as received: keep the field, do not encode it yet.
+                        held.push(field);
+                        return;
                     }
-                    replaced = true;
-                    encode_field(
-                        encoded,
-                        Field {
-                            value: FALLBACK_AUTHORITY,
-                            ..field
-                        },
+                    debug!(
+                        authority = %String::from_utf8_lossy(field.value),
+                        "Client sent an :authority that is not a URI authority; using localhost"
                     );
-                } else {
-                    encode_field(encoded, field);
+                    rewrite = true;
+                    held.encode_into(encoded);
                 }
+                let value = if replace {
+                    FALLBACK_AUTHORITY
+                } else {
+                    field.value
+                };
+                encode_field(encoded, Field { value, ..field });
             })
             .map_err(|source| RewriteError::Hpack {
                 stream: block.stream,
                 source,
             })?;
-        *rewriting |= replaced;
+        *rewriting = rewrite;
         if *rewriting {
             write_frames(out, block, encoded);
         } else {
@@ -338,6 +348,70 @@ impl Rewriter {
 /// Whether h2 accepts `value` as a request's `:authority` (it parses it exactly so).
 pub fn valid_authority(value: &[u8]) -> bool {
     http::uri::Authority::try_from(value).is_ok()
+}
+
+/// [`valid_authority`], remembering the last valid value: a client sends the same authority
+/// on every request, and parsing it costs an allocation.
+#[derive(Debug, Default)]
+struct AuthorityCheck {
+    last_valid: Vec<u8>,
+}
+
+impl AuthorityCheck {
+    fn is_valid(&mut self, value: &[u8]) -> bool {
+        if value == self.last_valid.as_slice() && !value.is_empty() {
+            return true;
+        }
+        let valid = valid_authority(value);
+        if valid {
+            self.last_valid.clear();
+            self.last_valid.extend_from_slice(value);
+        }
+        valid
+    }
+}
+
+/// Decoded fields of the block being read, copied so they can still be encoded if a later
+/// field of the same block turns out to need replacing. Copying is cheaper than encoding, which
+/// most blocks never need.
+#[derive(Debug, Default)]
+struct HeldFields {
+    bytes: Vec<u8>,
+    /// Per field: name length, value length, sensitive.
+    fields: Vec<(usize, usize, bool)>,
+}
+
+impl HeldFields {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.fields.clear();
+    }
+
+    fn push(&mut self, field: Field<'_>) {
+        self.bytes.extend_from_slice(field.name);
+        self.bytes.extend_from_slice(field.value);
+        self.fields
+            .push((field.name.len(), field.value.len(), field.sensitive));
+    }
+
+    /// Encodes every held field, in order, and forgets them.
+    fn encode_into(&mut self, out: &mut Vec<u8>) {
+        let mut rest = self.bytes.as_slice();
+        for &(name_len, value_len, sensitive) in &self.fields {
+            let (name, tail) = rest.split_at(name_len);
+            let (value, tail) = tail.split_at(value_len);
+            rest = tail;
+            encode_field(
+                out,
+                Field {
+                    name,
+                    value,
+                    sensitive,
+                },
+            );
+        }
+        self.clear();
+    }
 }
 
 /// Writes a re-encoded block as HEADERS (keeping END_STREAM and the priority fields, dropping
@@ -389,6 +463,7 @@ fn frame_header(out: &mut Vec<u8>, len: usize, kind: u8, flags: u8, stream: u32)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grpc::test_support::hex;
 
     /// A frame as a client would send it.
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -624,11 +699,17 @@ mod tests {
         }
     }
 
-    fn hex(text: &str) -> Vec<u8> {
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-            .collect()
+    #[test]
+    fn authority_check_remembers_only_valid_values() {
+        let mut check = AuthorityCheck::default();
+        assert!(!check.is_valid(b""));
+        assert!(check.is_valid(b"localhost"));
+        assert!(check.is_valid(b"localhost"));
+        assert!(!check.is_valid(b"/x.sock"));
+        assert!(!check.is_valid(b"/x.sock"));
+        assert!(check.is_valid(b"localhost"));
+        assert!(!check.is_valid(b""));
+        assert_eq!(check.last_valid, b"localhost");
     }
 
     #[test]

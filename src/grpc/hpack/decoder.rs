@@ -210,14 +210,7 @@ fn read_string<'a>(rest: &mut &'a [u8], scratch: &mut Vec<u8>) -> Result<Str<'a>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(text: &str) -> Vec<u8> {
-        let text: String = text.split_whitespace().collect();
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::grpc::test_support::hex;
 
     type Owned = Vec<(String, String, bool)>;
 

@@ -142,13 +142,7 @@ pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HuffmanError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(text: &str) -> Vec<u8> {
-        (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::grpc::test_support::hex;
 
     fn decoded(input: &[u8]) -> Result<Vec<u8>, HuffmanError> {
         let mut out = Vec::new();
