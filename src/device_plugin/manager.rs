@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, warn};
 
@@ -27,6 +25,7 @@ use super::resources::{self, Resource};
 use super::server::{PluginService, PluginState};
 use super::settings::Settings;
 use crate::daemon::ReadyLatch;
+use crate::grpc;
 use crate::inventory::{Inventory, Snapshot};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 
@@ -45,12 +44,8 @@ pub struct ManagerConfig {
 /// Errors that stop the device plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    #[error("cannot serve on {path}: {source}")]
-    Bind {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot serve a plugin: {0}")]
+    Bind(#[from] grpc::BindError),
 }
 
 struct Plugin {
@@ -253,12 +248,8 @@ fn start(
     let resource: Arc<Resource> = Arc::clone(&state.resource);
     let socket_name = resource.socket_name();
     let socket = dir.join(&socket_name);
-    // A socket left by an earlier run would make bind fail.
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).map_err(|source| ManagerError::Bind {
-        path: socket.clone(),
-        source,
-    })?;
+    // Replaces a socket left by an earlier run; only root (the kubelet) may connect.
+    let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
     let (tx, rx) = watch::channel(state);
     let stop = CancellationToken::new();
     let server_stop = stop.clone();
@@ -268,10 +259,8 @@ fn start(
             let service = DevicePluginServer::new(PluginService::new(rx));
             let served = tonic::transport::Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
-                    server_stop.cancelled(),
-                )
+                // Any :authority is accepted: kubelets before 1.26 send the socket path there.
+                .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
                 .await;
             if let Err(err) = served {
                 error!(resource = %name, error = %err, "Plugin server failed");

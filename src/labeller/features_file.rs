@@ -3,11 +3,12 @@
 //! nfd-worker reads every file in its `features.d/` directory whenever it likes, so it must
 //! never see a half-written file: the labels go to a temporary file in the same directory
 //! (a rename is only atomic within one filesystem), which is flushed to disk and then renamed
-//! over the target; the directory is synced so the rename survives a crash.
+//! over the target; the directory is synced so the rename survives a crash. The file is made
+//! mode 0644 explicitly: creating it with that mode only narrows it by the umask.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,6 +25,9 @@ pub fn render(labels: &Labels) -> String {
     }
     text
 }
+
+/// Mode of the features file: nfd-worker may run as another user.
+pub const FEATURES_FILE_MODE: u32 = 0o644;
 
 /// Makes temporary names unique within the process (the pid makes them unique across).
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -46,9 +50,10 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(FEATURES_FILE_MODE)
             .open(&temp)?;
         file.write_all(contents)?;
+        file.set_permissions(fs::Permissions::from_mode(FEATURES_FILE_MODE))?;
         file.sync_all()?;
         fs::rename(&temp, path)
     })();

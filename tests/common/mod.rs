@@ -96,6 +96,18 @@ impl Node {
         cmd
     }
 
+    /// `gpud <args…>` wired to this node, started by `sh` after `umask <umask>`, so that the
+    /// files it creates get the mode a service manager's umask would give them.
+    pub fn gpud_under_umask(&self, umask: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+            .arg(gpud_bin())
+            .args(args);
+        self.wire(&mut cmd);
+        cmd
+    }
+
     /// Sets the environment that points a command at this node.
     pub fn wire(&self, cmd: &mut Command) {
         cmd.env_clear()
