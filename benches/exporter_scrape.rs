@@ -138,6 +138,7 @@ fn start_exporter(
     }
 }
 
+#[allow(clippy::disallowed_methods)] // PATH is searched like a shell does
 fn find_nginx() -> Option<PathBuf> {
     std::env::var_os("PATH")
         .into_iter()

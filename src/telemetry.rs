@@ -30,3 +30,16 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }
+
+/// Starts a named thread whose log lines carry the caller's span, so a line written by a
+/// subsystem's helper thread still says which subsystem it belongs to.
+pub fn spawn_thread<F, T>(name: &str, run: F) -> std::io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let span = tracing::Span::current();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || span.in_scope(run))
+}

@@ -139,11 +139,10 @@ fn skip_string(bytes: &[char], mut i: usize) -> usize {
 
 /// `'a'` or `'\n'` rather than a lifetime `'a`.
 fn is_char_literal(bytes: &[char], i: usize) -> bool {
-    match (bytes.get(i + 1), bytes.get(i + 2)) {
-        (Some('\\'), _) => true,
-        (Some(_), Some('\'')) => true,
-        _ => false,
-    }
+    matches!(
+        (bytes.get(i + 1), bytes.get(i + 2)),
+        (Some('\\'), _) | (Some(_), Some('\''))
+    )
 }
 
 /// Drops `#[cfg(test)]` modules (unit tests name `super::*`, which is not a dependency).

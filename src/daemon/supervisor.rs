@@ -72,6 +72,8 @@ impl Daemon<()> {
 impl<C: Send + Sync + 'static> Daemon<C> {
     /// A daemon for `applet` whose configuration starts as `initial` and is rebuilt by
     /// `reload` on every SIGHUP (an error keeps the running configuration).
+    // systemd's NOTIFY_SOCKET is the daemon's own configuration, read once here.
+    #[allow(clippy::disallowed_methods)]
     pub fn new(
         applet: &'static str,
         initial: C,

@@ -37,9 +37,9 @@ impl KubeletWatch {
         let created = match watched {
             Ok(inotify) => {
                 let (tx, rx) = mpsc::channel(1);
-                let spawned = std::thread::Builder::new()
-                    .name("gpud-kubelet-watch".into())
-                    .spawn(move || watch_thread(&inotify, &name, &tx));
+                let spawned = crate::telemetry::spawn_thread("gpud-kubelet-watch", move || {
+                    watch_thread(&inotify, &name, &tx)
+                });
                 spawned.ok().map(|_| rx)
             }
             Err(err) => {

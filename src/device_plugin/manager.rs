@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, warn};
 
@@ -52,12 +52,11 @@ struct Plugin {
     state: watch::Sender<PluginState>,
     stop: CancellationToken,
     socket: PathBuf,
-    /// The kubelet accepted its registration (or there is no kubelet to register with).
-    registered: bool,
 }
 
 /// Runs until `cancel`, then stops every plugin and removes its socket. `ready` is set once
-/// every resource is served and registered with the kubelet.
+/// every resource is served; registration goes on with backoff and does not hold readiness
+/// back, since a kubelet that starts after gpud (or after a node reboot) is normal.
 pub async fn run(
     cancel: CancellationToken,
     inventory: Inventory,
@@ -75,7 +74,6 @@ pub async fn run(
     let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
     let mut last_error: Option<String> = None;
     let mut restart_all = false;
-    let (registered_tx, mut registered_rx) = mpsc::unbounded_channel();
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
@@ -93,21 +91,13 @@ pub async fn run(
             &dir,
             &config,
             &mut last_error,
-            &registered_tx,
         )?;
-        if plugins.values().all(|plugin| plugin.registered) {
-            ready.set();
-        }
+        ready.set();
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = snapshots.changed() => if changed.is_err() { break },
             changed = settings.changed() => if changed.is_err() { break },
             () = recreated(&mut kubelet) => restart_all = true,
-            Some(resource) = registered_rx.recv() => {
-                if let Some(plugin) = plugins.get_mut(&resource) {
-                    plugin.registered = true;
-                }
-            }
         }
     }
     for (_, plugin) in plugins {
@@ -130,7 +120,6 @@ fn reconcile(
     dir: &Path,
     config: &ManagerConfig,
     last_error: &mut Option<String>,
-    registered: &mpsc::UnboundedSender<String>,
 ) -> Result<(), ManagerError> {
     let wanted = match resources::resources(snapshot, settings) {
         Ok(wanted) => {
@@ -175,7 +164,7 @@ fn reconcile(
             }
             None => {
                 let name = state.resource.name.clone();
-                let plugin = start(state, dir, config, registered)?;
+                let plugin = start(state, dir, config)?;
                 plugins.insert(name, plugin);
             }
         }
@@ -239,12 +228,7 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     out
 }
 
-fn start(
-    state: PluginState,
-    dir: &Path,
-    config: &ManagerConfig,
-    registered: &mpsc::UnboundedSender<String>,
-) -> Result<Plugin, ManagerError> {
+fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugin, ManagerError> {
     let resource: Arc<Resource> = Arc::clone(&state.resource);
     let socket_name = resource.socket_name();
     let socket = dir.join(&socket_name);
@@ -271,21 +255,14 @@ fn start(
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
         tokio::spawn(
-            register_until_accepted(
-                kubelet,
-                socket_name,
-                resource.name.clone(),
-                stop.clone(),
-                registered.clone(),
-            )
-            .in_current_span(),
+            register_until_accepted(kubelet, socket_name, resource.name.clone(), stop.clone())
+                .in_current_span(),
         );
     }
     Ok(Plugin {
         state: tx,
         stop,
         socket,
-        registered: config.kubelet_socket.is_none(),
     })
 }
 
@@ -296,7 +273,6 @@ async fn register_until_accepted(
     endpoint: String,
     resource: String,
     stop: CancellationToken,
-    registered: mpsc::UnboundedSender<String>,
 ) {
     let mut delay = Duration::from_secs(1);
     let mut warned = false;
@@ -306,7 +282,6 @@ async fn register_until_accepted(
             result = registration::register(&kubelet, &endpoint, &resource) => match result {
                 Ok(()) => {
                     info!(resource = %resource, endpoint = %endpoint, "Registered with the kubelet");
-                    let _ = registered.send(resource);
                     return;
                 }
                 Err(err) if !warned => {

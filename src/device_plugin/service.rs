@@ -6,7 +6,7 @@ use super::settings::Settings;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
 
-/// Serves the node's resources to the kubelet; ready once every one is registered.
+/// Serves the node's resources to the kubelet; ready once every one is served.
 #[derive(Debug)]
 pub struct DevicePlugin {
     config: ManagerConfig,

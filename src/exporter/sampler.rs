@@ -59,13 +59,13 @@ pub fn start(
     tx: watch::Sender<Option<Arc<Sampled>>>,
 ) -> Result<SamplerThread, NvmlError> {
     let (stop, stopped) = mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name("gpud-sampler".into())
-        .spawn(move || run(&nvml, &inventory, &plan, interval, &tx, &stopped))
-        .map_err(|source| NvmlError::Thread {
-            what: "sampler",
-            source,
-        })?;
+    let thread = crate::telemetry::spawn_thread("gpud-sampler", move || {
+        run(&nvml, &inventory, &plan, interval, &tx, &stopped)
+    })
+    .map_err(|source| NvmlError::Thread {
+        what: "sampler",
+        source,
+    })?;
     Ok(SamplerThread {
         stop: Some(stop),
         thread: Some(thread),

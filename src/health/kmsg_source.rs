@@ -64,16 +64,14 @@ pub fn start(path: &Path, tx: mpsc::Sender<KmsgEvent>) -> Option<KmsgSource> {
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = Arc::clone(&stop);
     let owned: PathBuf = path.to_path_buf();
-    let thread = std::thread::Builder::new()
-        .name("gpud-kmsg".into())
-        .spawn(move || {
-            if is_device {
-                follow_device(file, &tx, &thread_stop);
-            } else {
-                follow_file(file, &tx, &thread_stop);
-            }
-            debug!(path = %owned.display(), "Kernel log reader stopped");
-        });
+    let thread = crate::telemetry::spawn_thread("gpud-kmsg", move || {
+        if is_device {
+            follow_device(file, &tx, &thread_stop);
+        } else {
+            follow_file(file, &tx, &thread_stop);
+        }
+        debug!(path = %owned.display(), "Kernel log reader stopped");
+    });
     match thread {
         Ok(thread) => Some(KmsgSource {
             stop,

@@ -76,6 +76,8 @@ impl WatcherConfig {
     /// Flags over gpud's config file over the defaults, with the XID policy from the config
     /// file and NVIDIA's `DP_DISABLE_HEALTHCHECKS` / `DP_ENABLE_HEALTHCHECKS`. Returns the
     /// warnings about malformed XID lists, to be logged once.
+    // Resolution of the watcher's configuration: NVIDIA's DP_* variables are read here.
+    #[allow(clippy::disallowed_methods)]
     pub fn resolve(
         flags: WatcherOverrides<'_>,
         file: &crate::config::HealthSection,

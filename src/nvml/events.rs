@@ -124,13 +124,13 @@ impl Nvml {
 
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("gpud-nvml-events".into())
-            .spawn(move || event_loop(lib, set, handles, tx, thread_stop))
-            .map_err(|source| NvmlError::Thread {
-                what: "NVML event",
-                source,
-            })?;
+        let thread = crate::telemetry::spawn_thread("gpud-nvml-events", move || {
+            event_loop(lib, set, handles, tx, thread_stop)
+        })
+        .map_err(|source| NvmlError::Thread {
+            what: "NVML event",
+            source,
+        })?;
         Ok(EventWatcher {
             stop,
             thread: Some(thread),

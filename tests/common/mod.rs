@@ -109,6 +109,7 @@ impl Node {
     }
 
     /// Sets the environment that points a command at this node.
+    #[allow(clippy::disallowed_methods)] // the test harness passes PATH on
     pub fn wire(&self, cmd: &mut Command) {
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -135,6 +136,7 @@ impl Node {
 
 /// Compares `actual` with the golden file at `tests/fixtures/golden/<name>`; with
 /// `GPUD_BLESS=1` it rewrites the file instead (review the diff before committing).
+#[allow(clippy::disallowed_methods)] // GPUD_BLESS is the harness's own switch
 pub fn assert_golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/golden")
