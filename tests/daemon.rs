@@ -206,25 +206,25 @@ async fn lifecycle(applet: &str, rounds: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_plugin_lifecycle() {
-    lifecycle("device-plugin", 3).await;
+    lifecycle("device-plugin", 50).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exporter_lifecycle() {
-    lifecycle("exporter", 3).await;
+    lifecycle("exporter", 50).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_lifecycle() {
-    lifecycle("health", 3).await;
+    lifecycle("health", 50).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labeller_lifecycle() {
-    lifecycle("labeller", 3).await;
+    lifecycle("labeller", 50).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_lifecycle() {
-    lifecycle("run", 3).await;
+    lifecycle("run", 50).await;
 }
