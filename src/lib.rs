@@ -11,6 +11,7 @@ pub mod device_plugin;
 pub mod exit;
 pub mod exporter;
 pub mod health;
+pub mod http;
 pub mod inventory;
 pub mod labeller;
 pub mod multicall;

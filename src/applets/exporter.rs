@@ -131,6 +131,9 @@ pub(super) struct ExporterArgs {
         default_value_t = 300_000
     )]
     xid_count_window_size: u64,
+
+    #[command(flatten)]
+    http: crate::http::HttpArgs,
 }
 
 /// The counters file, read and checked before NVML is opened.
@@ -155,7 +158,7 @@ impl ExporterArgs {
             eprintln!("gpud: {err}");
             ExitCode::from(exit::DATA)
         })?;
-        if let Err(err) = exporter::server::parse_address(&self.address) {
+        if let Err(err) = crate::http::parse_address(&self.address) {
             eprintln!("gpud: {err}");
             return Err(ExitCode::from(exit::USAGE));
         }
@@ -258,6 +261,7 @@ impl ExporterArgs {
                 poll_interval: self.pod_resources_poll_interval,
             }),
             xid_window: Duration::from_millis(self.xid_count_window_size),
+            http: self.http.limits(),
         }
     }
 }
@@ -293,12 +297,15 @@ async fn serve(
             }
         }
     });
+    let (probes, on_ready) = crate::http::probes::probes();
     let exporter = tokio::spawn(exporter::run(
         cancel.clone(),
         nvml,
         inventory,
         config,
         Some(xid_rx),
+        probes,
+        on_ready,
     ));
     let stop = crate::signals::shutdown();
     tokio::pin!(stop);

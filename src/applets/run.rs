@@ -229,12 +229,15 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             tasks.spawn(async move { ("labeller", run.await.map_err(|e| e.to_string())) });
         }
         if args.enabled(Subsystem::Exporter) {
+            let (probes, on_ready) = crate::http::probes::probes();
             let run = crate::exporter::run(
                 cancel.clone(),
                 nvml.clone(),
                 inventory.clone(),
                 exporter_config,
                 xid_rx,
+                probes,
+                on_ready,
             );
             tasks.spawn(async move { ("exporter", run.await.map_err(|e| e.to_string())) });
         }
