@@ -18,8 +18,15 @@ use super::servers::{Server, samples_in};
 
 /// The collect interval of the run.
 pub const INTERVAL: Duration = Duration::from_secs(1);
-/// Intervals measured per scenario.
-pub const INTERVALS: usize = 20;
+/// Intervals measured per scenario, unless `GPUD_BENCH_INTERVALS` says otherwise (more
+/// intervals make the p99 of a single scraper more than its slowest scrape or two).
+pub fn intervals() -> usize {
+    std::env::var("GPUD_BENCH_INTERVALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(20)
+}
 
 /// Who scrapes each interval.
 pub struct Scenario {
@@ -87,7 +94,7 @@ fn body_replaced_at(port: u16) -> Result<Instant, Error> {
     Err("the exporter published no new body within 5 intervals".into())
 }
 
-/// Runs `scenario` against `server` for [`INTERVALS`] intervals. Every answer must be 200 with
+/// Runs `scenario` against `server` for [`intervals`] intervals. Every answer must be 200 with
 /// `expected_len` bytes, give or take the few that change between bodies.
 pub fn measure(
     server: &Server,
@@ -103,7 +110,7 @@ pub fn measure(
         next += INTERVAL;
     }
     let (mut cpu_ns, mut latencies) = (0, Vec::new());
-    for _ in 0..INTERVALS {
+    for _ in 0..intervals() {
         thread::sleep(next.saturating_duration_since(Instant::now()));
         next += INTERVAL;
         let before = gpud_cpu_ns(pid);

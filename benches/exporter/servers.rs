@@ -70,10 +70,14 @@ pub struct Node<'a> {
     pub dir: &'a Path,
 }
 
-/// `gpud exporter` (the binary `gpud`) sampling every `interval_ms`, ready to scrape.
+/// `gpud exporter` (the binary `gpud`, whatever its file is called) sampling every
+/// `interval_ms`, once its body has everything (two samples in).
 pub fn start_exporter(gpud: &Path, node: &Node<'_>, interval_ms: u64) -> Result<Server, Error> {
+    use std::os::unix::process::CommandExt;
     let port = free_port()?;
     let child = Command::new(gpud)
+        // A multicall binary: the name it is called by picks the applet.
+        .arg0("gpud")
         .args([
             "exporter",
             "-a",
@@ -91,8 +95,21 @@ pub fn start_exporter(gpud: &Path, node: &Node<'_>, interval_ms: u64) -> Result<
         .stdout(Stdio::null())
         .spawn()?;
     let proc = Proc(child);
-    // The first answer of /metrics comes with the first sample.
-    wait_ok(port, "/metrics", 20, "gpud exporter")?;
+    // Ready to scrape once two samples are in: rates and GPM metrics need two.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while samples_in(&String::from_utf8(wait_ok(
+        port,
+        "/metrics",
+        20,
+        "gpud exporter",
+    )?)?)
+        < 2
+    {
+        if Instant::now() > deadline {
+            return Err("gpud exporter did not sample twice within 20 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(Server { proc, port })
 }
 

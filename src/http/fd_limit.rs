@@ -11,15 +11,14 @@ use nix::sys::resource::{RLIM_INFINITY, Resource, getrlimit, setrlimit};
 /// Descriptors the HTTP server leaves to everything else in the process (NVML's device files,
 /// the kubelet's sockets in `gpud run`, inotify, the kernel log, the listeners) and to
 /// connections being closed to make room ([`super::registry::MAX_CLOSING`]). An idle `gpud
-/// run` holds a few dozen.
+/// exporter` holds about a dozen on the simulated driver; the real one adds device files.
 pub const RESERVED_FDS: u64 = 128;
 
 /// Where `/proc/sys/fs/nr_open` cannot be read: the kernel's default ceiling.
 const DEFAULT_NR_OPEN: u64 = 1 << 20;
 
 /// Raises the soft open-file limit to the hard one (to the kernel's ceiling when the hard limit
-/// is unlimited). Returns the soft limit before and after. Call once at start, before
-/// threads that might still use `select(2)` open descriptors.
+/// is unlimited). Returns the soft limit before and after. Call once at start.
 pub fn raise_fd_limit() -> Result<(u64, u64), io::Error> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
         .map_err(|errno| io::Error::other(format!("getrlimit(RLIMIT_NOFILE): {errno}")))?;

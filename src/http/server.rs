@@ -182,6 +182,21 @@ mod tests {
         )
     }
 
+    /// `/` answers three bytes; `/slow` answers `done` once `release` is notified.
+    fn slow_router(release: &Arc<Notify>) -> Router {
+        let release = Arc::clone(release);
+        body_router(3).route(
+            "/slow",
+            get(move || {
+                let release = Arc::clone(&release);
+                async move {
+                    release.notified().await;
+                    "done"
+                }
+            }),
+        )
+    }
+
     /// One keep-alive `GET path` on `stream`: status and body.
     async fn request(stream: &mut TcpStream, path: &str) -> (u16, Vec<u8>) {
         stream
@@ -294,19 +309,7 @@ mod tests {
     #[tokio::test]
     async fn at_the_cap_the_longest_idle_connection_makes_room_and_busy_ones_do_not() {
         let release = Arc::new(Notify::new());
-        let router = body_router(3).route(
-            "/slow",
-            get({
-                let release = Arc::clone(&release);
-                move || {
-                    let release = Arc::clone(&release);
-                    async move {
-                        release.notified().await;
-                        "done"
-                    }
-                }
-            }),
-        );
+        let router = slow_router(&release);
         let server = start(router, limits(5_000, 5_000, 2)).await;
         let mut first = TcpStream::connect(server.address).await.unwrap();
         assert_eq!(request(&mut first, "/").await.0, 200);
@@ -347,19 +350,7 @@ mod tests {
     #[tokio::test]
     async fn cancelling_finishes_the_answer_in_progress_and_closes_the_rest() {
         let release = Arc::new(Notify::new());
-        let router = body_router(3).route(
-            "/slow",
-            get({
-                let release = Arc::clone(&release);
-                move || {
-                    let release = Arc::clone(&release);
-                    async move {
-                        release.notified().await;
-                        "done"
-                    }
-                }
-            }),
-        );
+        let router = slow_router(&release);
         let server = start(router, limits(5_000, 5_000, 16)).await;
         let mut idle = TcpStream::connect(server.address).await.unwrap();
         assert_eq!(request(&mut idle, "/").await.0, 200);
