@@ -70,6 +70,7 @@ async fn serve(listener: TcpListener, routes: Router, ctx: Context<()>) -> anyho
         listener,
         routes,
         crate::http::Limits::default(),
+        std::sync::Arc::default(),
         ctx.cancel_token(),
     )
     .await?;

@@ -292,16 +292,15 @@ impl<C: Send + Sync + 'static> Daemon<C> {
     }
 }
 
-/// Raises the soft open-file limit to the hard one: connections, sockets and NVML's own
-/// descriptors share one table, and systemd's usual soft limit of 1024 is easy to reach.
+/// Raises the soft open-file limit to the hard one, before any server sizes its connection cap
+/// from it: connections, sockets and NVML's own descriptors share one table, and systemd's
+/// usual soft limit of 1024 is easy to reach.
 fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => info!(from = soft, to = hard, "Raised the open-file limit"),
-            Err(err) => warn!(soft, hard, error = %err, "Cannot raise the open-file limit"),
-        },
+    match crate::http::raise_fd_limit() {
+        Ok((before, now)) if before < now => {
+            info!(from = before, to = now, "Raised the open-file limit")
+        }
         Ok(_) => {}
-        Err(err) => warn!(error = %err, "Cannot read the open-file limit"),
+        Err(err) => warn!(error = %err, "Cannot raise the open-file limit"),
     }
 }

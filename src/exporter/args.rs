@@ -11,7 +11,7 @@ use super::counters::{self, DEFAULT_COUNTERS, DEFAULT_COUNTERS_NAME};
 use super::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
 use super::pods::ResourceFilter;
 use super::render::LabelOptions;
-use super::{ExporterConfig, fields, server};
+use super::{ExporterConfig, fields};
 use crate::cli;
 use crate::daemon::Error;
 use crate::nvml::Nvml;
@@ -94,6 +94,9 @@ pub struct ExporterArgs {
         default_value_t = 300_000
     )]
     xid_count_window_size: u64,
+
+    #[command(flatten)]
+    http: crate::http::HttpArgs,
 }
 
 /// The counters file, read and checked before NVML is opened.
@@ -116,7 +119,7 @@ impl ExporterArgs {
             None => counters::parse(Path::new(DEFAULT_COUNTERS_NAME), DEFAULT_COUNTERS),
         }
         .map_err(Error::config)?;
-        server::parse_address(&self.address).map_err(|err| Error::Usage(err.to_string()))?;
+        crate::http::parse_address(&self.address).map_err(|err| Error::Usage(err.to_string()))?;
         Ok(Counters { source, rows })
     }
 
@@ -171,6 +174,7 @@ impl ExporterArgs {
                 poll_interval: self.pod_resources_poll_interval,
             }),
             xid_window: Duration::from_millis(self.xid_count_window_size),
+            http: self.http.limits(),
         }
     }
 }

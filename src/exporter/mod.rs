@@ -12,21 +12,18 @@
 //!   every XID in the shared [`XidLedger`], waking the renderer once per batch.
 //!
 //! The renderer task wakes on any of them, renders the whole exposition body once
-//! ([`render`]) and publishes it; the HTTP server ([`server`]) hands out the last body. A scrape
-//! therefore never waits on the driver or the kubelet, and costs the same whatever the node
-//! size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
+//! ([`render`]) and publishes it; gpud's bounded HTTP server ([`crate::http`]) serves the routes
+//! of [`server`], which hand out the last body. A scrape therefore never waits on the driver or
+//! the kubelet, and costs the same whatever the node size. Field mapping, counters-file parsing, pod attribution and rendering are pure modules;
 //! the sampler, poller and server are thin shells around them.
 
 pub mod args;
-pub mod body;
 pub mod counters;
-pub mod event_loops;
 pub mod fields;
 pub mod podresources;
 pub mod pods;
 pub mod render;
 pub mod sampler;
-pub mod sendfile;
 pub mod server;
 pub mod service;
 pub mod xids;
@@ -40,14 +37,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::health::ledger::XidLedger;
+use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
-use body::Body;
 use fields::Selection;
 use podresources::{PodResourcesConfig, PodsState};
 use render::{Frame, LabelOptions, OwnStats};
 use sampler::Sampled;
-use server::{ListenError, Published, Shared};
+use server::{Published, Shared};
 
 /// dcgm-exporter's default listen address.
 pub const DEFAULT_ADDRESS: &str = ":9400";
@@ -72,6 +69,8 @@ pub struct ExporterConfig {
     pub kubernetes: Option<PodResourcesConfig>,
     /// Window of `DCGM_EXP_XID_ERRORS_COUNT`.
     pub xid_window: Duration,
+    /// Bounds on the HTTP connections.
+    pub http: http::Limits,
 }
 
 /// What stops the exporter from starting.
@@ -90,16 +89,20 @@ pub enum ExporterError {
 
 /// Runs the exporter until `cancel` fires. `xids` is the ledger the health watcher counts XIDs
 /// in (none when it does not run); build it with `XidLedger::new(config.xid_window)`, as its
-/// window is the one `DCGM_EXP_XID_ERRORS_COUNT` reports. Fails only on setup (listen address,
-/// threads) or if the server itself fails.
+/// window is the one `DCGM_EXP_XID_ERRORS_COUNT` reports. `admin` is served on the same port
+/// for the paths the exporter does not have (the daemon's probes; an empty router adds
+/// nothing); `on_ready` is called once, when the first body is published. Fails only on setup
+/// (listen address, threads) or if the server itself fails.
 pub async fn run(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: ExporterConfig,
     xids: Option<XidLedger>,
+    admin: axum::Router,
+    on_ready: Box<dyn FnOnce() + Send>,
 ) -> Result<(), ExporterError> {
-    let listener = server::bind(&config.address).await?;
+    let listener = http::bind(&config.address).await?;
     if let Ok(local) = listener.local_addr() {
         info!(address = %local, interval = ?config.collect_interval, "Serving metrics");
     }
@@ -121,6 +124,7 @@ pub async fn run(
         ))
     });
     let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
+    let http_stats = Arc::new(http::Stats::default());
     let renderer = tokio::spawn(render_loop(
         cancel.clone(),
         config.clone(),
@@ -128,15 +132,38 @@ pub async fn run(
         sample_rx,
         pods_rx,
         xids,
-        Arc::clone(&shared),
+        Publisher {
+            shared: Arc::clone(&shared),
+            http_stats: Arc::clone(&http_stats),
+            on_ready: Some(on_ready),
+        },
     ));
-    let served = server::serve(listener, shared, cancel.clone()).await;
+    let router = server::router(shared, admin);
+    let served = http::serve(listener, router, config.http, http_stats, cancel.clone()).await;
     cancel.cancel();
     let _ = renderer.await;
     if let Some(poller) = poller {
         let _ = poller.await;
     }
     served.map_err(ExporterError::Serve)
+}
+
+/// Where the render loop publishes bodies.
+struct Publisher {
+    shared: Shared,
+    /// The HTTP server's counters, rendered into each body.
+    http_stats: Arc<http::Stats>,
+    /// Called after the first body is published.
+    on_ready: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Publisher {
+    fn publish(&mut self, published: Published) {
+        self.shared.send_replace(published);
+        if let Some(on_ready) = self.on_ready.take() {
+            on_ready();
+        }
+    }
 }
 
 /// Renders a new body whenever a sample, the pod attribution, the inventory or the XID record
@@ -148,7 +175,7 @@ async fn render_loop(
     mut samples: watch::Receiver<Option<Arc<Sampled>>>,
     mut pods: watch::Receiver<Arc<PodsState>>,
     xids: Option<XidLedger>,
-    shared: Shared,
+    mut publisher: Publisher,
 ) {
     let mut snapshots = inventory.subscribe();
     let ledger = xids.unwrap_or_else(|| XidLedger::new(config.xid_window));
@@ -182,6 +209,7 @@ async fn render_loop(
             samples: sample.cycles,
             last_sample_seconds: sample.duration.as_secs_f64(),
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
+            http: Some(publisher.http_stats.snapshot()),
         };
         let frame = Frame {
             selection: &config.selection,
@@ -198,10 +226,10 @@ async fn render_loop(
         render::render(&frame, &mut body);
         capacity = body.len() + body.len() / 8;
         let published = Published {
-            body: Body::new(Bytes::from(body)),
+            body: Bytes::from(body),
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };
-        shared.send_replace(published);
+        publisher.publish(published);
     }
 }

@@ -21,6 +21,7 @@ use super::fields::{LabelSource, MetricDef, Selection, Source, Value};
 use super::pods::{Attribution, DeviceKey, PodLabels};
 use super::xids;
 use crate::health::xid_counts::{DropSource, XidCounts};
+use crate::http::StatsSnapshot;
 use crate::inventory::model::{Gpu, MigDevice};
 use crate::inventory::{HealthState, Snapshot};
 use crate::nvml::telemetry::{
@@ -55,6 +56,8 @@ pub struct OwnStats {
     pub last_sample_seconds: f64,
     /// Whether the last pod-resources `List` succeeded; `None` without `--kubernetes`.
     pub pod_resources_up: Option<bool>,
+    /// The HTTP server's connection counters when the body was rendered.
+    pub http: Option<StatsSnapshot>,
 }
 
 /// Everything one body is rendered from.
@@ -415,8 +418,8 @@ fn state_value(state: HealthState) -> (u8, &'static str) {
     }
 }
 
-/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts and drops,
-/// pod-resources reachability.
+/// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts and
+/// drops, pod-resources reachability, HTTP connections.
 fn own_families(frame: &Frame<'_>, out: &mut String) {
     header(out, "gpud_build_info", "gpud's version; always 1.", "gauge");
     let _ = writeln!(
@@ -554,6 +557,59 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
             "gauge",
         );
         let _ = writeln!(out, "gpud_pod_resources_up {}", u8::from(up));
+    }
+
+    if let Some(http) = &frame.own.http {
+        http_families(http, out);
+    }
+}
+
+/// The HTTP server's connection counters.
+fn http_families(http: &StatsSnapshot, out: &mut String) {
+    let families = [
+        (
+            "gpud_http_connections_open",
+            "HTTP connections open when this body was rendered.",
+            "gauge",
+            http.open,
+        ),
+        (
+            "gpud_http_connections_max",
+            "Most HTTP connections open at once (--http-max-connections, lower under a small open-file limit).",
+            "gauge",
+            http.max,
+        ),
+        (
+            "gpud_http_connections_refused_total",
+            "HTTP connections closed at once: the cap was reached and every open connection was answering a request.",
+            "counter",
+            http.refused,
+        ),
+        (
+            "gpud_http_connections_evicted_total",
+            "HTTP connections without a request in progress closed to make room for a new one at the cap.",
+            "counter",
+            http.evicted,
+        ),
+    ];
+    for (name, help, kind, value) in families {
+        header(out, name, help, kind);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    header(
+        out,
+        "gpud_http_connections_timed_out_total",
+        "HTTP connections closed for waiting too long: for a whole request head (phase=\"header\") or for the next request (phase=\"idle\").",
+        "counter",
+    );
+    for (phase, value) in [
+        ("header", http.header_timeouts),
+        ("idle", http.idle_timeouts),
+    ] {
+        let _ = writeln!(
+            out,
+            "gpud_http_connections_timed_out_total{{phase=\"{phase}\"}} {value}"
+        );
     }
 }
 
@@ -835,6 +891,14 @@ mod tests {
             samples: 3,
             last_sample_seconds: 0.25,
             pod_resources_up: Some(false),
+            http: Some(StatsSnapshot {
+                open: 2,
+                max: 512,
+                refused: 3,
+                evicted: 4,
+                header_timeouts: 5,
+                idle_timeouts: 6,
+            }),
         };
         let frame = Frame {
             selection: &case.selection,
@@ -879,6 +943,12 @@ mod tests {
                 "gpud_xid_events_dropped_total{source=\"window\"} 0".to_owned(),
                 "gpud_xid_events_dropped_total{source=\"dedup\"} 0".to_owned(),
                 "gpud_pod_resources_up 0".to_owned(),
+                "gpud_http_connections_open 2".to_owned(),
+                "gpud_http_connections_max 512".to_owned(),
+                "gpud_http_connections_refused_total 3".to_owned(),
+                "gpud_http_connections_evicted_total 4".to_owned(),
+                "gpud_http_connections_timed_out_total{phase=\"header\"} 5".to_owned(),
+                "gpud_http_connections_timed_out_total{phase=\"idle\"} 6".to_owned(),
             ]
         );
     }

@@ -37,14 +37,14 @@ impl Subsystem for Exporter {
 
     async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
         let ready = ctx.ready_latch();
-        let _ = self.admin;
-        ready.set();
         super::run(
             ctx.cancel_token(),
             self.nvml,
             inventory,
             self.config,
             Some(self.xids),
+            self.admin,
+            Box::new(move || ready.set()),
         )
         .await?;
         Ok(())

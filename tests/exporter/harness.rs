@@ -135,7 +135,8 @@ pub fn samples(body: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The body without the lines that change from run to run (sample count and duration).
+/// The body without the lines that change from run to run (sample count and duration, and the
+/// HTTP connection counters, which depend on the test's own requests and on the fd limit).
 pub fn stable(body: &str) -> String {
     const VOLATILE: [&str; 2] = ["gpud_samples_total", "gpud_sample_duration_seconds"];
     let mut out = String::with_capacity(body.len());
@@ -144,9 +145,10 @@ pub fn stable(body: &str) -> String {
             .strip_prefix("# HELP ")
             .or_else(|| line.strip_prefix("# TYPE "))
             .unwrap_or(line);
-        if VOLATILE
-            .iter()
-            .any(|v| name.starts_with(v) && name[v.len()..].starts_with([' ', '{']))
+        if name.starts_with("gpud_http_")
+            || VOLATILE
+                .iter()
+                .any(|v| name.starts_with(v) && name[v.len()..].starts_with([' ', '{']))
         {
             continue;
         }
