@@ -130,14 +130,7 @@ pub fn parse<T: Parser>(args: Vec<OsString>) -> Result<T, Error> {
     })
 }
 
-/// A clap value parser for durations that must be longer than zero ("5s", "500ms", "10m").
-pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(err) => Err(err.to_string()),
-    }
-}
+pub use crate::values::positive_duration;
 
 /// Loads gpud's own config file when one is named (exit 65 naming the field when it is bad).
 pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, Error> {

@@ -21,3 +21,4 @@ pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;
 pub mod telemetry;
+pub mod values;

@@ -22,7 +22,7 @@ pub const DEFAULT_HEALTH_PORT: u16 = 9410;
 /// The `/healthz` and `/readyz` routes over `readiness`.
 pub fn routes(readiness: Readiness) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
             get(move || {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Limits;
-use crate::cli::positive_duration;
+use crate::values::positive_duration;
 
 /// `--http-header-timeout`, `--http-idle-timeout`, `--http-max-connections`.
 #[derive(Debug, Clone, clap::Args)]

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use super::registry::Table;
 use super::stats::Stats;
@@ -63,14 +63,17 @@ pub async fn serve(
         // A body goes out in one write: without Nagle its last segment is not held back
         // waiting for the peer's acknowledgement.
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection::serve(
-            stream,
-            router.clone(),
-            admitted,
-            limits,
-            Arc::clone(&stats),
-            cancel.clone(),
-        ));
+        connections.spawn(
+            connection::serve(
+                stream,
+                router.clone(),
+                admitted,
+                limits,
+                Arc::clone(&stats),
+                cancel.clone(),
+            )
+            .in_current_span(),
+        );
         if made_room {
             // Let the evicted connection's task run and close its socket before accepting more.
             tokio::task::yield_now().await;
