@@ -53,9 +53,11 @@ demo: build mock
 	else echo "(curl not found: skipped)"; fi; \
 	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
-## bench: performance measurements (release build): health latency, device plugin, labeller,
-## the whole daemon (start-up, idle CPU, memory), then exporter scrape throughput/p99 against nginx serving the same bytes, CPU per sample
-## cycle, RSS
+## bench: performance measurements (release build): health latency, device plugin (with the
+## :authority rewriter), labeller, the whole daemon (start-up, idle CPU, memory), then the
+## exporter: throughput/p99 against nginx serving the same bytes, a fresh body every interval
+## (CPU per scrape, p99; GPUD_BENCH_BASELINE=<older gpud> compares builds), nvitop-exporter on
+## the same simulated node (req/s, p99, RSS, idle CPU), CPU per sample cycle, RSS
 bench:
 	$(CARGO) bench --bench health_latency
 	$(CARGO) bench --bench device_plugin
