@@ -156,14 +156,14 @@ async fn wrapper_round_trips(snapshot: &Snapshot, ids: &[String]) {
     let plain = dir.path().join("plain.sock");
     let listener = gpud::grpc::bind(&wrapped, gpud::grpc::SOCKET_MODE).unwrap();
     let service = DevicePluginServer::new(PluginService::new(rx.clone()));
-    tokio::spawn(
+    gpud::telemetry::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(gpud::grpc::incoming(listener)),
     );
     let listener = tokio::net::UnixListener::bind(&plain).unwrap();
     let service = DevicePluginServer::new(PluginService::new(rx));
-    tokio::spawn(
+    gpud::telemetry::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),

@@ -43,3 +43,14 @@ where
         .name(name.to_owned())
         .spawn(move || span.in_scope(run))
 }
+
+/// Spawns a task whose log lines carry the caller's span (`tokio::spawn` alone would drop it,
+/// and the line would not say which subsystem wrote it). clippy denies `tokio::spawn` elsewhere.
+#[allow(clippy::disallowed_methods)]
+pub fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(tracing::Instrument::in_current_span(task))
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
@@ -28,6 +28,7 @@ use crate::daemon::ReadyLatch;
 use crate::grpc;
 use crate::inventory::{Inventory, Snapshot};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
+use crate::telemetry;
 
 /// Where the plugins live.
 #[derive(Debug, Clone)]
@@ -238,26 +239,25 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     let stop = CancellationToken::new();
     let server_stop = stop.clone();
     let name = resource.name.clone();
-    tokio::spawn(
-        async move {
-            let service = DevicePluginServer::new(PluginService::new(rx));
-            let served = tonic::transport::Server::builder()
-                .add_service(service)
-                // Any :authority is accepted: kubelets before 1.26 send the socket path there.
-                .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
-                .await;
-            if let Err(err) = served {
-                error!(resource = %name, error = %err, "Plugin server failed");
-            }
+    telemetry::spawn(async move {
+        let service = DevicePluginServer::new(PluginService::new(rx));
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            // Any :authority is accepted: kubelets before 1.26 send the socket path there.
+            .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
+            .await;
+        if let Err(err) = served {
+            error!(resource = %name, error = %err, "Plugin server failed");
         }
-        .in_current_span(),
-    );
+    });
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
-        tokio::spawn(
-            register_until_accepted(kubelet, socket_name, resource.name.clone(), stop.clone())
-                .in_current_span(),
-        );
+        telemetry::spawn(register_until_accepted(
+            kubelet,
+            socket_name,
+            resource.name.clone(),
+            stop.clone(),
+        ));
     }
     Ok(Plugin {
         state: tx,

@@ -34,7 +34,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Bytes;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info};
+use tracing::info;
 
 use crate::health::ledger::XidLedger;
 use crate::http::{self, ListenError};
@@ -116,28 +116,28 @@ pub async fn run(
     )?;
     let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
     let poller = config.kubernetes.clone().map(|k8s| {
-        tokio::spawn(
-            podresources::run(cancel.clone(), k8s, inventory.clone(), pods_tx).in_current_span(),
-        )
+        crate::telemetry::spawn(podresources::run(
+            cancel.clone(),
+            k8s,
+            inventory.clone(),
+            pods_tx,
+        ))
     });
     let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
     let http_stats = Arc::new(http::Stats::default());
-    let renderer = tokio::spawn(
-        render_loop(
-            cancel.clone(),
-            config.clone(),
-            inventory,
-            sample_rx,
-            pods_rx,
-            xids,
-            Publisher {
-                shared: Arc::clone(&shared),
-                http_stats: Arc::clone(&http_stats),
-                on_ready: Some(on_ready),
-            },
-        )
-        .in_current_span(),
-    );
+    let renderer = crate::telemetry::spawn(render_loop(
+        cancel.clone(),
+        config.clone(),
+        inventory,
+        sample_rx,
+        pods_rx,
+        xids,
+        Publisher {
+            shared: Arc::clone(&shared),
+            http_stats: Arc::clone(&http_stats),
+            on_ready: Some(on_ready),
+        },
+    ));
     let router = server::router(shared, admin);
     let served = http::serve(listener, router, config.http, http_stats, cancel.clone()).await;
     cancel.cancel();

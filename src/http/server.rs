@@ -151,7 +151,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let stats = Arc::new(Stats::default());
         let cancel = CancellationToken::new();
-        let server = tokio::spawn(serve(
+        let server = crate::telemetry::spawn(serve(
             listener,
             router,
             limits,
@@ -256,7 +256,7 @@ mod tests {
         let accepted = Instant::now();
         let mut silent = TcpStream::connect(server.address).await.unwrap();
         let mut trickling = TcpStream::connect(server.address).await.unwrap();
-        let trickle = tokio::spawn(async move {
+        let trickle = crate::telemetry::spawn(async move {
             for byte in b"GET / HTTP/1.1\r\nHost: t\r\n".iter().cycle().take(40) {
                 if trickling.write_all(&[*byte]).await.is_err() {
                     break;

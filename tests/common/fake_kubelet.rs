@@ -60,6 +60,7 @@ impl FakeKubelet {
         self.dir.join("kubelet.sock")
     }
 
+    #[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
     fn serve(&mut self) {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
