@@ -143,9 +143,9 @@ pub struct Generated {
 ///
 /// ```
 /// use gpud::cdi::{Kind, NameStrategy, Options, HostFiles, build};
-/// # fn demo(snapshot: &gpud::inventory::Snapshot) -> Result<(), gpud::cdi::BuildError> {
+/// # fn demo(snapshot: &gpud::inventory::Snapshot) -> Result<(), Box<dyn std::error::Error>> {
 /// let options = Options {
-///     kind: Kind::parse("k8s.device-plugin.nvidia.com/gpu").expect("valid kind"),
+///     kind: Kind::parse("k8s.device-plugin.nvidia.com/gpu")?,
 ///     name_strategies: vec![NameStrategy::Uuid],
 ///     all_device: false,
 ///     ..Options::default()

@@ -229,7 +229,11 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                         break Ok(());
                     }
                     Request::Reload => {
-                        notifier.reloading();
+                        // Before the first READY=1 systemd is still starting the unit: a reload
+                        // then must not tell it the daemon is ready.
+                        if announced {
+                            notifier.reloading();
+                        }
                         match reload() {
                             Ok(next) => {
                                 let next = Arc::new(next);
@@ -240,7 +244,9 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                             }
                             Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
                         }
-                        notifier.ready();
+                        if announced {
+                            notifier.ready();
+                        }
                     }
                 },
                 changed = changes.changed(), if !announced => {
