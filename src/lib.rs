@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod device_plugin;
 pub mod exit;
 pub mod exporter;
+pub mod files;
 pub mod grpc;
 pub mod health;
 pub mod http;

@@ -54,3 +54,47 @@ where
 {
     tokio::spawn(tracing::Instrument::in_current_span(task))
 }
+
+/// An error with its causes, `outer: inner: innermost`, for log lines and messages. tonic's
+/// and hyper's errors say little on their own (`transport error`) and keep the reason in their
+/// `source()` chain, which `Display` leaves out. A cause already spelled at the end of the
+/// text so far (an error that formats its source into its own message) is not repeated.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect to the kubelet at /k.sock: {0}")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("transport error")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn error_chain_spells_every_cause_once() {
+        let refused =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let err = Outer(Middle(refused));
+        assert_eq!(
+            error_chain(&err),
+            "cannot connect to the kubelet at /k.sock: transport error: Connection refused"
+        );
+        let alone = std::io::Error::other("plain");
+        assert_eq!(error_chain(&alone), "plain");
+    }
+}

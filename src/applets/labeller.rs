@@ -80,7 +80,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = match Nvml::open(args.common.nvml_lib.as_deref()) {
         Ok(nvml) => Some(nvml),
         Err(err) if !config.flags.fail_on_init_error => {
-            warn!(error = %err, "NVML unavailable; labelling without GPUs (failOnInitError is false)");
+            warn!(error = %crate::telemetry::error_chain(&err), "NVML unavailable; labelling without GPUs (failOnInitError is false)");
             None
         }
         Err(err) => return Err(err.into()),

@@ -1,85 +1,36 @@
 //! Puts a spec file in place atomically, world-readable.
 //!
 //! Runtimes rescan the CDI folders at any moment, so a reader must see either the old file or
-//! the whole new one: the text goes to a temporary file in the same folder (a name ending in
-//! neither `.yaml` nor `.json`, so no scan picks it up), is flushed to disk, made mode 0644
-//! (the runtime may run as another user; the umask must not decide) and renamed over the
-//! target; the folder is then synced so the rename survives a crash.
+//! the whole new one: [`crate::files::write_atomic`] replaces it in one step through a hidden
+//! temporary (a name ending in neither `.yaml` nor `.json`, so no scan picks it up), mode 0644
+//! (the runtime may run as another user; the umask must not decide).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
 use std::path::{Path, PathBuf};
+
+pub use crate::files::WriteError;
 
 /// Mode of a written spec file.
 pub const SPEC_FILE_MODE: u32 = 0o644;
 
-/// A step of writing that failed, with the path it failed on.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: cannot {step}: {source}")]
-pub struct WriteError {
-    /// The file or folder involved.
-    pub path: PathBuf,
-    /// What was being done, e.g. `create the folder`.
-    pub step: &'static str,
-    /// The system error.
-    #[source]
-    pub source: io::Error,
-}
-
-fn fail(path: &Path, step: &'static str) -> impl FnOnce(io::Error) -> WriteError {
-    let path = path.to_path_buf();
-    move |source| WriteError { path, step, source }
-}
-
 /// Writes `text` to `path` atomically with mode 0644, creating the folder if needed.
 pub fn write_atomic(path: &Path, text: &str) -> Result<(), WriteError> {
-    let file_name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| WriteError {
-            path: path.to_path_buf(),
-            step: "use this path as a file",
-            source: io::Error::new(io::ErrorKind::InvalidInput, "no file name"),
-        })?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    fs::create_dir_all(&dir).map_err(fail(&dir, "create the folder"))?;
-    let temp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = write_then_rename(&temp, path, text);
-    if result.is_err() {
-        // Best effort: a leftover temporary file is harmless to runtimes but untidy.
-        let _ = fs::remove_file(&temp);
-    }
-    result?;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(fail(&dir, "sync the folder"))
-}
-
-fn write_then_rename(temp: &Path, target: &Path, text: &str) -> Result<(), WriteError> {
-    // A stale file from a crashed run with the same pid would make create_new fail.
-    let _ = fs::remove_file(temp);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(SPEC_FILE_MODE)
-        .open(temp)
-        .map_err(fail(temp, "create a temporary file"))?;
-    file.write_all(text.as_bytes())
-        .map_err(fail(temp, "write the temporary file"))?;
-    file.set_permissions(fs::Permissions::from_mode(SPEC_FILE_MODE))
-        .map_err(fail(temp, "set the mode of the temporary file"))?;
-    file.sync_all()
-        .map_err(fail(temp, "sync the temporary file"))?;
-    drop(file);
-    fs::rename(temp, target).map_err(fail(target, "replace the file"))
+    fs::create_dir_all(&dir).map_err(|source| WriteError {
+        path: dir.clone(),
+        step: "create the folder",
+        source,
+    })?;
+    crate::files::write_atomic(path, text.as_bytes(), SPEC_FILE_MODE)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]

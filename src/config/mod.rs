@@ -92,10 +92,7 @@ pub const VERSION: &str = "v1";
 
 /// Reads and validates a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_text(path)?;
     parse(path, &text)
 }
 
@@ -104,6 +101,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
+        // Bounded before the parser, whose time grows with the square of the nesting.
+        crate::files::check_nesting(path, text)?;
         serde_yaml_ng::from_str(text).map_err(|err| ConfigError::Parse {
             path: path.to_path_buf(),
             message: err.to_string(),

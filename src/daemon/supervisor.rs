@@ -242,7 +242,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                                 }
                                 info!("Configuration reloaded");
                             }
-                            Err(err) => warn!(error = %err, "Configuration not reloaded; keeping the running one"),
+                            Err(err) => warn!(error = %crate::telemetry::error_chain(&err), "Configuration not reloaded; keeping the running one"),
                         }
                         if announced {
                             notifier.ready();
@@ -307,6 +307,8 @@ fn raise_fd_limit() {
             info!(from = before, to = now, "Raised the open-file limit")
         }
         Ok(_) => {}
-        Err(err) => warn!(error = %err, "Cannot raise the open-file limit"),
+        Err(err) => {
+            warn!(error = %crate::telemetry::error_chain(&err), "Cannot raise the open-file limit")
+        }
     }
 }

@@ -43,7 +43,7 @@ impl KubeletWatch {
                 spawned.ok().map(|_| rx)
             }
             Err(err) => {
-                debug!(dir = %dir.display(), error = %err, "Cannot watch the kubelet directory; polling the socket");
+                debug!(dir = %dir.display(), error = %crate::telemetry::error_chain(&err), "Cannot watch the kubelet directory; polling the socket");
                 None
             }
         };

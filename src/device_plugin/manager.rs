@@ -2,7 +2,9 @@
 //! inventory, the settings and the kubelet.
 //!
 //! - Each resource gets a server on `<dir>/nvidia-<resource>.sock` and a registration task that
-//!   retries with backoff until the kubelet accepts it (one warning, then quiet).
+//!   retries until the kubelet accepts it: every few milliseconds at first (a restarting
+//!   kubelet's socket exists a moment before it answers), then with backoff (one warning with
+//!   the whole cause, then quiet).
 //! - Every inventory or settings change recomputes the resources: device lists are pushed to
 //!   the running plugins (ListAndWatch resends), plugins whose resource vanished stop and
 //!   remove their socket, new resources start and register.
@@ -12,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +24,7 @@ use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
 use super::registration;
 use super::resources::{self, Resource};
+use super::retry::Retry;
 use super::server::{PluginService, PluginState};
 use super::settings::Settings;
 use crate::daemon::ReadyLatch;
@@ -207,7 +210,7 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     ) {
         Ok(caps) => caps,
         Err(err) => {
-            debug!(error = %err, "MIG capability tree unavailable");
+            debug!(error = %crate::telemetry::error_chain(&err), "MIG capability tree unavailable");
             return out;
         }
     };
@@ -247,7 +250,7 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
             .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
             .await;
         if let Err(err) = served {
-            error!(resource = %name, error = %err, "Plugin server failed");
+            error!(resource = %name, error = %crate::telemetry::error_chain(&err), "Plugin server failed");
         }
     });
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
@@ -266,36 +269,42 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     })
 }
 
-/// Retries registration with exponential backoff (1 s … 30 s); warns once, then only at debug
-/// level, so an absent kubelet neither spins nor floods the log.
+/// Retries registration on [`Retry`]'s schedule (fast, then backing off up to 30 s); warns
+/// once, then only at debug level, so an absent kubelet neither spins nor floods the log.
 async fn register_until_accepted(
     kubelet: PathBuf,
     endpoint: String,
     resource: String,
     stop: CancellationToken,
 ) {
-    let mut delay = Duration::from_secs(1);
+    let mut retry = Retry::new();
     let mut warned = false;
+    let mut attempts = 0u32;
     loop {
+        attempts += 1;
         tokio::select! {
             () = stop.cancelled() => return,
             result = registration::register(&kubelet, &endpoint, &resource) => match result {
                 Ok(()) => {
-                    info!(resource = %resource, endpoint = %endpoint, "Registered with the kubelet");
+                    info!(resource = %resource, endpoint = %endpoint, attempts, "Registered with the kubelet");
                     return;
                 }
-                Err(err) if !warned => {
-                    warn!(resource = %resource, error = %err, "Kubelet not reachable; retrying with backoff");
-                    warned = true;
+                Err(err) => {
+                    let error = crate::telemetry::error_chain(&err);
+                    // Refusals inside the fast window are the kubelet still starting: not news.
+                    if !warned && retry.past_fast_window(Instant::now()) {
+                        warn!(resource = %resource, error = %error, "Kubelet not reachable; retrying with backoff");
+                        warned = true;
+                    } else {
+                        debug!(resource = %resource, error = %error, "Registration retry failed");
+                    }
                 }
-                Err(err) => debug!(resource = %resource, error = %err, "Registration retry failed"),
             },
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep(retry.next_delay(Instant::now())) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
 

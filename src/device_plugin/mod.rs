@@ -8,6 +8,7 @@ pub mod manager;
 pub mod preferred;
 pub mod registration;
 pub mod resources;
+pub mod retry;
 pub mod server;
 pub mod service;
 pub mod settings;

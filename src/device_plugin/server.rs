@@ -164,7 +164,7 @@ impl DevicePlugin for PluginService {
             ) {
                 Ok(response) => container_responses.push(response),
                 Err(err) => {
-                    warn!(resource = %state.resource.name, error = %err, "Allocate refused");
+                    warn!(resource = %state.resource.name, error = %crate::telemetry::error_chain(&err), "Allocate refused");
                     return Err(Status::invalid_argument(err.to_string()));
                 }
             }

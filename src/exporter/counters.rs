@@ -78,7 +78,7 @@ pub enum CountersError {
     #[error("{path}: cannot read the counters file: {reason}")]
     Read { path: PathBuf, reason: String },
     /// A line is not a valid record.
-    #[error("{path}: line {line}: {reason}: {text:?}")]
+    #[error("{path}: line {line}: {reason}: {}", crate::files::excerpt(text))]
     Syntax {
         path: PathBuf,
         line: usize,
@@ -86,7 +86,10 @@ pub enum CountersError {
         text: String,
     },
     /// A record names something unusable.
-    #[error("{path}: line {line}: field {field}: invalid value {value:?}: {reason}")]
+    #[error(
+        "{path}: line {line}: field {field}: invalid value {}: {reason}",
+        crate::files::excerpt(value)
+    )]
     Invalid {
         path: PathBuf,
         line: usize,
@@ -98,9 +101,12 @@ pub enum CountersError {
 
 /// Reads and parses a counters file.
 pub fn load(path: &Path) -> Result<Vec<CounterRow>, CountersError> {
-    let text = std::fs::read_to_string(path).map_err(|err| CountersError::Read {
+    let text = crate::files::read_text(path).map_err(|err| CountersError::Read {
         path: path.to_path_buf(),
-        reason: err.to_string(),
+        reason: match err {
+            crate::files::ReadError::Io { source, .. } => source.to_string(),
+            refused => refused.to_string(),
+        },
     })?;
     parse(path, &text)
 }

@@ -95,7 +95,7 @@ pub async fn run(
                 if reported != Some(false) {
                     warn!(
                         socket = %config.socket.display(),
-                        error = %chain(&err),
+                        error = %crate::telemetry::error_chain(&err),
                         interval = ?config.poll_interval,
                         "Pod attribution off: the kubelet's pod-resources API does not answer; metrics carry no pod labels, retrying every interval"
                     );
@@ -112,22 +112,6 @@ pub async fn run(
             true
         });
     }
-}
-
-/// An error with its causes, `outer: inner: innermost` (tonic's transport errors say little
-/// on their own).
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.ends_with(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// One `List`, connecting first if needed.

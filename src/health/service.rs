@@ -67,7 +67,7 @@ impl Subsystem for HealthWatcher {
             Ok(()) => Ok(()),
             Err(err) if self.required => Err(err.into()),
             Err(err) => {
-                warn!(error = %err, "Health watching is off: devices keep discovery's state");
+                warn!(error = %crate::telemetry::error_chain(&err), "Health watching is off: devices keep discovery's state");
                 Ok(())
             }
         }

@@ -201,7 +201,7 @@ async fn watch(
                 let poller = nvml.clone();
                 match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
                     Ok(signals) => observe_all(&mut state.tracker, &signals),
-                    Err(err) => warn!(error = %err, "Signal poll failed"),
+                    Err(err) => warn!(error = %crate::telemetry::error_chain(&err), "Signal poll failed"),
                 }
             }
         }

@@ -103,7 +103,7 @@ async fn accept_failed(table: &Table, err: &io::Error, last_warned: &mut Option<
         err.kind(),
         ConnectionAborted | ConnectionRefused | ConnectionReset
     ) {
-        debug!(error = %err, "A connection closed before it was accepted");
+        debug!(error = %crate::telemetry::error_chain(&err), "A connection closed before it was accepted");
         return;
     }
     let out_of_fds = matches!(
@@ -113,9 +113,9 @@ async fn accept_failed(table: &Table, err: &io::Error, last_warned: &mut Option<
     if last_warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
         *last_warned = Some(Instant::now());
         if out_of_fds {
-            warn!(error = %err, "Out of file descriptors: closing the longest idle HTTP connection to accept new ones");
+            warn!(error = %crate::telemetry::error_chain(&err), "Out of file descriptors: closing the longest idle HTTP connection to accept new ones");
         } else {
-            warn!(error = %err, "Cannot accept HTTP connections; retrying");
+            warn!(error = %crate::telemetry::error_chain(&err), "Cannot accept HTTP connections; retrying");
         }
     }
     if out_of_fds && table.evict_oldest() {

@@ -97,12 +97,8 @@ impl Settings {
 #[derive(Debug, thiserror::Error)]
 pub enum LabellerError {
     /// The features file cannot be written.
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot write the features file: {0}")]
+    Write(#[source] crate::files::WriteError),
     /// Stdout is closed or failing.
     #[error("cannot write the labels to stdout: {0}")]
     Stdout(#[source] std::io::Error),
@@ -145,7 +141,7 @@ fn read_machine_type(path: &Path) -> Option<String> {
     match std::fs::read_to_string(path) {
         Ok(text) => Some(text.trim().to_owned()),
         Err(err) => {
-            tracing::debug!(path = %path.display(), error = %err, "Machine type unreadable; using unknown");
+            tracing::debug!(path = %path.display(), error = %crate::telemetry::error_chain(&err), "Machine type unreadable; using unknown");
             None
         }
     }
@@ -217,7 +213,7 @@ impl ApiState {
             }
             Err(err) => {
                 let delay = self.backoff.next_delay();
-                warn!(error = %err, retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
+                warn!(error = %crate::telemetry::error_chain(&err), retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
                 self.retry_at = Some(Instant::now() + delay);
                 Err(err)
             }
@@ -237,12 +233,7 @@ fn write_output(target: &OutputTarget, labels: &Labels) -> Result<(), LabellerEr
                 .map_err(LabellerError::Stdout)
         }
         OutputTarget::File(path) => {
-            features_file::write_atomic(path, text.as_bytes()).map_err(|source| {
-                LabellerError::Write {
-                    path: path.clone(),
-                    source,
-                }
-            })
+            features_file::write_atomic(path, text.as_bytes()).map_err(LabellerError::Write)
         }
     }
 }
@@ -305,7 +296,7 @@ pub async fn run(
                     Err(err) if settings.oneshot => return Err(err),
                     Err(err @ LabellerError::Stdout(_)) => return Err(err),
                     Err(err) => {
-                        error!(error = %err, "Cannot write the features file; retrying on the next pass")
+                        error!(error = %crate::telemetry::error_chain(&err), "Cannot write the features file; retrying on the next pass")
                     }
                 }
             } else {
@@ -371,7 +362,7 @@ pub async fn run(
     if let Some(path) = removes_on_exit(&settings)
         && let Err(err) = features_file::remove(path)
     {
-        warn!(path = %path.display(), error = %err, "Cannot remove the features file");
+        warn!(path = %path.display(), error = %crate::telemetry::error_chain(&err), "Cannot remove the features file");
     }
     Ok(())
 }

@@ -249,7 +249,7 @@ impl NodeFeatureSink {
                     owners
                 }
                 Err(kube::Error::Api(status)) if matches!(status.code, 403 | 404) => {
-                    warn!(pod = %pod, namespace = %self.namespace, error = %status,
+                    warn!(pod = %pod, namespace = %self.namespace, error = %crate::telemetry::error_chain(&status),
                           "Cannot read the labeller's pod; the NodeFeature object gets no owner references");
                     Vec::new()
                 }

@@ -29,19 +29,19 @@ impl fmt::Display for Origin {
 /// A config that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum NvidiaConfigError {
-    /// The file cannot be read.
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file cannot be read, or is refused before parsing (too large, nested too deep).
+    #[error(transparent)]
+    Read(#[from] crate::files::ReadError),
     /// The file is not YAML/JSON of the right shape: a syntax error, an unknown key or a
-    /// value of the wrong type. The message carries the field path and the line.
-    #[error("{path}: {message}")]
+    /// value of the wrong type. The message carries the field path and the line; a value it
+    /// quotes is cut to a short excerpt.
+    #[error("{path}: {}", crate::files::clip_quoted(message))]
     Parse { path: PathBuf, message: String },
-    /// A field parses but its value is not acceptable.
-    #[error("{origin}: field {field}: invalid value {value:?}: {why}")]
+    /// A field parses but its value is not acceptable (quoted as a short excerpt).
+    #[error(
+        "{origin}: field {field}: invalid value {}: {why}",
+        crate::files::excerpt(value)
+    )]
     Invalid {
         origin: Origin,
         field: String,

@@ -214,10 +214,7 @@ struct RawImex {
 
 /// Reads and validates a config file.
 pub fn load(path: &Path) -> Result<FileConfig, NvidiaConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| NvidiaConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_text(path)?;
     parse(path, &text)
 }
 
@@ -226,6 +223,8 @@ pub fn parse(path: &Path, text: &str) -> Result<FileConfig, NvidiaConfigError> {
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
+        // Bounded before the parser, whose time grows with the square of the nesting.
+        crate::files::check_nesting(path, text)?;
         serde_yaml_ng::from_str(text).map_err(|err| NvidiaConfigError::Parse {
             path: path.to_path_buf(),
             message: err.to_string(),

@@ -92,7 +92,7 @@ impl Rescanner {
                 }
                 Err(err) => {
                     failing = true;
-                    warn!(error = %err, "Rescan failed; keeping the last inventory");
+                    warn!(error = %crate::telemetry::error_chain(&err), "Rescan failed; keeping the last inventory");
                 }
             }
         }

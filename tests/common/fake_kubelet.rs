@@ -1,14 +1,15 @@
 //! A fake kubelet speaking the real Device Plugin API v1beta1 over unix sockets in a temp
 //! dir: it serves `Registration` on `kubelet.sock`, records every registration, and talks to
 //! plugins as their client. It can "restart": stop, wipe the plugin sockets as a starting
-//! kubelet does, and serve a fresh `kubelet.sock`.
+//! kubelet does, and serve a fresh `kubelet.sock` — at once, or, as a real kubelet does, with
+//! a pause between `bind` (the socket file appears) and `listen` (connections are accepted).
 //!
 //! Used by the device-plugin tests and by `examples/kubelet_sim.rs` (the demo).
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use gpud::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
@@ -65,6 +66,11 @@ impl FakeKubelet {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket).expect("bind kubelet.sock");
+        self.serve_on(listener);
+    }
+
+    #[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
+    fn serve_on(&mut self, listener: UnixListener) {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let recorder = Recorder {
             tx: self.tx.clone(),
@@ -98,6 +104,40 @@ impl FakeKubelet {
 
     /// Stops serving, wipes every socket in the directory, and serves a new `kubelet.sock`.
     pub async fn restart(&mut self) {
+        self.stop_and_wipe().await;
+        self.serve();
+    }
+
+    /// Like [`FakeKubelet::restart`], but `kubelet.sock` is bound `delay` before it listens:
+    /// connects in between are refused, as they are while a real kubelet starts. Returns when
+    /// it started listening.
+    pub async fn restart_listening_after(&mut self, delay: Duration) -> Instant {
+        use nix::sys::socket::{
+            AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, listen, socket,
+        };
+        use std::os::fd::AsRawFd;
+        self.stop_and_wipe().await;
+        let socket = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .expect("socket");
+        bind(
+            socket.as_raw_fd(),
+            &UnixAddr::new(&self.socket()).expect("address"),
+        )
+        .expect("bind kubelet.sock");
+        tokio::time::sleep(delay).await;
+        listen(&socket, Backlog::new(128).expect("backlog")).expect("listen");
+        let listening = Instant::now();
+        let listener = std::os::unix::net::UnixListener::from(socket);
+        self.serve_on(UnixListener::from_std(listener).expect("tokio listener"));
+        listening
+    }
+
+    async fn stop_and_wipe(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -112,7 +152,6 @@ impl FakeKubelet {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        self.serve();
     }
 
     /// A client for the plugin serving `endpoint` in the directory.
