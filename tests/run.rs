@@ -298,3 +298,121 @@ fn bad_nvidia_config_exits_65_naming_the_field() {
         "{stderr}"
     );
 }
+
+/// Polls the log file until `line` appears `times` times; returns the log.
+fn logged(path: &std::path::Path, line: &str, times: usize) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if log.matches(line).count() >= times {
+            return log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{line:?} not logged {times} times:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A reload, good or bad, is one log line: not one per subsystem, not a WARN and an ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_reload_outcome_is_one_log_line() {
+    let node = Node::new("pcie-4gpu");
+    let config = node.dir.path().join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+    let log_path = node.dir.path().join("stderr.log");
+    let child = command(
+        &node,
+        &kubelet,
+        free_port(),
+        &["--config-file", config.to_str().unwrap()],
+    )
+    .env("GPUD_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).unwrap())
+    .spawn()
+    .unwrap();
+    let daemon = Daemon { child, port: 0 };
+    logged(&log_path, "All subsystems ready", 1);
+
+    let changed = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n";
+    std::fs::write(&config, changed).unwrap();
+    common::send_signal(&daemon.child, "HUP");
+    logged(&log_path, "Configuration reloaded", 1);
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
+    common::send_signal(&daemon.child, "HUP");
+    let log = logged(&log_path, "Configuration not reloaded", 1);
+    // Give any second line about the same reload the time to be written.
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&log_path).unwrap_or(log);
+    let about_reload: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("reload") || l.contains("sometimes"))
+        .collect();
+    assert_eq!(about_reload.len(), 2, "{about_reload:#?}");
+    assert!(about_reload[0].contains(" INFO Configuration reloaded"));
+    assert!(about_reload[1].contains(
+        " WARN Configuration not reloaded; keeping the running one error=\
+         "
+    ));
+    assert!(about_reload[1].ends_with(
+        "config.yaml: field flags.migStrategy: invalid value \"sometimes\": must be one of none, single, mixed"
+    ), "{}", about_reload[1]);
+}
+
+/// A config file over 1 MiB is refused before parsing, naming its size; one nested too deep is
+/// refused at once; a huge value is quoted as a short excerpt. Each exits 65 with one short line.
+#[test]
+fn oversized_deep_and_long_valued_configs_exit_65_with_a_short_message() {
+    let node = Node::new("pcie-4gpu");
+    let config = node.dir.path().join("config.yaml");
+    let run = |text: &str| {
+        std::fs::write(&config, text).unwrap();
+        let started = std::time::Instant::now();
+        let out = node.run(&["run", "--config-file", config.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(65), "{stderr}");
+        (stderr, started.elapsed())
+    };
+    let path = config.display();
+
+    let (stderr, _) = run(&"x".repeat(2 * 1024 * 1024));
+    assert_eq!(
+        stderr,
+        format!(
+            "gpud: {path}: 2097152 bytes is over the 1048576-byte limit for a config file; \
+             refused without parsing (check that the path names the intended file)\n"
+        )
+    );
+
+    let (stderr, took) = run(&format!("version: v1\nflags: {}", "[".repeat(200_000)));
+    println!("200 KB of nested brackets refused in {took:?}");
+    assert_eq!(
+        stderr,
+        format!(
+            "gpud: {path}: line 2: nested 65 levels deep, over the limit of 64; refused without \
+             parsing\n"
+        )
+    );
+
+    let value = "v".repeat(1_000_000);
+    let (stderr, _) = run(&format!("version: v1\nflags:\n  migStrategy: {value}\n"));
+    assert_eq!(
+        stderr,
+        format!(
+            "gpud: {path}: field flags.migStrategy: invalid value \"{}\"… (1000000 bytes in \
+             all): must be one of none, single, mixed\n",
+            "v".repeat(80)
+        )
+    );
+    let (stderr, _) = run(&format!(
+        "version: v1\nflags:\n  failOnInitError: \"{value}\"\n"
+    ));
+    assert!(stderr.len() < 400, "{} bytes: {stderr:.400}", stderr.len());
+    assert!(
+        stderr.contains(&format!("\"{}\"…", "v".repeat(80))),
+        "{stderr:.400}"
+    );
+}

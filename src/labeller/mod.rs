@@ -34,7 +34,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use api::ApiSinkError;
 pub use labels::{LabelConfig, Labels, labels, warnings};
@@ -350,7 +350,7 @@ pub async fn run(
                     {
                         let _ = features_file::remove(old);
                     }
-                    info!("Configuration reloaded");
+                    debug!("Settings changed; relabelling now");
                 }
                 settings = new;
                 timestamp = unix_now();
