@@ -1,6 +1,6 @@
 //! The shipped systemd unit and its environment file: the unit passes `systemd-analyze
-//! verify` with no finding, and every variable the environment file documents is one
-//! `gpud run` reads.
+//! verify` with no finding, its `systemd-analyze security` exposure is 3.0 or lower, and every
+//! variable the environment file documents is one `gpud run` reads.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -35,6 +35,49 @@ fn systemd_unit_verifies_without_findings() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+/// The unit keeps gpud to what it needs (one capability, a system-call filter, address
+/// families, a device allow-list, a read-only file system but for three directories); the
+/// offline score says whether a change loosened it.
+#[test]
+fn systemd_unit_exposure_is_at_most_3_0() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/gpud.service");
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (Debian's systemd package) is needed; .ci/run installs it");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let overall = stdout
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for gpud.service: "))
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| {
+            panic!(
+                "no overall score in:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let score: f64 = overall.split_whitespace().next().unwrap().parse().unwrap();
+    println!("systemd-analyze security --offline=yes: {overall}");
+    assert!(score <= 3.0, "exposure {overall}:\n{stdout}");
+    // The settings the score cannot see but gpud relies on being exact.
+    let unit = repo_file("systemd/gpud.service");
+    for line in [
+        "CapabilityBoundingSet=CAP_SYSLOG",
+        "SystemCallFilter=@system-service",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "DevicePolicy=closed",
+        "DeviceAllow=char-nvidia-frontend rw",
+        "DeviceAllow=/dev/kmsg r",
+        "UMask=0077",
+        "LimitNOFILE=65536",
+        "ProtectSystem=strict",
+        "ReadWritePaths=-/var/lib/kubelet/device-plugins -/etc/kubernetes/node-feature-discovery/features.d -/var/run/cdi",
+    ] {
+        assert!(unit.contains(&format!("\n{line}\n")), "missing {line}");
+    }
 }
 
 #[test]
