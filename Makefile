@@ -7,7 +7,7 @@ MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
 
-.PHONY: all build mock test lint demo bench e2e clean-mock
+.PHONY: all build mock test lint demo bench e2e chaos clean-mock
 
 all: build
 
@@ -69,6 +69,13 @@ bench:
 ## return DCGM_FI_DEV_GPU_UTIL for all 8 GPUs (needs Debian's prometheus package)
 e2e: build mock
 	tests/e2e/prometheus.sh $(GPUD) $(MOCK_LIB)
+
+## chaos: the reliability suite: the release gpud run on the simulated node and kubelet through
+## kubelet restarts, XID storms, lost GPUs, reload churn, scrape floods and kill -9 (a few
+## minutes at most, loopback and unix sockets only); prints the table of docs/reliability.md
+chaos: build mock
+	GPUD_CHAOS_BIN=$(GPUD) GPUD_CHAOS_MOCK=$(MOCK_LIB) \
+		$(CARGO) test --test chaos -- --ignored --nocapture --test-threads=1
 
 clean-mock:
 	rm -rf $(MOCK_DIR)
