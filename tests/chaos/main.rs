@@ -13,8 +13,12 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/fake_api.rs"]
+mod fake_api;
 #[path = "../common/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "../common/fake_pod_resources.rs"]
+mod fake_pod_resources;
 
 mod scenarios;
 
@@ -51,8 +55,13 @@ pub struct Gpud {
 }
 
 impl Gpud {
-    /// Starts `gpud run` against `kubelet` with the exporter on a fresh loopback port.
+    /// Starts `gpud run` against `kubelet` with the exporter on `port`.
     pub fn start(node: &Node, kubelet: &FakeKubelet, port: u16) -> Gpud {
+        Gpud::start_with(node, kubelet, port, &[])
+    }
+
+    /// [`Gpud::start`] with `extra` arguments.
+    pub fn start_with(node: &Node, kubelet: &FakeKubelet, port: u16, extra: &[&str]) -> Gpud {
         let (bin, mock) = under_test();
         let features = node.dir.path().join("features.d").join("gfd");
         std::fs::create_dir_all(features.parent().unwrap()).unwrap();
@@ -77,6 +86,7 @@ impl Gpud {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--config-file")
             .arg(&config)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(
                 std::fs::OpenOptions::new()
@@ -112,6 +122,20 @@ impl Gpud {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
     }
+
+    /// Open file descriptors (sockets included).
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, Iterator::count)
+    }
+
+    /// How many log lines contain `text` so far.
+    pub fn logged(&self, text: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(text))
+            .count()
+    }
 }
 
 impl Drop for Gpud {
@@ -143,6 +167,8 @@ async fn chaos() {
         scenarios::lost_and_recovered_during_allocations().await,
         scenarios::reload_churn().await,
         scenarios::scrape_flood().await,
+        scenarios::pod_resources_faults().await,
+        scenarios::api_server_down_and_back().await,
         scenarios::kill_and_restart().await,
     ];
     println!();

@@ -20,14 +20,17 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status, Streaming};
 
+/// A registration and the moment its call arrived.
+type Arrival = (Instant, RegisterRequest);
+
 struct Recorder {
-    tx: mpsc::UnboundedSender<RegisterRequest>,
+    tx: mpsc::UnboundedSender<Arrival>,
 }
 
 #[tonic::async_trait]
 impl Registration for Recorder {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.tx.send(request.into_inner());
+        let _ = self.tx.send((Instant::now(), request.into_inner()));
         Ok(Response::new(Empty {}))
     }
 }
@@ -35,8 +38,8 @@ impl Registration for Recorder {
 /// The fake kubelet.
 pub struct FakeKubelet {
     pub dir: PathBuf,
-    registrations: mpsc::UnboundedReceiver<RegisterRequest>,
-    tx: mpsc::UnboundedSender<RegisterRequest>,
+    registrations: mpsc::UnboundedReceiver<Arrival>,
+    tx: mpsc::UnboundedSender<Arrival>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
 }
@@ -88,6 +91,12 @@ impl FakeKubelet {
 
     /// The next registration, failing after `secs` seconds.
     pub async fn next_registration(&mut self, secs: u64) -> RegisterRequest {
+        self.next_registration_at(secs).await.1
+    }
+
+    /// The next registration and when its call arrived (not when the test got to it),
+    /// failing after `secs` seconds.
+    pub async fn next_registration_at(&mut self, secs: u64) -> (Instant, RegisterRequest) {
         tokio::time::timeout(Duration::from_secs(secs), self.registrations.recv())
             .await
             .expect("no registration in time")
@@ -100,6 +109,7 @@ impl FakeKubelet {
             .await
             .ok()
             .flatten()
+            .map(|(_, request)| request)
     }
 
     /// Stops serving, wipes every socket in the directory, and serves a new `kubelet.sock`.

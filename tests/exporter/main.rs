@@ -9,6 +9,7 @@ mod common;
 
 mod faults;
 mod harness;
+#[path = "../common/fake_pod_resources.rs"]
 mod kubelet;
 mod metrics;
 mod packaging;

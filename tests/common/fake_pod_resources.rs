@@ -1,5 +1,10 @@
 //! A fake kubelet pod-resources server: a real tonic server on a unix socket in a temp dir,
-//! speaking `podresources/v1`, whose `List` answer the test sets.
+//! speaking `podresources/v1`, whose `List` answer the test sets, or that fails or hangs every
+//! `List` ([`Mode`]). Stopping it (drop) removes its socket; starting another on the same path
+//! is a kubelet restart.
+
+// Each test binary that includes this file uses part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,8 +22,20 @@ use gpud::proto::podresources::{
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
+/// How `List` is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// With the answer set.
+    Answer,
+    /// With an `UNAVAILABLE` status, as a kubelet still starting.
+    Fail,
+    /// Not while this mode lasts: the call is accepted and stays open.
+    Hang,
+}
+
 struct Lister {
     answer: Arc<Mutex<ListPodResourcesResponse>>,
+    mode: Arc<Mutex<Mode>>,
     calls: Arc<AtomicUsize>,
 }
 
@@ -29,7 +46,19 @@ impl PodResourcesLister for Lister {
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        Ok(Response::new(self.answer.lock().unwrap().clone()))
+        // A hanging call stays open until the mode changes, so that stopping the fake (which
+        // waits for calls in flight) cannot hang the test.
+        let mode = loop {
+            let mode = *self.mode.lock().unwrap();
+            if mode != Mode::Hang {
+                break mode;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        match mode {
+            Mode::Fail => Err(Status::unavailable("the fake kubelet is failing")),
+            Mode::Answer | Mode::Hang => Ok(Response::new(self.answer.lock().unwrap().clone())),
+        }
     }
 
     async fn get_allocatable_resources(
@@ -51,7 +80,9 @@ impl PodResourcesLister for Lister {
 pub struct FakeKubelet {
     pub socket: PathBuf,
     answer: Arc<Mutex<ListPodResourcesResponse>>,
+    mode: Arc<Mutex<Mode>>,
     calls: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -60,13 +91,17 @@ impl FakeKubelet {
     /// Serves `answer` on `socket`.
     pub fn start(socket: &Path, answer: ListPodResourcesResponse) -> FakeKubelet {
         let answer = Arc::new(Mutex::new(answer));
+        let mode = Arc::new(Mutex::new(Mode::Answer));
         let calls = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel::<()>();
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let service = Lister {
             answer: Arc::clone(&answer),
+            mode: Arc::clone(&mode),
             calls: Arc::clone(&calls),
         };
+        let accepted = Arc::clone(&connections);
         let path = socket.to_path_buf();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -80,7 +115,13 @@ impl FakeKubelet {
                 tonic::transport::Server::builder()
                     .add_service(PodResourcesListerServer::new(service))
                     .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::UnixListenerStream::new(listener),
+                        tokio_stream::StreamExt::map(
+                            tokio_stream::wrappers::UnixListenerStream::new(listener),
+                            move |connection| {
+                                accepted.fetch_add(1, Ordering::SeqCst);
+                                connection
+                            },
+                        ),
                         async {
                             let _ = stopped.await;
                         },
@@ -93,7 +134,9 @@ impl FakeKubelet {
         FakeKubelet {
             socket: socket.to_path_buf(),
             answer,
+            mode,
             calls,
+            connections,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -104,9 +147,19 @@ impl FakeKubelet {
         *self.answer.lock().unwrap() = answer;
     }
 
-    /// `List` calls served so far.
+    /// Changes how `List` is answered.
+    pub fn set_mode(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// `List` calls received so far.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 

@@ -1,0 +1,315 @@
+//! A fake Kubernetes API server on loopback for the labeller's API sinks: a Node whose labels
+//! merge patches change, NodeFeature objects with optimistic concurrency, and pods. It can fail
+//! the next requests with 500, and stop and come back on the same port (an API server
+//! restart) with what it held.
+
+// Each test binary that includes this file uses part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// What the fake API server saw and holds.
+#[derive(Default)]
+pub struct ApiState {
+    pub node: Value,
+    /// (content type, body) of every PATCH.
+    pub patches: Vec<(String, Value)>,
+    /// Requests to fail with 500 before answering.
+    pub fail_next: u32,
+    pub requests: u32,
+    /// NodeFeature objects by `namespace/name`.
+    pub node_features: BTreeMap<String, Value>,
+    /// (method, path and query, body) of every NodeFeature write.
+    pub writes: Vec<(String, String, Value)>,
+    /// Pods by `namespace/name`.
+    pub pods: BTreeMap<String, Value>,
+}
+
+type Shared = Arc<Mutex<ApiState>>;
+type Reply = Result<axum::Json<Value>, (StatusCode, axum::Json<Value>)>;
+
+/// A Kubernetes `Status` error body, which kube needs to tell "not found" from a failure.
+fn status(code: StatusCode, reason: &str) -> (StatusCode, axum::Json<Value>) {
+    (
+        code,
+        axum::Json(
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "reason": reason, "code": code.as_u16(), "message": reason}),
+        ),
+    )
+}
+
+/// Applies an RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let object = target.as_object_mut().unwrap();
+            for (key, value) in fields {
+                if value.is_null() {
+                    object.remove(key);
+                } else {
+                    merge(object.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn gate(state: &mut ApiState) -> Result<(), StatusCode> {
+    state.requests += 1;
+    if state.fail_next > 0 {
+        state.fail_next -= 1;
+        return Err(StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    Ok(())
+}
+
+fn gate_status(state: &mut ApiState) -> Result<(), (StatusCode, axum::Json<Value>)> {
+    gate(state).map_err(|code| status(code, "InternalError"))
+}
+
+async fn get_node(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<axum::Json<Value>, StatusCode> {
+    let mut state = s.lock().unwrap();
+    gate(&mut state)?;
+    if name != "test-node" {
+        return Err(StatusCode::NOT_FOUND);
+    }
+    Ok(axum::Json(state.node.clone()))
+}
+
+async fn patch_node(
+    State(s): State<Shared>,
+    UrlPath(_): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<axum::Json<Value>, StatusCode> {
+    let mut state = s.lock().unwrap();
+    gate(&mut state)?;
+    let patch: Value = serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+    let kind = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let mut node = state.node.clone();
+    merge(&mut node, &patch);
+    state.node = node.clone();
+    state.patches.push((kind, patch));
+    Ok(axum::Json(node))
+}
+
+async fn get_pod(State(s): State<Shared>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    state
+        .pods
+        .get(&format!("{ns}/{name}"))
+        .cloned()
+        .map(axum::Json)
+        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
+}
+
+async fn get_feature(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    state
+        .node_features
+        .get(&format!("{ns}/{name}"))
+        .cloned()
+        .map(axum::Json)
+        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
+}
+
+async fn create_feature(
+    State(s): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    uri: axum::http::Uri,
+    body: Bytes,
+) -> Result<(StatusCode, axum::Json<Value>), (StatusCode, axum::Json<Value>)> {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let body: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    state
+        .writes
+        .push(("POST".into(), uri.to_string(), body.clone()));
+    let key = format!("{ns}/{}", body["metadata"]["name"].as_str().unwrap());
+    if state.node_features.contains_key(&key) {
+        return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
+    }
+    // What an API server adds on create.
+    let mut stored = body;
+    stored["metadata"]["uid"] = json!("nf-uid");
+    stored["metadata"]["resourceVersion"] = json!("1");
+    stored["metadata"]["creationTimestamp"] = json!("2025-01-01T00:00:00Z");
+    state.node_features.insert(key, stored.clone());
+    Ok((StatusCode::CREATED, axum::Json(stored)))
+}
+
+async fn replace_feature(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    uri: axum::http::Uri,
+    body: Bytes,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let body: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    state
+        .writes
+        .push(("PUT".into(), uri.to_string(), body.clone()));
+    let key = format!("{ns}/{name}");
+    let Some(old) = state.node_features.get(&key) else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+    };
+    // Optimistic concurrency, as the API server does it.
+    let version = old["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if body["metadata"]["resourceVersion"] != json!(version) {
+        return Err(status(StatusCode::CONFLICT, "Conflict"));
+    }
+    let mut stored = body;
+    stored["metadata"]["resourceVersion"] =
+        json!((version.parse::<u64>().unwrap() + 1).to_string());
+    state.node_features.insert(key, stored.clone());
+    Ok(axum::Json(stored))
+}
+
+/// The serving thread and what stops it.
+struct Serving {
+    stop: oneshot::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// A running fake API server; stopped on drop.
+pub struct FakeApi {
+    pub state: Arc<Mutex<ApiState>>,
+    pub port: u16,
+    serving: Option<Serving>,
+}
+
+impl FakeApi {
+    /// Serves a Node `test-node` with `labels` on a fresh loopback port.
+    pub fn start(labels: Value) -> FakeApi {
+        let state = Arc::new(Mutex::new(ApiState {
+            node: json!({"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": "test-node", "labels": labels}}),
+            ..ApiState::default()
+        }));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let serving = Some(serve(listener, Arc::clone(&state)));
+        FakeApi {
+            state,
+            port,
+            serving,
+        }
+    }
+
+    /// Stops serving as a crashed API server does: the port refuses, open connections close.
+    pub fn stop(&mut self) {
+        if let Some(Serving { stop, thread }) = self.serving.take() {
+            let _ = stop.send(());
+            let _ = thread.join();
+        }
+    }
+
+    /// Serves again on the same port, with what it held before.
+    pub fn restart(&mut self) {
+        self.stop();
+        // The port was ours a moment ago; a connection the stop closed may hold it briefly.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match std::net::TcpListener::bind(("127.0.0.1", self.port)) {
+                Ok(listener) => break listener,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(err) => panic!("rebinding 127.0.0.1:{}: {err}", self.port),
+            }
+        };
+        self.serving = Some(serve(listener, Arc::clone(&self.state)));
+    }
+
+    /// A kubeconfig in `dir` pointing at this server.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+                self.port
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// The Node's labels now.
+    pub fn node_labels(&self) -> BTreeMap<String, String> {
+        serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
+            .unwrap()
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Serves the routes on `listener` in a thread of its own until stopped; the thread's runtime
+/// goes with it, and every connection with the runtime.
+fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
+    listener.set_nonblocking(true).unwrap();
+    let features = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{ns}/nodefeatures";
+    let app = Router::new()
+        .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+        .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+        .route(features, axum::routing::post(create_feature))
+        .route(
+            &format!("{features}/{{name}}"),
+            get(get_feature).put(replace_feature),
+        )
+        .with_state(state);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            tokio::select! {
+                served = axum::serve(listener, app) => served.unwrap(),
+                _ = stopped => {}
+            }
+        });
+    });
+    Serving { stop, thread }
+}
