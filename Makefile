@@ -71,8 +71,9 @@ e2e: build mock
 	tests/e2e/prometheus.sh $(GPUD) $(MOCK_LIB)
 
 ## chaos: the reliability suite: the release gpud run on the simulated node and kubelet through
-## kubelet restarts, XID storms, lost GPUs, reload churn, scrape floods and kill -9 (a few
-## minutes at most, loopback and unix sockets only); prints the table of docs/reliability.md
+## kubelet restarts, XID storms, lost GPUs, reload churn, scrape floods, pod-resources socket
+## faults, the API server down and back, and kill -9 (a few minutes at most, loopback and unix
+## sockets only); prints the table of docs/reliability.md
 chaos: build mock
 	GPUD_CHAOS_BIN=$(GPUD) GPUD_CHAOS_MOCK=$(MOCK_LIB) \
 		$(CARGO) test --test chaos -- --ignored --nocapture --test-threads=1
