@@ -17,7 +17,9 @@
 #
 # Usage: run.sh IMAGE ROOTFS GPUD MOCK_LIB KUBELET_SIM SCRAPE
 set -euo pipefail
-image=$1 rootfs=$2 gpud=$3 mock=$4 kubelet_sim=$5 scrape=$6
+image=$1
+rootfs=$(realpath "$2") gpud=$(realpath "$3") mock=$(realpath "$4")
+kubelet_sim=$(realpath "$5") scrape=$(realpath "$6")
 fixture=dgx-h100
 layouts=(
   /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 # GPU Operator's driver container
