@@ -45,7 +45,7 @@ fail() {
   exit 1
 }
 
-if docker info >/dev/null 2>&1; then
+if [[ ${IMAGE_TEST_MODE:-} != chroot ]] && docker info >/dev/null 2>&1; then
   mode=docker
 else
   mode=chroot
@@ -73,10 +73,10 @@ in_image() {
   fi
 }
 
-# The chroot equivalent: a scratch copy of the root filesystem with each mount copied or
-# bind-mounted into it, the environment given explicitly.
+# The chroot equivalent: a scratch copy of the root filesystem with each mount bind-mounted
+# into it, the environment given explicitly. A TERM (the test stopping a daemon) is passed on.
 in_chroot() {
-  local root env=() binds=() i
+  local root env=() binds=() i host inside
   root=$(mktemp -d "$work/root.XXXX")
   cp -a "$rootfs/." "$root/"
   while [[ $1 != -- ]]; do
@@ -85,20 +85,20 @@ in_chroot() {
       -v)
         IFS=: read -r host inside _ <<<"$2"
         mkdir -p "$root$(dirname "$inside")"
-        if [[ -d $host ]]; then
-          mkdir -p "$root$inside"
-          mount --bind "$host" "$root$inside"
-          binds+=("$root$inside")
-        else
-          cp "$host" "$root$inside"
-        fi
+        if [[ -d $host ]]; then mkdir -p "$root$inside"; else touch "$root$inside"; fi
+        mount --bind "$host" "$root$inside"
+        binds+=("$root$inside")
         ;;
     esac
     shift 2
   done
   shift
-  local status=0
-  env -i "${env[@]}" chroot "$root" "$@" || status=$?
+  local status=0 child
+  env -i "${env[@]}" "$(command -v chroot)" "$root" "$@" &
+  child=$!
+  trap 'kill "$child" 2>/dev/null' TERM
+  wait "$child" || status=$?
+  wait "$child" 2>/dev/null || true
   for i in "${binds[@]}"; do umount "$i"; done
   return $status
 }
