@@ -25,10 +25,9 @@ fn get(address: &str, path: &str) -> std::io::Result<String> {
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        return Err(std::io::Error::other(format!(
-            "{}",
-            head.lines().next().unwrap_or("")
-        )));
+        return Err(std::io::Error::other(
+            head.lines().next().unwrap_or("").to_owned(),
+        ));
     }
     Ok(body.to_owned())
 }

@@ -65,7 +65,11 @@ fn a_bad_config_file_exits_65_naming_the_file() {
     for applet in DAEMONS {
         let out = check(&[applet, "--config", path]);
         assert_eq!(out.status.code(), Some(65), "{applet}: {}", stderr(&out));
-        assert!(stderr(&out).starts_with(&format!("gpud: {path}")), "{applet}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with(&format!("gpud: {path}")),
+            "{applet}: {}",
+            stderr(&out)
+        );
     }
 }
 
@@ -113,7 +117,13 @@ fn the_mock_needs_the_libraries_the_driver_needs() {
         .filter(|l| l.contains("(NEEDED)"))
         .filter_map(|l| l.split('[').nth(1)?.strip_suffix(']'))
         .collect();
-    for lib in ["libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"] {
+    for lib in [
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+    ] {
         assert!(needed.contains(&lib), "{lib} not in {needed:?}");
     }
 }
