@@ -120,11 +120,17 @@ def check_command(gpud, pod, container, objects, cache):
     command = container.get("command", []) + container.get("args", [])
     with tempfile.TemporaryDirectory() as files_dir:
         env = container_env(container, objects, files_dir)
-        for mount_path, local in mounted_config_maps(pod, container, objects, files_dir):
-            env = {k: v.replace(mount_path, local) if v.startswith(mount_path) else v for k, v in env.items()}
-        key = json.dumps([command, sorted(env.items())])
+        mounts = mounted_config_maps(pod, container, objects, files_dir)
+        # Keyed before the mounted paths are rewritten to this run's temporary folder.
+        files = {
+            path: sorted((p.name, p.read_text()) for p in Path(local).iterdir())
+            for path, local in mounts
+        }
+        key = json.dumps([command, sorted(env.items()), files], sort_keys=True)
         if key in cache:
             return
+        for mount_path, local in mounts:
+            env = {k: v.replace(mount_path, local) if v.startswith(mount_path) else v for k, v in env.items()}
         env_run = dict(env, PATH="/usr/bin:/bin")
         out = subprocess.run(
             [Path(command[0]).name] + command[1:] + ["--check-config"],
