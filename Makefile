@@ -7,7 +7,17 @@ MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
 
-.PHONY: all build mock test lint demo bench e2e chaos clean-mock
+VERSION   = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+IMAGE    ?= gpud:$(VERSION)
+IMAGE_DIR := target/image
+VENV     := target/venv-deploy
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+SYSCONFDIR ?= /etc
+UNITDIR  ?= $(SYSCONFDIR)/systemd/system
+
+.PHONY: all build mock test lint demo bench e2e chaos clean-mock image image-test manifests-test \
+	install uninstall install-test
 
 all: build
 
@@ -80,3 +90,50 @@ chaos: build mock
 
 clean-mock:
 	rm -rf $(MOCK_DIR)
+
+## image: the OCI image gpud:<version>, FROM scratch: the release binary, its applet links, the
+## loader and exactly the libraries gpud and NVML need (no network needed)
+image: build mock
+	packaging/image/rootfs.sh $(GPUD) $(MOCK_LIB) $(IMAGE_DIR)/rootfs
+	cp packaging/image/Dockerfile $(IMAGE_DIR)/Dockerfile
+	docker build --quiet -t $(IMAGE) $(IMAGE_DIR)
+	@echo "$(IMAGE): $$(du -sb --apparent-size $(IMAGE_DIR)/rootfs | cut -f1) bytes uncompressed"
+
+## image-test: runs the image's containers with the DaemonSet's security settings against the
+## simulated node (chroot on the root filesystem where no Docker engine answers)
+image-test:
+	@test -x $(IMAGE_DIR)/rootfs/usr/bin/gpud || { echo "run make image first"; exit 1; }
+	$(CARGO) build --release --example kubelet_sim --example scrape
+	tests/image/run.sh $(IMAGE) $(IMAGE_DIR)/rootfs $(GPUD) $(MOCK_LIB) \
+		target/release/examples/kubelet_sim target/release/examples/scrape
+
+## manifests-test: renders every kustomize overlay and component combination, validates it
+## against the oldest and newest supported Kubernetes, and checks every container's command
+## line with gpud --check-config (needs kubectl and the venv .ci/run makes)
+manifests-test: build
+	$(VENV)/bin/python tests/manifests/check.py $(GPUD)
+
+## install: the binary, its applet links, the systemd unit and its environment file
+## (PREFIX=/usr/local, DESTDIR for staging); uninstall removes them
+install:
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/default
+	install -m 0755 $(GPUD) $(DESTDIR)$(PREFIX)/bin/gpud
+	for applet in $$($(GPUD) --list); do ln -sf gpud $(DESTDIR)$(PREFIX)/bin/gpud-$$applet; done
+	sed 's|/usr/local/bin/gpud|$(PREFIX)/bin/gpud|g' systemd/gpud.service \
+		> $(DESTDIR)$(UNITDIR)/gpud.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/gpud.service
+	test -e $(DESTDIR)$(SYSCONFDIR)/default/gpud || \
+		install -m 0644 systemd/gpud.env $(DESTDIR)$(SYSCONFDIR)/default/gpud
+
+uninstall:
+	for applet in $$($(DESTDIR)$(PREFIX)/bin/gpud --list 2>/dev/null || $(GPUD) --list); do \
+		rm -f $(DESTDIR)$(PREFIX)/bin/gpud-$$applet; done
+	rm -f $(DESTDIR)$(PREFIX)/bin/gpud $(DESTDIR)$(UNITDIR)/gpud.service
+	@if cmp -s systemd/gpud.env $(DESTDIR)$(SYSCONFDIR)/default/gpud; then \
+		rm -f $(DESTDIR)$(SYSCONFDIR)/default/gpud; \
+	elif test -e $(DESTDIR)$(SYSCONFDIR)/default/gpud; then \
+		echo "kept $(DESTDIR)$(SYSCONFDIR)/default/gpud: it holds your settings"; fi
+
+## install-test: install and uninstall into a temporary DESTDIR and check what lands where
+install-test: build
+	tests/install/run.sh $(GPUD)

@@ -21,14 +21,31 @@ pub struct CommonArgs {
     /// Log line format on stderr (the level filter is taken from GPUD_LOG, e.g. "debug").
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "GPUD_LOG_FORMAT")]
     pub log_format: LogFormat,
+
+    /// Check the command line, the environment and the config files it names, then exit: 0
+    /// when they are valid, 64 or 65 with the reason otherwise. Loads no NVML, binds nothing.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 impl CommonArgs {
     /// Starts logging and opens NVML (exit 69 with every path tried when the driver is
     /// unavailable).
     pub fn start(&self) -> Result<Nvml, Error> {
+        self.stop_if_checking()?;
         telemetry::init(self.log_format);
         Ok(Nvml::open(self.nvml_lib.as_deref())?)
+    }
+
+    /// With `--check-config`, ends the applet here with exit 0. Every applet resolves its flags,
+    /// environment and config files before it opens NVML, so reaching this point means they
+    /// are valid, and nothing has been bound, written or loaded yet.
+    pub fn stop_if_checking(&self) -> Result<(), Error> {
+        if self.check_config {
+            eprintln!("gpud: the command line, environment and config files are valid");
+            return Err(Error::Reported(0));
+        }
+        Ok(())
     }
 }
 

@@ -71,6 +71,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         &args.shared,
         args.node_name.as_deref(),
     )?;
+    args.common.stop_if_checking()?;
     let facts = NodeFacts {
         node_name: args.node_name.clone(),
         machine_type_file: config.flags.gfd.machine_type_file.clone(),

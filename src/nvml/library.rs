@@ -16,9 +16,15 @@ use super::NvmlError;
 /// The library's SONAME, resolved by the dynamic linker's usual search.
 pub const SONAME: &str = "libnvidia-ml.so.1";
 
-/// Where driver containers (GPU Operator: `/run/nvidia/driver`) and common images put NVML
-/// when it is not on the linker path.
+/// Where driver containers (GPU Operator: `/run/nvidia/driver`), the container toolkit's
+/// injection (the distribution's library folder), and cloud images (GKE:
+/// `/home/kubernetes/bin/nvidia`) put NVML. The library folders are listed as well as left to
+/// the dynamic linker because an image without `/etc/ld.so.cache` (gpud's own, `FROM scratch`)
+/// does not search every one of them.
 const DRIVER_ROOT_CANDIDATES: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64/libnvidia-ml.so.1",
     "/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1",
     "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
     "/run/nvidia/driver/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",

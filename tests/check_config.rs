@@ -1,0 +1,129 @@
+//! `--check-config`: every daemon applet and `run` validate their command line, environment
+//! and config files and exit (0, 64 or 65) without loading NVML or binding anything; and the
+//! simulated NVML declares the driver's needed libraries, so the image carries them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{gpud_bin, mock_lib};
+
+const DAEMONS: &[&str] = &["device-plugin", "labeller", "exporter", "health", "run"];
+
+/// gpud with a clean environment: no NVML library at all (a wrong explicit path), so a check
+/// that tried to load it would exit 69 instead of 0.
+fn check(args: &[&str]) -> Output {
+    Command::new(gpud_bin())
+        .args(args)
+        .arg("--check-config")
+        .env_clear()
+        .env("GPUD_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+        .env("NODE_NAME", "gpu-node-1")
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_good_command_line_exits_0_without_nvml() {
+    for applet in DAEMONS {
+        let out = check(&[applet]);
+        assert_eq!(out.status.code(), Some(0), "{applet}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            "gpud: the command line, environment and config files are valid\n",
+            "{applet}"
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{applet}");
+    }
+}
+
+#[test]
+fn an_unknown_flag_exits_64() {
+    for applet in DAEMONS {
+        let out = check(&[applet, "--no-such-flag"]);
+        assert_eq!(out.status.code(), Some(64), "{applet}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("unexpected argument '--no-such-flag'"),
+            "{applet}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn a_bad_config_file_exits_65_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpud.yaml");
+    std::fs::write(&path, "health:\n  pollInterval: soon\n").unwrap();
+    let path = path.to_str().unwrap();
+    for applet in DAEMONS {
+        let out = check(&[applet, "--config", path]);
+        assert_eq!(out.status.code(), Some(65), "{applet}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with(&format!("gpud: {path}")),
+            "{applet}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn a_bad_nvidia_config_file_exits_65_naming_file_field_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, "version: v1\nflags:\n  migStrategy: bogus\n").unwrap();
+    let path = path.to_str().unwrap();
+    for applet in ["device-plugin", "labeller", "run"] {
+        let out = check(&[applet, "--config-file", path]);
+        assert_eq!(out.status.code(), Some(65), "{applet}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "gpud: {path}: field flags.migStrategy: invalid value \"bogus\": must be one of none, single, mixed\n"
+            ),
+            "{applet}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_environment_value_exits_64() {
+    let out = Command::new(gpud_bin())
+        .args(["labeller", "--check-config"])
+        .env_clear()
+        .env("GPUD_LABELLER_SINK", "bogus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("invalid value 'bogus' for '--sink <SINK>'"));
+}
+
+#[test]
+fn the_mock_needs_the_libraries_the_driver_needs() {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(mock_lib())
+        .output()
+        .expect("readelf (binutils) is needed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| l.split('[').nth(1)?.strip_suffix(']'))
+        .collect();
+    for lib in [
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "librt.so.1",
+    ] {
+        assert!(needed.contains(&lib), "{lib} not in {needed:?}");
+    }
+}

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Renders every overlay and component combination under packaging/k8s and checks it.
+
+For each combination: `kubectl kustomize` must render it; every object must validate against
+the Kubernetes schemas of the oldest and the newest supported minor (kubernetes-validate,
+strict: unknown fields are errors); every container's command line, with its environment
+(envFrom ConfigMaps, fieldRefs) and the ConfigMap files it mounts, must be accepted by the real
+binary (`--check-config`, exit 0); and every container keeps the least-privilege settings the
+docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml.
+
+Usage: check.py GPUD_BINARY   (run by `make manifests-test`, in the venv .ci/run makes)
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "packaging" / "k8s"
+# The oldest and newest Kubernetes minors the manifests are checked against.
+VERSIONS = ["1.29.0", "1.37.0"]
+# Custom resources: no schema in kubernetes-validate; checked for shape below.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+SINKS = [None, "labeller-node", "labeller-node-feature"]
+TOGGLES = ["sharing-config", "servicemonitor", "prometheus-rule", "runtime-class"]
+
+
+def combinations():
+    """(overlay, [components]) for every valid combination."""
+    for overlay in ["base", "all-in-one"]:
+        exporter_choices = [False, True] if overlay == "base" else [False]
+        for no_exporter in exporter_choices:
+            for sink in SINKS:
+                for picks in itertools.product([False, True], repeat=len(TOGGLES)):
+                    chosen = [name for name, on in zip(TOGGLES, picks) if on]
+                    # A ServiceMonitor without the exporter's Service scrapes nothing.
+                    if no_exporter and "servicemonitor" in chosen:
+                        continue
+                    components = (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + chosen
+                    yield overlay, components
+
+
+def render(overlay, components):
+    with tempfile.TemporaryDirectory() as tmp:
+        rel = os.path.relpath(K8S, os.path.realpath(tmp))
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [f"{rel}/{overlay}"],
+            "components": [f"{rel}/components/{c}" for c in components],
+        }
+        Path(tmp, "kustomization.yaml").write_text(json.dumps(kustomization))
+        out = subprocess.run(
+            ["kubectl", "kustomize", tmp], capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"{overlay} + {components}: kustomize failed:\n{out.stderr}")
+        return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def container_env(container, objects, files_dir):
+    """The container's environment as the kubelet would set it, with ConfigMap-mounted
+    folders materialised under files_dir and their paths rewritten to it."""
+    config_maps = {
+        o["metadata"]["name"]: o.get("data", {})
+        for o in objects
+        if o["kind"] == "ConfigMap"
+    }
+    env = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        if name not in config_maps:
+            raise SystemExit(f"container {container['name']}: envFrom names missing ConfigMap {name}")
+        env.update(config_maps[name])
+    fields = {
+        "spec.nodeName": "gpu-node-1",
+        "metadata.namespace": "gpud",
+        "metadata.name": "gpud-x7k2p",
+    }
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    return env
+
+
+def mounted_config_maps(pod, container, objects, files_dir):
+    """Writes each ConfigMap volume the container mounts under files_dir; returns
+    (mountPath, local folder) pairs."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    data = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
+    pairs = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"])
+        if volume is None:
+            raise SystemExit(f"container {container['name']}: volumeMount {mount['name']} has no volume")
+        ref = volume.get("configMap")
+        if not ref:
+            continue
+        local = Path(files_dir, mount["name"])
+        local.mkdir(parents=True, exist_ok=True)
+        for key, text in data.get(ref["name"], {}).items():
+            (local / key).write_text(text)
+        pairs.append((mount["mountPath"], str(local)))
+    return pairs
+
+
+def check_command(gpud, pod, container, objects, cache):
+    command = container.get("command", []) + container.get("args", [])
+    with tempfile.TemporaryDirectory() as files_dir:
+        env = container_env(container, objects, files_dir)
+        mounts = mounted_config_maps(pod, container, objects, files_dir)
+        # Keyed before the mounted paths are rewritten to this run's temporary folder.
+        files = {
+            path: sorted((p.name, p.read_text()) for p in Path(local).iterdir())
+            for path, local in mounts
+        }
+        key = json.dumps([command, sorted(env.items()), files], sort_keys=True)
+        if key in cache:
+            return
+        for mount_path, local in mounts:
+            env = {k: v.replace(mount_path, local) if v.startswith(mount_path) else v for k, v in env.items()}
+        env_run = dict(env, PATH="/usr/bin:/bin")
+        out = subprocess.run(
+            [Path(command[0]).name] + command[1:] + ["--check-config"],
+            executable=gpud,
+            env=env_run,
+            capture_output=True,
+            text=True,
+        )
+        cache[key] = out.returncode
+        if out.returncode != 0:
+            raise SystemExit(
+                f"container {container['name']}: `{' '.join(command)}` with {env} "
+                f"is not accepted (exit {out.returncode}):\n{out.stderr}"
+            )
+
+
+def check_security(container):
+    ctx = container.get("securityContext", {})
+    name = container["name"]
+    assert ctx.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
+    assert ctx.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem"
+    assert not ctx.get("privileged"), f"{name}: privileged"
+    assert ctx.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities.drop"
+    assert set(ctx["capabilities"].get("add", [])) <= {"SYSLOG"}, f"{name}: capabilities.add"
+    ports = {p["name"] for p in container.get("ports", [])}
+    for probe in ["livenessProbe", "readinessProbe"]:
+        get = container[probe]["httpGet"]
+        assert get["port"] in ports, f"{name}: {probe} port {get['port']} not declared"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", name
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+    resources = container["resources"]
+    assert resources["requests"]["memory"] and resources["limits"]["memory"], f"{name}: memory"
+
+
+def check_objects(objects, gpud, cache, version):
+    kinds = [o["kind"] for o in objects]
+    daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 1, kinds
+    pod = daemonsets[0]["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert daemonsets[0]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert pod["nodeSelector"], "a node selector on GPU nodes"
+    for container in pod["containers"]:
+        assert container["image"] == f"gpud:{version}", container["image"]
+        check_security(container)
+        check_command(gpud, pod, container, objects, cache)
+    for obj in objects:
+        if obj["kind"] != "Namespace" and not obj["kind"].startswith("Cluster"):
+            assert obj["metadata"].get("namespace") == "gpud", (obj["kind"], obj["metadata"])
+        if obj["kind"] == "PrometheusRule":
+            alerts = yaml.safe_load((ROOT / "packaging/prometheus/gpud-alerts.yaml").read_text())
+            assert obj["spec"] == alerts, (
+                "components/prometheus-rule/prometheusrule.yaml differs from "
+                "packaging/prometheus/gpud-alerts.yaml: copy the groups over"
+            )
+
+
+def validate(unique):
+    skipped = set()
+    for text in unique:
+        obj = json.loads(text)
+        if obj["kind"] in CUSTOM_KINDS:
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1", obj["apiVersion"]
+            skipped.add(obj["kind"])
+            continue
+        for version in VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                raise SystemExit(
+                    f"{obj['kind']}/{obj['metadata']['name']} is invalid for Kubernetes "
+                    f"{version}: {err.message} at {'.'.join(map(str, err.path))}"
+                )
+    return skipped
+
+
+def main():
+    gpud = os.path.abspath(sys.argv[1])
+    version = subprocess.run(
+        [gpud, "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    cache = {}
+    unique = set()
+    combos = list(combinations())
+    for overlay, components in combos:
+        objects = render(overlay, components)
+        try:
+            check_objects(objects, gpud, cache, version)
+        except AssertionError as err:
+            raise SystemExit(f"{overlay} + {components}: {err}")
+        unique.update(json.dumps(o, sort_keys=True) for o in objects)
+    skipped = validate(unique)
+    print(
+        f"manifests: {len(combos)} combinations rendered, {len(unique)} distinct objects "
+        f"valid for Kubernetes {' and '.join(VERSIONS)} (schemas not checked: "
+        f"{', '.join(sorted(skipped))}), {len(cache)} distinct container command lines "
+        f"accepted by {gpud} --check-config"
+    )
+
+
+if __name__ == "__main__":
+    main()
