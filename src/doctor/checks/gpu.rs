@@ -240,15 +240,29 @@ pub fn nvlink(env: &Env) -> Verdict {
         Ok(gpus) => gpus,
         Err(verdict) => return verdict,
     };
-    // Links that were never trained (no peer) report inactive too; only links that discovery
-    // saw connected to something count.
-    let wired = |gpu: u32, link: u32| {
-        env.snapshot().and_then(|s| s.gpu(gpu)).is_none_or(|g| {
-            g.nvlinks
-                .iter()
-                .any(|l| l.link == link && l.remote.is_some())
-        })
+    // Links past the last one that is up or has a known peer were never trained (a board
+    // with fewer links wired than the chip has); below it, an inactive link is down.
+    let last_wired = |g: &GpuPreflight| {
+        let known = env
+            .snapshot()
+            .and_then(|s| s.gpu(g.signals.gpu))
+            .map(|gpu| {
+                gpu.nvlinks
+                    .iter()
+                    .filter(|l| l.remote.is_some())
+                    .map(|l| l.link)
+                    .max()
+            });
+        let up = g
+            .signals
+            .nvlinks_up
+            .iter()
+            .filter(|(_, up)| *up)
+            .map(|(l, _)| *l)
+            .max();
+        known.flatten().max(up)
     };
+    let wired = |g: &GpuPreflight, link: u32| last_wired(g).is_some_and(|last| link <= last);
     let mut down = Vec::new();
     let mut up = 0;
     for g in &gpus {
@@ -256,7 +270,7 @@ pub fn nvlink(env: &Env) -> Verdict {
             .signals
             .nvlinks_up
             .iter()
-            .filter(|(link, _)| wired(g.signals.gpu, *link))
+            .filter(|(link, _)| wired(g, *link))
             .filter_map(|(link, is_up)| {
                 if *is_up {
                     up += 1;
@@ -417,7 +431,14 @@ pub fn xid(env: &Env) -> Verdict {
     };
     let gpu_of = |event: &KmsgEvent| {
         env.snapshot()
-            .and_then(|s| s.gpus.iter().find(|g| g.pci.bus_id == *event.pci_bus_id()))
+            .and_then(|s| {
+                // The kernel prints no function number: match domain, bus and device.
+                let slot = |id: &crate::inventory::PciBusId| {
+                    id.address().map(|a| (a.domain, a.bus, a.device))
+                };
+                let wanted = slot(event.pci_bus_id())?;
+                s.gpus.iter().find(|g| slot(&g.pci.bus_id) == Some(wanted))
+            })
             .map_or_else(
                 || format!("PCI {}", event.pci_bus_id().nvml()),
                 |g| format!("GPU {}", g.index),

@@ -270,7 +270,8 @@ pub fn cdi_spec(env: &Env) -> Verdict {
         .any(|n| n.starts_with("GPU-") || n.starts_with("MIG-"));
     let mut current = BTreeSet::new();
     let mut missing = Vec::new();
-    for gpu in &snapshot.gpus {
+    // A GPU lost before discovery has no UUID to look for (gpu.present reports it).
+    for gpu in snapshot.gpus.iter().filter(|g| !g.uuid.is_empty()) {
         let mut want = vec![(gpu.uuid.clone(), gpu.index.to_string())];
         want.extend(
             gpu.mig
@@ -290,9 +291,12 @@ pub fn cdi_spec(env: &Env) -> Verdict {
             current.insert(uuid);
         }
     }
+    // With a GPU whose identity NVML cannot give, a UUID the spec lists may be that GPU's.
+    let identities_known = snapshot.gpus.iter().all(|g| !g.uuid.is_empty());
     let stale: Vec<String> = names
         .iter()
-        .filter(|n| (n.starts_with("GPU-") || n.starts_with("MIG-")) && !current.contains(*n))
+        .filter(|n| identities_known && (n.starts_with("GPU-") || n.starts_with("MIG-")))
+        .filter(|n| !current.contains(*n))
         .cloned()
         .collect();
     let mut problems = Vec::new();
