@@ -2,6 +2,8 @@
 //! built in code, healthy by default with one fault at a time. Each case asserts the exact
 //! finding and fix of the check it breaks, and that every other check stays as it was.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

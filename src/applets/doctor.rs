@@ -95,16 +95,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         eprintln!("gpud doctor: {why}");
         Error::Reported(crate::exit::USAGE)
     })?;
-    let options = runner::Options {
+    let options = crate::doctor::Options {
         host_root: args.host_root.clone(),
         nvml_lib: args.nvml_lib.clone(),
         kmsg: args.kmsg.clone(),
         gpud_config: args.config.clone(),
         nvidia_config: args.nvidia_config.clone(),
         timeout: args.timeout,
-        selection,
     };
-    let (report, driver) = runner::run(options.clone(), None);
+    let (report, driver) = runner::run(options.clone(), &selection, None);
     let text = if args.json {
         render::json(&report)
     } else {

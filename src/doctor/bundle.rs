@@ -11,10 +11,10 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 
 use super::checks::read_kernel_log;
+use super::env::{Driver, Options};
 use super::host::HostRoot;
 use super::render;
 use super::report::Report;
-use super::runner::{Driver, Options};
 
 /// The folder every entry is under in the archive.
 const TOP: &str = "gpud-doctor";

@@ -13,6 +13,7 @@
 
 pub mod bundle;
 pub mod checks;
+pub mod env;
 pub mod host;
 pub mod render;
 pub mod report;
@@ -21,5 +22,6 @@ pub mod select;
 pub mod service;
 pub mod validations;
 
+pub use env::Options;
 pub use report::{CheckResult, Report, SCHEMA, Status, Verdict};
-pub use runner::{Options, run};
+pub use runner::run;

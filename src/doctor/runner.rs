@@ -3,113 +3,16 @@
 //! reported as `fail` ("did not finish") and its thread is left behind: a thread blocked in
 //! the driver cannot be cancelled, only abandoned.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::checks::{CATALOG, Check};
+use super::env::{Driver, Env, Options};
 use super::host::HostRoot;
 use super::report::{CheckResult, Report, Verdict};
 use super::select::Selection;
-use crate::inventory::Snapshot;
-use crate::nvml::{GpuPreflight, NodeFacts, Nvml};
-
-/// The default per-check deadline.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What a doctor run reads and how.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// The host's root (`/` on the host).
-    pub host_root: PathBuf,
-    /// The NVML library to load (`None`: the usual search).
-    pub nvml_lib: Option<PathBuf>,
-    /// The kernel log to read XIDs from; `None`: the host's `/dev/kmsg`.
-    pub kmsg: Option<PathBuf>,
-    /// gpud's own config file, checked when given.
-    pub gpud_config: Option<PathBuf>,
-    /// NVIDIA's device plugin / GFD config file, checked when given.
-    pub nvidia_config: Option<PathBuf>,
-    /// Per-check deadline.
-    pub timeout: Duration,
-    /// Which checks run.
-    pub selection: Selection,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            host_root: PathBuf::from("/"),
-            nvml_lib: None,
-            kmsg: None,
-            gpud_config: None,
-            nvidia_config: None,
-            timeout: DEFAULT_TIMEOUT,
-            selection: Selection::default(),
-        }
-    }
-}
-
-/// What NVML told the doctor.
-#[derive(Debug, Clone)]
-pub enum Driver {
-    /// NVML loaded from this path; discovery and preflight are `Err` with the reason when
-    /// they failed or did not answer in time.
-    Loaded {
-        path: PathBuf,
-        snapshot: Result<Arc<Snapshot>, String>,
-        preflight: Result<Arc<Vec<GpuPreflight>>, String>,
-    },
-    /// NVML did not load (or did not answer in time).
-    Unavailable(String),
-}
-
-/// Everything a check may look at.
-#[derive(Debug, Clone)]
-pub struct Env {
-    pub host: HostRoot,
-    pub driver: Driver,
-    pub options: Arc<Options>,
-}
-
-impl Env {
-    /// The discovered node, when NVML answered.
-    pub fn snapshot(&self) -> Option<&Snapshot> {
-        match &self.driver {
-            Driver::Loaded {
-                snapshot: Ok(s), ..
-            } => Some(s),
-            _ => None,
-        }
-    }
-
-    /// The per-GPU preflight facts, when NVML answered.
-    pub fn preflight(&self) -> Option<&[GpuPreflight]> {
-        match &self.driver {
-            Driver::Loaded {
-                preflight: Ok(p), ..
-            } => Some(p),
-            _ => None,
-        }
-    }
-
-    /// A skip verdict for a check that needs NVML's answers, saying why there are none.
-    pub fn no_nvml(&self) -> Verdict {
-        let why = match &self.driver {
-            Driver::Unavailable(why) => why.clone(),
-            Driver::Loaded {
-                snapshot: Err(why), ..
-            }
-            | Driver::Loaded {
-                preflight: Err(why),
-                ..
-            } => why.clone(),
-            Driver::Loaded { .. } => "NVML gave no answer".to_owned(),
-        };
-        Verdict::skip(format!("needs NVML, which failed: {why} (see driver.nvml)"))
-    }
-}
+use crate::nvml::{NodeFacts, Nvml};
 
 /// Starts `work` on a thread of its own; `None` when the thread cannot start.
 pub fn start<T: Send + 'static>(
@@ -183,11 +86,11 @@ pub fn gather(options: &Options, nvml: Option<Nvml>) -> Driver {
 }
 
 /// Runs the selected checks over `env`, all at once, each bounded by the timeout.
-pub fn run_checks(env: &Env) -> Vec<CheckResult> {
+pub fn run_checks(env: &Env, selection: &Selection) -> Vec<CheckResult> {
     let timeout = env.options.timeout;
     let selected: Vec<&'static Check> = CATALOG
         .iter()
-        .filter(|check| env.options.selection.includes(check.id))
+        .filter(|check| selection.includes(check.id))
         .collect();
     let started = Instant::now();
     let deadline = started + timeout;
@@ -233,11 +136,11 @@ pub fn run_checks(env: &Env) -> Vec<CheckResult> {
 /// A whole doctor run: gathers NVML's facts (opening NVML unless `nvml` is given) and runs the
 /// selected checks. Blocks; returns within about twice the timeout whatever the driver does.
 /// Also returns what NVML said, for the support bundle and the validator's files.
-pub fn run(options: Options, nvml: Option<Nvml>) -> (Report, Driver) {
+pub fn run(options: Options, selection: &Selection, nvml: Option<Nvml>) -> (Report, Driver) {
     let host_root = options.host_root.display().to_string();
     let needs_nvml = CATALOG
         .iter()
-        .any(|c| c.needs_nvml && options.selection.includes(c.id));
+        .any(|c| c.needs_nvml && selection.includes(c.id));
     let driver = if needs_nvml {
         gather(&options, nvml)
     } else {
@@ -248,5 +151,8 @@ pub fn run(options: Options, nvml: Option<Nvml>) -> (Report, Driver) {
         driver,
         options: Arc::new(options),
     };
-    (Report::new(host_root, run_checks(&env)), env.driver)
+    (
+        Report::new(host_root, run_checks(&env, selection)),
+        env.driver,
+    )
 }

@@ -13,9 +13,11 @@ use axum::http::{StatusCode, header};
 use axum::routing::get;
 use tokio::sync::watch;
 
+use super::env::Options;
 use super::render;
 use super::report::Report;
-use super::runner::{self, Options};
+use super::runner;
+use super::select::Selection;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
 use crate::nvml::Nvml;
@@ -107,7 +109,9 @@ impl Subsystem for PeriodicDoctor {
         let cancel = ctx.cancel_token();
         loop {
             let (nvml, options) = (self.nvml.clone(), self.options.clone());
-            let run = tokio::task::spawn_blocking(move || runner::run(options, Some(nvml)).0);
+            let run = tokio::task::spawn_blocking(move || {
+                runner::run(options, &Selection::default(), Some(nvml)).0
+            });
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 report = run => match report {

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
+use super::env::Driver;
 use super::report::{Report, Status};
-use super::runner::Driver;
 
 /// The operator's default status directory.
 pub const DEFAULT_DIR: &str = "/run/nvidia/validations";

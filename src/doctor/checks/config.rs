@@ -1,8 +1,8 @@
 //! gpud's own config files: the one `gpud run` reads, and NVIDIA's device plugin / GFD file,
 //! loaded with the very code that reads them at start, so a file that passes here starts.
 
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 const FIX: &str = "correct the field named above: gpud refuses to start with this file (exit 65) and keeps the old one on reload";
 

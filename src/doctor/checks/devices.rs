@@ -1,9 +1,9 @@
 //! Device nodes: what a container's device list and the CDI spec point at must exist on the
 //! host. On a fresh node they appear only after something (nvidia-smi, nvidia-ctk) creates them.
 
+use crate::doctor::env::Env;
 use crate::doctor::host::HostRoot;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 /// The control device nodes: path, the driver whose major they have, minor.
 const CONTROL: [(&str, &str, u32); 4] = [

@@ -1,9 +1,9 @@
 //! The driver: NVML loads, the kernel module and the library are one version, the modules
 //! containers need are loaded.
 
+use crate::doctor::env::{Driver, Env};
 use crate::doctor::host::HostRoot;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::{Driver, Env};
 
 /// The modules the NVIDIA container toolkit loads for every GPU container.
 const REQUIRED_MODULES: [&str; 3] = ["nvidia", "nvidia_uvm", "nvidia_modeset"];

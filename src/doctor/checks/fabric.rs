@@ -3,8 +3,8 @@
 //! no daemon on the node and NVML's fabric registration tells.
 
 use super::joined;
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 use crate::inventory::model::{FabricState, NvLinkRemote};
 
 /// The fabric manager's process name.

@@ -7,8 +7,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{gpu_list, joined};
+use crate::doctor::env::Env;
 use crate::doctor::report::{Status, Verdict};
-use crate::doctor::runner::Env;
 use crate::health::kmsg::{self, KmsgEvent};
 use crate::health::xid::{self, Severity};
 use crate::nvml::GpuPreflight;

@@ -2,8 +2,8 @@
 //! `nvidia_peermem` module or DMA-BUF (the open kernel modules), and the IOMMU off or in
 //! passthrough so peer traffic is not translated.
 
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 use super::driver::kernel_module;
 

@@ -1,8 +1,8 @@
 //! The kubelet: its device-plugin registration socket and its pod-resources socket (the
 //! exporter's pod attribution), and an NVIDIA device plugin registered with it.
 
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 const KUBELET_DIR: &str = "/var/lib/kubelet";
 const PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";

@@ -2,8 +2,8 @@
 //! blocks the reset a MIG change needs.
 
 use super::{gpu_list, joined};
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 /// `mig.mode`
 pub fn mode(env: &Env) -> Verdict {

@@ -14,8 +14,8 @@ mod selinux;
 
 pub use gpu::read_kernel_log;
 
+use super::env::Env;
 use super::report::Verdict;
-use super::runner::Env;
 
 /// One check.
 #[derive(Debug)]

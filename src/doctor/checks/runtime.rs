@@ -7,9 +7,9 @@ use std::os::unix::fs::PermissionsExt;
 
 use serde::Deserialize;
 
+use crate::doctor::env::Env;
 use crate::doctor::host::HostRoot;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 const CRIO_CONFIG: &str = "/etc/crio/crio.conf";

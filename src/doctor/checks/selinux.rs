@@ -1,8 +1,8 @@
 //! SELinux: under enforcing mode without NVIDIA's policy, a driver container's `modprobe` and
 //! containers' access to `/dev/nvidia*` are denied.
 
+use crate::doctor::env::Env;
 use crate::doctor::report::Verdict;
-use crate::doctor::runner::Env;
 
 /// `selinux.mode`
 pub fn mode(env: &Env) -> Verdict {
