@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod device_plugin;
+pub mod doctor;
 pub mod exit;
 pub mod exporter;
 pub mod files;

@@ -159,7 +159,14 @@ fn subsystems(applet: &str) -> &'static [&'static str] {
         "exporter" => &["rescan", "health", "exporter"],
         "health" => &["health", "printer", "admin"],
         "labeller" => &["rescan", "health", "labeller", "admin"],
-        "run" => &["rescan", "health", "exporter", "device-plugin", "labeller"],
+        "run" => &[
+            "rescan",
+            "doctor",
+            "health",
+            "exporter",
+            "device-plugin",
+            "labeller",
+        ],
         other => panic!("no subsystems for {other}"),
     }
 }

@@ -2,6 +2,7 @@
 
 mod cdi;
 mod device_plugin;
+mod doctor;
 mod exporter;
 mod health;
 mod inventory;
@@ -40,6 +41,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: true,
         about: "advertise GPUs to the kubelet (NVIDIA k8s-device-plugin compatible), withdraw and return sick ones",
         run: device_plugin::main,
+    },
+    Applet {
+        name: "doctor",
+        daemon: false,
+        about: "check the node (driver, GPUs, MIG, fabric, runtime, CDI, kubelet) and say what to fix",
+        run: doctor::main,
     },
     Applet {
         name: "exporter",

@@ -19,6 +19,7 @@ use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings::Settings as PluginSettings;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
+use crate::doctor::service::{LatestReport, PeriodicDoctor};
 use crate::exporter::{args::ExporterArgs, service};
 use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
@@ -59,6 +60,16 @@ struct Args {
 
     #[command(flatten)]
     health: HealthArgs,
+
+    /// How often `gpud doctor`'s checks run inside the daemon (latest report at /doctor on
+    /// the admin endpoint); 0 turns them off.
+    #[arg(long, value_name = "DURATION", env = "GPUD_DOCTOR_INTERVAL", default_value = "5m",
+          value_parser = humantime::parse_duration)]
+    doctor_interval: Duration,
+
+    /// Where the host's root is mounted, for the doctor's checks (e.g. /host in a container).
+    #[arg(long, value_name = "PATH", env = "GPUD_HOST_ROOT", default_value = "/")]
+    host_root: std::path::PathBuf,
 
     #[command(flatten)]
     plugin: PluginArgs,
@@ -143,6 +154,28 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         })
     });
     daemon.add_support(rescanner);
+    if !args.doctor_interval.is_zero() {
+        let latest = LatestReport::default();
+        daemon.add_admin_routes(latest.routes());
+        let options = crate::doctor::Options {
+            host_root: args.host_root.clone(),
+            kmsg: args
+                .health
+                .kmsg
+                .as_deref()
+                .filter(|k| !k.is_empty())
+                .map(Into::into),
+            gpud_config: args.health.config.clone(),
+            nvidia_config: args.plugin.config_file.clone(),
+            ..crate::doctor::Options::default()
+        };
+        daemon.add_support(PeriodicDoctor::new(
+            nvml.clone(),
+            options,
+            args.doctor_interval,
+            latest,
+        ));
+    }
     if enabled(Optional::Exporter) {
         let (watcher, exporter) =
             service::with_health(nvml, health, exporter, daemon.admin_routes());

@@ -51,6 +51,8 @@ pub struct Daemon<C> {
     readiness: Readiness,
     notifier: Notifier,
     workers: usize,
+    /// Routes subsystems add to the admin endpoint (`/doctor`).
+    extra_routes: axum::Router,
 }
 
 impl<C> std::fmt::Debug for Daemon<C> {
@@ -88,6 +90,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             readiness: Readiness::default(),
             notifier: Notifier::from_env(std::env::var_os("NOTIFY_SOCKET")),
             workers: 2,
+            extra_routes: axum::Router::new(),
         }
     }
 
@@ -99,7 +102,13 @@ impl<C: Send + Sync + 'static> Daemon<C> {
     /// The `/healthz` and `/readyz` routes, for a subsystem that serves HTTP anyway (the
     /// exporter); see [`Daemon::serve_admin`] otherwise.
     pub fn admin_routes(&self) -> axum::Router {
-        admin::routes(self.readiness.clone())
+        admin::routes(self.readiness.clone()).merge(self.extra_routes.clone())
+    }
+
+    /// Adds routes to the admin endpoint; call it before [`Daemon::admin_routes`] or
+    /// [`Daemon::serve_admin`].
+    pub fn add_admin_routes(&mut self, routes: axum::Router) {
+        self.extra_routes = std::mem::take(&mut self.extra_routes).merge(routes);
     }
 
     /// Serves `/healthz` and `/readyz` on `address` (`""` leaves them off).

@@ -12,6 +12,7 @@ mod discover;
 mod error;
 pub mod events;
 pub mod library;
+mod preflight;
 mod probe;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
 #[allow(unsafe_code)]
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 pub use discover::{DEFAULT_MACHINE_TYPE_FILE, NodeFacts};
 pub use error::NvmlError;
+pub use preflight::{GpuPreflight, PcieLink};
 pub use rescan::Rescanner;
 pub use signals::GpuSignals;
 

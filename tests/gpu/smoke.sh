@@ -62,6 +62,11 @@ run inventory-table "$gpud" inventory --format table
 step "gpud inventory (JSON)"
 run inventory-json "$gpud" inventory
 
+if has doctor; then
+    step "gpud doctor --json (reads only: no bundle, no status files)"
+    run doctor-json "$gpud" doctor --json
+fi
+
 step "gpud health --once"
 run health-once "$gpud" health --once
 

@@ -47,6 +47,13 @@ pub enum Command {
     },
     /// `reset <gpu>`: applies the pending MIG mode and clears what a reset clears.
     Reset(Target),
+    /// `ecc-pending <gpu> on|off`: the ECC mode after the next reboot.
+    EccPending { target: Target, on: bool },
+    /// `pcie-link <gpu> <gen> <width>` or `pcie-link <gpu> auto`: the trained PCIe link.
+    PcieLink {
+        target: Target,
+        link: Option<(u32, u32)>,
+    },
 }
 
 impl Command {
@@ -54,7 +61,9 @@ impl Command {
         match self {
             Command::Xid { target, .. }
             | Command::NvLink { target, .. }
-            | Command::Temp { target, .. } => target,
+            | Command::Temp { target, .. }
+            | Command::EccPending { target, .. }
+            | Command::PcieLink { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -116,6 +125,18 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
             celsius: Some(number(c, "celsius")?),
         },
         ("reset", [gpu]) => Command::Reset(target(gpu)),
+        ("ecc-pending", [gpu, state @ ("on" | "off")]) => Command::EccPending {
+            target: target(gpu),
+            on: *state == "on",
+        },
+        ("pcie-link", [gpu, "auto"]) => Command::PcieLink {
+            target: target(gpu),
+            link: None,
+        },
+        ("pcie-link", [gpu, generation, width]) => Command::PcieLink {
+            target: target(gpu),
+            link: Some((number(generation, "gen")?, number(width, "width")?)),
+        },
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
     Ok(Some(cmd))
@@ -236,6 +257,21 @@ mod tests {
             parse_line("remap-pending 0"),
             Ok(Some(Command::RemapPending(t0)))
         );
+        assert_eq!(
+            parse_line("ecc-pending 0 off"),
+            Ok(Some(Command::EccPending {
+                target: Target::Index(0),
+                on: false
+            }))
+        );
+        assert_eq!(
+            parse_line("pcie-link 0 3 8"),
+            Ok(Some(Command::PcieLink {
+                target: Target::Index(0),
+                link: Some((3, 8))
+            }))
+        );
+        assert!(parse_line("ecc-pending 0 maybe").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());
         assert!(parse_line("temp 0 hot").is_err());

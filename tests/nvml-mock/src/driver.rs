@@ -427,6 +427,14 @@ impl Runtime {
                 f.temperature_override = *celsius;
                 None
             }
+            Command::EccPending { on, .. } => {
+                f.ecc_pending = Some(*on);
+                None
+            }
+            Command::PcieLink { link, .. } => {
+                f.pcie_link = *link;
+                None
+            }
             Command::Reset(_) => {
                 f.reset();
                 if live {

@@ -40,6 +40,10 @@ pub struct Faults {
     pub temperature_override: Option<u32>,
     /// The most recent XID injected on this GPU.
     pub last_xid: Option<u64>,
+    /// ECC mode after the next reboot, when an `ecc-pending` command changed it.
+    pub ecc_pending: Option<bool>,
+    /// PCIe link `(generation, width)` forced by a `pcie-link` command (a degraded link).
+    pub pcie_link: Option<(u32, u32)>,
 }
 
 impl Faults {
@@ -60,6 +64,8 @@ impl Faults {
             link_up: gpu.links.iter().map(|l| l.up).collect(),
             temperature_override: None,
             last_xid: None,
+            ecc_pending: None,
+            pcie_link: None,
         }
     }
 

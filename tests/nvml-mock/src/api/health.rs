@@ -88,16 +88,17 @@ export! {
     /// Current and pending ECC mode.
     fn nvmlDeviceGetEccMode(device: nvmlDevice_t, current: *mut nvmlEnableState_t, pending: *mut nvmlEnableState_t) {
         require!(current, pending);
-        let on = driver::with(|s, rt| {
-            let g = &s.node.gpus[rt.gpu(&s.node, addr(device))?];
+        let (on, after_reboot) = driver::with(|s, rt| {
+            let gpu = rt.gpu(&s.node, addr(device))?;
+            let g = &s.node.gpus[gpu];
             if !g.model.ecc {
                 return Err(rc::NOT_SUPPORTED);
             }
-            Ok(g.ecc_enabled)
+            Ok((g.ecc_enabled, rt.faults[gpu].ecc_pending.unwrap_or(g.ecc_enabled)))
         })?;
-        let state = if on { b::nvmlEnableState_enum_NVML_FEATURE_ENABLED } else { b::nvmlEnableState_enum_NVML_FEATURE_DISABLED };
-        put!(current, state);
-        put!(pending, state);
+        let state = |on| if on { b::nvmlEnableState_enum_NVML_FEATURE_ENABLED } else { b::nvmlEnableState_enum_NVML_FEATURE_DISABLED };
+        put!(current, state(on));
+        put!(pending, state(after_reboot));
         Ok(())
     }
 }

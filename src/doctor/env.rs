@@ -1,0 +1,103 @@
+//! What a check sees: the run's options, what NVML said, and the host root.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::host::HostRoot;
+use super::report::Verdict;
+use crate::inventory::Snapshot;
+use crate::nvml::GpuPreflight;
+
+/// The default per-check deadline.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a doctor run reads and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The host's root (`/` on the host).
+    pub host_root: PathBuf,
+    /// The NVML library to load (`None`: the usual search).
+    pub nvml_lib: Option<PathBuf>,
+    /// The kernel log to read XIDs from; `None`: the host's `/dev/kmsg`.
+    pub kmsg: Option<PathBuf>,
+    /// gpud's own config file, checked when given.
+    pub gpud_config: Option<PathBuf>,
+    /// NVIDIA's device plugin / GFD config file, checked when given.
+    pub nvidia_config: Option<PathBuf>,
+    /// Per-check deadline.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            host_root: PathBuf::from("/"),
+            nvml_lib: None,
+            kmsg: None,
+            gpud_config: None,
+            nvidia_config: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// What NVML told the doctor.
+#[derive(Debug, Clone)]
+pub enum Driver {
+    /// NVML loaded from this path; discovery and preflight are `Err` with the reason when
+    /// they failed or did not answer in time.
+    Loaded {
+        path: PathBuf,
+        snapshot: Result<Arc<Snapshot>, String>,
+        preflight: Result<Arc<Vec<GpuPreflight>>, String>,
+    },
+    /// NVML did not load (or did not answer in time).
+    Unavailable(String),
+}
+
+/// Everything a check may look at.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub host: HostRoot,
+    pub driver: Driver,
+    pub options: Arc<Options>,
+}
+
+impl Env {
+    /// The discovered node, when NVML answered.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        match &self.driver {
+            Driver::Loaded {
+                snapshot: Ok(s), ..
+            } => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The per-GPU preflight facts, when NVML answered.
+    pub fn preflight(&self) -> Option<&[GpuPreflight]> {
+        match &self.driver {
+            Driver::Loaded {
+                preflight: Ok(p), ..
+            } => Some(p),
+            _ => None,
+        }
+    }
+
+    /// A skip verdict for a check that needs NVML's answers, saying why there are none.
+    pub fn no_nvml(&self) -> Verdict {
+        let why = match &self.driver {
+            Driver::Unavailable(why) => why.clone(),
+            Driver::Loaded {
+                snapshot: Err(why), ..
+            }
+            | Driver::Loaded {
+                preflight: Err(why),
+                ..
+            } => why.clone(),
+            Driver::Loaded { .. } => "NVML gave no answer".to_owned(),
+        };
+        Verdict::skip(format!("needs NVML, which failed: {why} (see driver.nvml)"))
+    }
+}

@@ -1,0 +1,136 @@
+//! The doctor inside `gpud run`: a subsystem that runs every check on an interval and keeps
+//! the latest report in a [`LatestReport`], served at `/doctor` on the admin endpoint.
+//!
+//! [`LatestReport`] is the handle other subsystems read (the node-status publisher puts the
+//! result on the Node): clone it, then `subscribe()` for a `watch` receiver that changes after
+//! every run, or `get()` for the report now. It is `None` until the first run finishes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::routing::get;
+use tokio::sync::watch;
+
+use super::env::Options;
+use super::render;
+use super::report::Report;
+use super::runner;
+use super::select::Selection;
+use crate::daemon::{Context, Subsystem};
+use crate::inventory::Inventory;
+use crate::nvml::Nvml;
+
+/// The latest report of the periodic doctor, shared with whoever reads it.
+#[derive(Debug, Clone)]
+pub struct LatestReport {
+    tx: Arc<watch::Sender<Option<Arc<Report>>>>,
+}
+
+impl Default for LatestReport {
+    fn default() -> Self {
+        LatestReport {
+            tx: Arc::new(watch::channel(None).0),
+        }
+    }
+}
+
+impl LatestReport {
+    /// The report now (`None` before the first run finished).
+    pub fn get(&self) -> Option<Arc<Report>> {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that sees every new report.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Report>>> {
+        self.tx.subscribe()
+    }
+
+    /// Replaces the report.
+    pub fn publish(&self, report: Report) {
+        self.tx.send_replace(Some(Arc::new(report)));
+    }
+
+    /// `GET /doctor`: the latest report as JSON (the `gpud doctor --json` schema); 503 with a
+    /// one-line reason before the first run.
+    pub fn routes(&self) -> Router {
+        let latest = self.clone();
+        Router::new().route(
+            "/doctor",
+            get(move || {
+                let report = latest.get();
+                async move {
+                    match report {
+                        Some(report) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "application/json")],
+                            render::json(&report),
+                        ),
+                        None => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            "the first doctor run has not finished\n".to_owned(),
+                        ),
+                    }
+                }
+            }),
+        )
+    }
+}
+
+/// Runs the doctor every `interval` over the daemon's NVML.
+#[derive(Debug)]
+pub struct PeriodicDoctor {
+    nvml: Nvml,
+    options: Options,
+    interval: Duration,
+    latest: LatestReport,
+}
+
+impl PeriodicDoctor {
+    pub fn new(nvml: Nvml, options: Options, interval: Duration, latest: LatestReport) -> Self {
+        PeriodicDoctor {
+            nvml,
+            options,
+            interval,
+            latest,
+        }
+    }
+}
+
+impl Subsystem for PeriodicDoctor {
+    type Settings = ();
+    crate::subsystem_name!("doctor");
+
+    async fn run(self, ctx: Context<()>, _inventory: Inventory) -> anyhow::Result<()> {
+        // Ready at once: the doctor reports on the node, it serves nothing the node needs.
+        ctx.set_ready();
+        let cancel = ctx.cancel_token();
+        loop {
+            let (nvml, options) = (self.nvml.clone(), self.options.clone());
+            let run = tokio::task::spawn_blocking(move || {
+                runner::run(options, &Selection::default(), Some(nvml)).0
+            });
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                report = run => match report {
+                    Ok(report) => {
+                        tracing::info!(
+                            ok = report.summary.ok,
+                            warn = report.summary.warn,
+                            fail = report.summary.fail,
+                            "Doctor run finished"
+                        );
+                        self.latest.publish(report);
+                    }
+                    Err(err) => tracing::warn!(error = %err, "Doctor run failed"),
+                },
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                () = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+}

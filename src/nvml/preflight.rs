@@ -1,0 +1,89 @@
+//! The per-GPU facts `gpud doctor` judges that neither discovery nor the health poll reads:
+//! persistence mode, ECC mode now and after the next reboot, the PCIe link against its maximum,
+//! clock throttle reasons and the recovery action NVML asks for. Each is `None` when the GPU
+//! does not support the query.
+
+use nvml_wrapper::Device;
+use nvml_wrapper::error::NvmlError as E;
+
+use super::probe::Probe;
+use super::{GpuSignals, Nvml, raw};
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver asks for after a fault (replaces the
+/// deprecated reset-status fields 226 and 227).
+const FIELD_RECOVERY_ACTION: u32 = 230;
+
+/// A PCIe link's trained and maximum generation and width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PcieLink {
+    pub generation: u32,
+    pub width: u32,
+    /// The highest generation both the GPU and its slot support.
+    pub max_generation: u32,
+    pub max_width: u32,
+}
+
+/// One GPU's preflight facts, with its polled health signals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuPreflight {
+    /// The health poll's view: loss, pending retirement and remapping, temperature, NVLinks.
+    pub signals: GpuSignals,
+    pub persistence_mode: Option<bool>,
+    /// ECC enabled `(now, after the next reboot)`.
+    pub ecc_mode: Option<(bool, bool)>,
+    pub pcie: Option<PcieLink>,
+    /// `nvmlClocksEventReason*` bits.
+    pub throttle_reasons: Option<u64>,
+    /// `nvmlDeviceGpuRecoveryAction_t`: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
+    /// 4 drain and reset.
+    pub recovery_action: Option<u64>,
+}
+
+impl Nvml {
+    /// Reads every GPU's preflight facts. Blocks on the driver (a lost GPU can stall a call).
+    pub fn preflight(&self) -> Vec<GpuPreflight> {
+        self.poll_signals()
+            .into_iter()
+            .map(|signals| match self.lib.device_by_index(signals.gpu) {
+                Ok(device) if !signals.lost => read(self.lib, &device, signals),
+                _ => GpuPreflight {
+                    signals,
+                    ..GpuPreflight::default()
+                },
+            })
+            .collect()
+    }
+}
+
+fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, mut signals: GpuSignals) -> GpuPreflight {
+    let mut probe = Probe::default();
+    let persistence_mode = probe.optional(device.is_in_persistent_mode());
+    let ecc_mode = probe
+        .optional(device.is_ecc_enabled())
+        .map(|state| (state.currently_enabled, state.pending_enabled));
+    let pcie = (|| -> Result<PcieLink, E> {
+        Ok(PcieLink {
+            generation: device.current_pcie_link_gen()?,
+            width: device.current_pcie_link_width()?,
+            max_generation: device.max_pcie_link_gen()?,
+            max_width: device.max_pcie_link_width()?,
+        })
+    })();
+    let pcie = probe.optional(pcie);
+    let throttle_reasons = probe
+        .optional(device.current_throttle_reasons())
+        .map(|reasons| reasons.bits());
+    let recovery_action = raw::field_values(lib, device, &[(FIELD_RECOVERY_ACTION, 0)])
+        .ok()
+        .and_then(|values| values.into_iter().next())
+        .and_then(Result::ok);
+    signals.lost |= probe.lost;
+    GpuPreflight {
+        signals,
+        persistence_mode,
+        ecc_mode,
+        pcie,
+        throttle_reasons,
+        recovery_action,
+    }
+}

@@ -1,0 +1,831 @@
+//! `gpud doctor` end to end: the real binary against the simulated NVML and a fake host root
+//! built in code, healthy by default with one fault at a time. Each case asserts the exact
+//! finding and fix of the check it breaks, and that every other check stays as it was.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::Node;
+use serde_json::Value;
+
+/// A fake host root: a healthy dgx-h100 node unless a test breaks something.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn healthy(node: &Node) -> Host {
+        let host = Host {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        host.write(
+            "proc/driver/nvidia/version",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 2025\nGCC version:  gcc version 12.2.0\n",
+        );
+        host.write(
+            "proc/modules",
+            "nvidia_uvm 2076672 0 - Live 0x0 (PO)\nnvidia_modeset 1638400 0 - Live 0x0 (PO)\nnvidia 104071168 2 nvidia_uvm,nvidia_modeset, Live 0x0 (PO)\n",
+        );
+        for module in ["nvidia", "nvidia_uvm", "nvidia_modeset"] {
+            host.write(&format!("sys/module/{module}/version"), "570.133.20\n");
+        }
+        host.write(
+            "proc/devices",
+            "Character devices:\n  1 mem\n195 nvidia\n508 nvidia-uvm\n509 nvidia-caps\n\nBlock devices:\n  8 sd\n",
+        );
+        let mut nodes = vec![
+            ("nvidiactl".to_owned(), "195:255".to_owned()),
+            ("nvidia-modeset".to_owned(), "195:254".to_owned()),
+            ("nvidia-uvm".to_owned(), "508:0".to_owned()),
+            ("nvidia-uvm-tools".to_owned(), "508:1".to_owned()),
+        ];
+        nodes.extend((0..8).map(|i| (format!("nvidia{i}"), format!("195:{i}"))));
+        for (name, numbers) in nodes {
+            host.write(&format!("dev/{name}"), "");
+            host.link(&format!("../{name}"), &format!("dev/char/{numbers}"));
+        }
+        host.write("proc/4242/comm", "nv-fabricmanager\n");
+        host.write("proc/1/comm", "systemd\n");
+        host.write("etc/containerd/config.toml", CONTAINERD_NVIDIA);
+        host.write("usr/bin/nvidia-container-runtime", "");
+        host.write("var/run/cdi/nvidia.yaml", &cdi_spec(&uuids(node), &[]));
+        for sock in [
+            "var/lib/kubelet/device-plugins/kubelet.sock",
+            "var/lib/kubelet/pod-resources/kubelet.sock",
+            "var/lib/kubelet/device-plugins/nvidia-gpu.sock",
+        ] {
+            host.write(sock, "");
+        }
+        host.write(
+            "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+            r#"{"Data":{"RegisteredDevices":{"nvidia.com/gpu":["GPU-0"]}}}"#,
+        );
+        host.write("kmsg", "");
+        host
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn link(&self, target: &str, rel: &str) {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, path).unwrap();
+    }
+
+    fn remove(&self, rel: &str) {
+        std::fs::remove_file(self.path(rel)).unwrap();
+    }
+}
+
+const CONTAINERD_NVIDIA: &str = r#"version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+    BinaryName = "/usr/bin/nvidia-container-runtime"
+"#;
+
+const CONTAINERD_PLAIN: &str = r#"version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+"#;
+
+/// The node's GPU UUIDs, from `gpud inventory`.
+fn uuids(node: &Node) -> Vec<String> {
+    let out = common::stdout_ok(&node.run(&["inventory", "--format", "json"]));
+    let inventory: Value = serde_json::from_str(&out).unwrap();
+    inventory["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A CDI spec naming each GPU by index and UUID, plus `extra` names.
+fn cdi_spec(uuids: &[String], extra: &[&str]) -> String {
+    let mut text = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n".to_owned();
+    for (index, uuid) in uuids.iter().enumerate() {
+        for name in [index.to_string(), uuid.clone()] {
+            text.push_str(&format!(
+                "- name: {name}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{index}\n"
+            ));
+        }
+    }
+    for name in extra {
+        text.push_str(&format!("- name: {name}\n  containerEdits: {{}}\n"));
+    }
+    text.push_str("containerEdits: {}\n");
+    text
+}
+
+/// One doctor run: exit code and the report's checks by id.
+struct Run {
+    code: i32,
+    checks: BTreeMap<String, Value>,
+}
+
+impl Run {
+    fn status(&self, id: &str) -> &str {
+        self.checks[id]["status"].as_str().unwrap()
+    }
+
+    fn found(&self, id: &str) -> &str {
+        self.checks[id]["found"].as_str().unwrap()
+    }
+
+    fn fix(&self, id: &str) -> &str {
+        self.checks[id]["fix"].as_str().unwrap_or("")
+    }
+
+    /// Every check that is neither ok nor skip, as `id status`.
+    fn problems(&self) -> Vec<String> {
+        self.checks
+            .iter()
+            .filter(|(_, c)| !matches!(c["status"].as_str(), Some("ok" | "skip")))
+            .map(|(id, c)| format!("{id} {}", c["status"].as_str().unwrap()))
+            .collect()
+    }
+
+    /// Asserts that `id` is the only problem, with exactly this status, finding and fix.
+    fn only_problem(&self, id: &str, status: &str, found: &str, fix: &str) {
+        assert_eq!(self.problems(), vec![format!("{id} {status}")]);
+        assert_eq!(self.found(id), found);
+        assert_eq!(self.fix(id), fix);
+        assert_eq!(self.code, if status == "fail" { 2 } else { 1 });
+    }
+}
+
+fn doctor(node: &Node, host: &Host, extra: &[&str]) -> Run {
+    let root = host.dir.path().to_str().unwrap().to_owned();
+    let kmsg = host.path("kmsg");
+    let mut args = vec![
+        "doctor",
+        "--json",
+        "--host-root",
+        &root,
+        "--kmsg",
+        kmsg.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = node.run(&args);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(report["schema"], "gpud.doctor/v1");
+    let checks = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap().to_owned(), c.clone()))
+        .collect();
+    Run {
+        code: out.status.code().unwrap(),
+        checks,
+    }
+}
+
+#[test]
+fn healthy_dgx_h100_is_clean() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let run = doctor(&node, &host, &[]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(run.code, 0);
+    assert_eq!(run.checks.len(), 30);
+    assert_eq!(
+        run.found("driver.version"),
+        "driver 570.133.20, CUDA 12.8; kernel module 570.133.20"
+    );
+    assert_eq!(
+        run.found("driver.modules"),
+        "nvidia, nvidia_uvm, nvidia_modeset loaded, version 570.133.20"
+    );
+    assert_eq!(
+        run.found("devices.gpus"),
+        "/dev/nvidia<N> exists for all 8 GPUs"
+    );
+    assert_eq!(
+        run.found("devices.char-links"),
+        "every NVIDIA device node has its /dev/char link"
+    );
+    assert_eq!(run.found("gpu.present"), "8 GPUs answer");
+    assert_eq!(run.found("gpu.nvlink"), "all 144 NVLinks up");
+    assert_eq!(
+        run.found("fabric.state"),
+        "NVSwitch system; nv-fabricmanager is running"
+    );
+    assert_eq!(
+        run.found("runtime.containerd"),
+        "containerd: runtime \"nvidia\" → /usr/bin/nvidia-container-runtime"
+    );
+    assert_eq!(
+        run.found("runtime.cdi-spec"),
+        "/var/run/cdi/nvidia.yaml lists every GPU and MIG device (8 devices)"
+    );
+    assert_eq!(
+        run.found("kubelet.plugin"),
+        "plugin socket nvidia-gpu.sock in /var/lib/kubelet/device-plugins"
+    );
+    assert_eq!(run.found("gpu.xid"), "no XIDs in the kernel log since boot");
+    // Every skip says why.
+    for (id, check) in &run.checks {
+        if check["status"] == "skip" {
+            assert!(!check["found"].as_str().unwrap().is_empty(), "{id}");
+        }
+    }
+    assert_eq!(
+        run.found("gpu.recovery"),
+        "the driver does not report a recovery action (NVML field 230)"
+    );
+}
+
+#[test]
+fn table_output_without_a_terminal_has_no_colour() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let root = host.dir.path().to_str().unwrap();
+    let out = node.run(&[
+        "doctor",
+        "--host-root",
+        root,
+        "--only",
+        "selinux,driver.modules",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "CHECK           STATUS  FOUND\n\
+         driver.modules  ok      nvidia, nvidia_uvm, nvidia_modeset loaded, version 570.133.20\n\
+         selinux.mode    ok      SELinux is not enabled\n\
+         \n2 ok, 0 warn, 0 fail, 0 skip\n"
+    );
+}
+
+#[test]
+fn unknown_check_names_are_usage_errors() {
+    let node = Node::new("dgx-h100");
+    let out = node.run(&["doctor", "--only", "gpus"]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("gpud doctor: unknown check or group \"gpus\" (groups: driver, devices, gpu, mig, fabric, runtime, kubelet, gpudirect, selinux, config;"), "{stderr}");
+}
+
+#[test]
+fn lost_gpu() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("lost 3");
+    let run = doctor(&node, &host, &[]);
+    run.only_problem(
+        "gpu.present",
+        "fail",
+        "GPU 3 fell off the bus (NVML_ERROR_GPU_IS_LOST)",
+        "drain the node and reboot it; if it happens again, have the GPU and its slot inspected",
+    );
+}
+
+#[test]
+fn pending_ecc_mode() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("ecc-pending 0 off");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.ecc",
+        "warn",
+        "GPU 0: ECC enabled now, disabled after the next reboot",
+        "reboot the node to apply the pending ECC mode (or set it back with nvidia-smi -e)",
+    );
+}
+
+#[test]
+fn pending_row_remap_and_remap_failure() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("remap-pending 5");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.memory",
+        "warn",
+        "GPU 5: a row remap is pending",
+        "drain the GPU and reset it (nvidia-smi -r -i <index>) or reboot, so the repair takes effect",
+    );
+    node.inject("remap-failure 5");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.memory",
+        "fail",
+        "GPU 5: row remapping failed",
+        "replace the GPU: its memory has no spare rows left and cannot be repaired in the field",
+    );
+}
+
+#[test]
+fn degraded_pcie_link() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("pcie-link 2 5 8");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.pcie",
+        "warn",
+        "GPU 2: PCIe Gen5 x8, maximum Gen5 x16",
+        "reseat the GPU and check its riser, slot and BIOS PCIe settings: a degraded link cuts host-to-GPU bandwidth",
+    );
+}
+
+#[test]
+fn nvlink_down() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("nvlink-down 1 3");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.nvlink",
+        "fail",
+        "GPU 1: NVLink 3 down",
+        "drain the GPU and reset it; if the link stays down, inspect the NVLink cabling or baseboard (nvidia-smi nvlink -s)",
+    );
+}
+
+#[test]
+fn hot_gpu_is_throttled() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("temp 4 95");
+    let run = doctor(&node, &host, &["--only", "gpu"]);
+    assert_eq!(
+        run.problems(),
+        vec!["gpu.temperature fail", "gpu.throttle warn"]
+    );
+    assert!(
+        run.found("gpu.temperature")
+            .starts_with("GPU 4: 95 °C, slowdown at "),
+        "{}",
+        run.found("gpu.temperature")
+    );
+    assert_eq!(
+        run.found("gpu.throttle"),
+        "GPU 4: software thermal slowdown, hardware thermal slowdown"
+    );
+}
+
+#[test]
+fn xids_in_the_kernel_log() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write(
+        "kmsg",
+        "[  12.5] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n\
+         [  13.1] NVRM: Xid (PCI:0000:2a:00): 13, pid=4242, name=python, Graphics Exception\n\
+         [  13.2] NVRM: Xid (PCI:0000:2a:00): 13, pid=4242, name=python, Graphics Exception\n",
+    );
+    let run = doctor(&node, &host, &[]);
+    assert_eq!(run.problems(), vec!["gpu.xid fail"]);
+    let found = run.found("gpu.xid");
+    assert!(found.starts_with("GPU 0: XID 79 "), "{found}");
+    assert!(
+        found.contains("; GPU 1: XID 13 ") && found.ends_with(" (2 times)"),
+        "{found}"
+    );
+    assert_eq!(
+        run.fix("gpu.xid"),
+        "drain and reboot the node (XID 79, the most severe)"
+    );
+}
+
+#[test]
+fn stale_cdi_spec() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let mut uuids = uuids(&node);
+    let gone = uuids.pop().unwrap();
+    let old_mig = "MIG-0d3a2b1c-aaaa-5bbb-8ccc-000000000001";
+    host.write("var/run/cdi/nvidia.yaml", &cdi_spec(&uuids, &[old_mig]));
+    doctor(&node, &host, &[]).only_problem(
+        "runtime.cdi-spec",
+        "fail",
+        &format!(
+            "/var/run/cdi/nvidia.yaml is stale: lacks {gone}; lists {old_mig} not on this node"
+        ),
+        "regenerate it after every MIG change: gpud cdi --output /var/run/cdi/nvidia.yaml",
+    );
+}
+
+#[test]
+fn containerd_without_the_nvidia_runtime() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write("etc/containerd/config.toml", CONTAINERD_PLAIN);
+    doctor(&node, &host, &[]).only_problem(
+        "runtime.containerd",
+        "fail",
+        "containerd has no \"nvidia\" runtime and CDI is off (/etc/containerd/config.toml)",
+        "run nvidia-ctk runtime configure --runtime=containerd --enable-cdi, then restart containerd",
+    );
+    // The runtime in a drop-in the main file imports counts.
+    host.write(
+        "etc/containerd/config.toml",
+        &format!("imports = [\"/etc/containerd/conf.d/*.toml\"]\n{CONTAINERD_PLAIN}"),
+    );
+    host.write("etc/containerd/conf.d/99-nvidia.toml", CONTAINERD_NVIDIA);
+    assert_eq!(doctor(&node, &host, &[]).problems(), Vec::<String>::new());
+}
+
+#[test]
+fn crio_drop_in() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write(
+        "etc/crio/crio.conf.d/99-nvidia.conf",
+        "[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\nruntime_type = \"oci\"\n",
+    );
+    let run = doctor(&node, &host, &["--only", "runtime.crio"]);
+    assert_eq!(run.status("runtime.crio"), "ok");
+    assert_eq!(
+        run.found("runtime.crio"),
+        "CRI-O: CDI always on; runtime \"nvidia\" → /usr/bin/nvidia-container-runtime"
+    );
+    host.remove("usr/bin/nvidia-container-runtime");
+    let run = doctor(&node, &host, &["--only", "runtime.crio"]);
+    run.only_problem(
+        "runtime.crio",
+        "fail",
+        "CRI-O runtime \"nvidia\" (/etc/crio/crio.conf.d/99-nvidia.conf) runs /usr/bin/nvidia-container-runtime, which does not exist",
+        "install the NVIDIA container toolkit, or fix runtime_path and restart CRI-O",
+    );
+}
+
+#[test]
+fn missing_device_nodes() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.remove("dev/nvidia-uvm");
+    host.remove("dev/nvidia-uvm-tools");
+    doctor(&node, &host, &[]).only_problem(
+        "devices.control",
+        "fail",
+        "missing /dev/nvidia-uvm, /dev/nvidia-uvm-tools",
+        "create them: nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules (or run nvidia-smi once)",
+    );
+    let host = Host::healthy(&node);
+    host.remove("dev/char/195:6");
+    doctor(&node, &host, &[]).only_problem(
+        "devices.char-links",
+        "warn",
+        "missing /dev/char/195:6",
+        "create them: nvidia-ctk system create-dev-char-symlinks --create-all (without them systemd's cgroup driver can cut containers off their GPUs)",
+    );
+}
+
+#[test]
+fn kernel_module_differs_from_the_library() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write(
+        "proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  565.57.01  Release Build\n",
+    );
+    doctor(&node, &host, &[]).only_problem(
+        "driver.version",
+        "fail",
+        "kernel module 565.57.01 but NVML library 570.133.20: containers fail with a driver/library version mismatch",
+        "reboot the node (or reload the nvidia modules) so the kernel module matches the installed driver",
+    );
+    let host = Host::healthy(&node);
+    host.write("proc/modules", "nvidia 1 0 - Live 0x0\n");
+    doctor(&node, &host, &[]).only_problem(
+        "driver.modules",
+        "fail",
+        "not loaded: nvidia_uvm, nvidia_modeset",
+        "load them: modprobe -a nvidia_uvm nvidia_modeset (or nvidia-ctk system create-device-nodes --load-kernel-modules)",
+    );
+}
+
+#[test]
+fn nvidia_drm_on_a_mig_node() {
+    let node = Node::new("a100-mig");
+    let host = Host::healthy(&node);
+    let run = doctor(&node, &host, &["--only", "mig"]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(
+        run.found("mig.mode"),
+        "MIG enabled on GPU 0, nothing pending"
+    );
+    host.write(
+        "proc/modules",
+        "nvidia_drm 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia_modeset 1 1 nvidia_drm, Live 0x0\nnvidia 1 2 nvidia_uvm,nvidia_modeset, Live 0x0\n",
+    );
+    doctor(&node, &host, &["--only", "mig"]).only_problem(
+        "mig.nvidia-drm",
+        "warn",
+        "nvidia_drm is loaded on a MIG node (MIG on GPU 0)",
+        "unload it (modprobe -r nvidia_drm) and blacklist it: it holds the GPUs open and blocks the reset a MIG change needs",
+    );
+}
+
+/// The gb200-nvl fixture with GPU 2's fabric registration still in progress.
+fn gb200_in_progress(dir: &Path) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nodes/gb200-nvl.json");
+    let mut fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fixture["gpus"][2]["fabric"]["state"] = "in_progress".into();
+    let out = dir.join("gb200-in-progress.json");
+    std::fs::write(&out, serde_json::to_vec(&fixture).unwrap()).unwrap();
+    out.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn fabric_on_gb200() {
+    let node = Node::new("gb200-nvl");
+    let host = Host::healthy(&node);
+    let run = doctor(&node, &host, &["--only", "fabric"]);
+    assert_eq!(run.status("fabric.state"), "ok");
+    assert_eq!(
+        run.found("fabric.state"),
+        "all 4 GPUs registered with NVLink fabric 3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c"
+    );
+    let fixture = gb200_in_progress(node.dir.path());
+    let node = Node::new(&fixture);
+    doctor(&node, &host, &["--only", "fabric"]).only_problem(
+        "fabric.state",
+        "fail",
+        "GPU 2: fabric registration in progress, status 0",
+        "check the rack's NVLink switch trays and their fabric manager (NMX); CUDA jobs fail with 'system not yet initialized' until registration completes",
+    );
+}
+
+#[test]
+fn fabric_manager_not_running() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.remove("proc/4242/comm");
+    doctor(&node, &host, &[]).only_problem(
+        "fabric.state",
+        "fail",
+        "NVSwitch system but nv-fabricmanager is not running: CUDA fails with 'system not yet initialized'",
+        "start it: systemctl enable --now nvidia-fabricmanager (the same version as the driver)",
+    );
+}
+
+#[test]
+fn kubelet_sockets_and_plugin() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.remove("var/lib/kubelet/pod-resources/kubelet.sock");
+    host.remove("var/lib/kubelet/device-plugins/nvidia-gpu.sock");
+    let run = doctor(&node, &host, &["--only", "kubelet"]);
+    assert_eq!(
+        run.problems(),
+        vec!["kubelet.plugin fail", "kubelet.sockets fail"]
+    );
+    assert_eq!(
+        run.found("kubelet.sockets"),
+        "missing /var/lib/kubelet/pod-resources/kubelet.sock"
+    );
+    assert_eq!(
+        run.found("kubelet.plugin"),
+        "no NVIDIA device plugin socket in /var/lib/kubelet/device-plugins"
+    );
+}
+
+#[test]
+fn gpudirect_rdma() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write("sys/class/infiniband/mlx5_0/node_type", "1: CA\n");
+    let run = doctor(&node, &host, &["--only", "gpudirect"]);
+    assert_eq!(run.found("gpudirect.iommu"), "IOMMU off");
+    run.only_problem(
+        "gpudirect.rdma",
+        "warn",
+        "RDMA NICs mlx5_0 but neither nvidia_peermem nor the open kernel modules (DMA-BUF)",
+        "install the open kernel modules for DMA-BUF, or modprobe nvidia_peermem",
+    );
+    host.write(
+        "proc/modules",
+        "nvidia_peermem 1 0 - Live 0x0\nnvidia 1 1 nvidia_peermem, Live 0x0\n",
+    );
+    host.write("sys/kernel/iommu_groups/0/type", "DMA\n");
+    let run = doctor(&node, &host, &["--only", "gpudirect"]);
+    assert_eq!(
+        run.found("gpudirect.rdma"),
+        "RDMA NICs mlx5_0; nvidia_peermem loaded"
+    );
+    assert_eq!(run.status("gpudirect.iommu"), "warn");
+    host.write(
+        "proc/cmdline",
+        "BOOT_IMAGE=/vmlinuz intel_iommu=on iommu=pt\n",
+    );
+    let run = doctor(&node, &host, &["--only", "gpudirect"]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(
+        run.found("gpudirect.iommu"),
+        "IOMMU in passthrough (iommu=pt)"
+    );
+}
+
+#[test]
+fn selinux_enforcing() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write("sys/fs/selinux/enforce", "1");
+    doctor(&node, &host, &["--only", "selinux"]).only_problem(
+        "selinux.mode",
+        "warn",
+        "SELinux enforcing",
+        "make sure a policy lets containers use the NVIDIA devices (container_use_devices=on, or the driver container's policy); denials show in ausearch -m avc",
+    );
+    host.write("sys/fs/selinux/enforce", "0");
+    let run = doctor(&node, &host, &["--only", "selinux"]);
+    assert_eq!(run.found("selinux.mode"), "SELinux permissive");
+}
+
+#[test]
+fn gpud_config_file() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let good = host.path("gpud.yaml");
+    std::fs::write(&good, "version: v1\n").unwrap();
+    let run = doctor(
+        &node,
+        &host,
+        &["--only", "config", "--config", good.to_str().unwrap()],
+    );
+    assert_eq!(run.status("config.gpud"), "ok");
+    let bad = host.path("bad.yaml");
+    std::fs::write(&bad, "version: v2\n").unwrap();
+    let run = doctor(
+        &node,
+        &host,
+        &["--only", "config", "--config", bad.to_str().unwrap()],
+    );
+    assert_eq!(run.problems(), vec!["config.gpud fail"]);
+    assert!(
+        run.found("config.gpud").contains(bad.to_str().unwrap()),
+        "{}",
+        run.found("config.gpud")
+    );
+}
+
+#[test]
+fn support_bundle_has_no_secrets() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let token = "planted-s3cret-token-5f1e";
+    host.write(
+        "var/lib/kubelet/kubeconfig",
+        &format!("apiVersion: v1\nusers:\n- name: kubelet\n  user:\n    token: {token}\n"),
+    );
+    host.write(
+        "kmsg",
+        "[  12.5] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n[  12.6] usb 1-1: new device\n",
+    );
+    let config = host.path("gpud.yaml");
+    std::fs::write(&config, "version: v1\n").unwrap();
+    let bundle = host.path("bundle.tar.gz");
+    let root = host.dir.path().to_str().unwrap();
+    let kmsg = host.path("kmsg");
+    let mut cmd = node.gpud(&[
+        "doctor",
+        "--host-root",
+        root,
+        "--kmsg",
+        kmsg.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--bundle",
+        bundle.to_str().unwrap(),
+    ]);
+    cmd.env("KUBE_TOKEN", token)
+        .env("GPUD_API_TOKEN", token)
+        .env("GPUD_LOG", "warn");
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = std::process::Command::new("tar")
+        .args(["-tzf"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(listing.stdout).unwrap();
+    for file in [
+        "doctor.json",
+        "versions.txt",
+        "environment.txt",
+        "xid.log",
+        "inventory.json",
+        "config/gpud-gpud.yaml",
+        "cdi/var/run/cdi/nvidia.yaml",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == format!("gpud-doctor/{file}")),
+            "{file} missing from\n{listing}"
+        );
+    }
+    let dump = std::process::Command::new("tar")
+        .args(["-xzOf"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    let dump = String::from_utf8(dump.stdout).unwrap();
+    assert!(
+        !dump.contains(token),
+        "the planted token leaked into the bundle"
+    );
+    assert!(!dump.contains("KUBE_TOKEN"));
+    assert!(dump.contains("GPUD_API_TOKEN=<redacted>"));
+    assert!(dump.contains("NVRM: Xid (PCI:0000:18:00): 79"));
+    assert!(!dump.contains("usb 1-1"));
+    assert!(dump.contains("\"schema\": \"gpud.doctor/v1\""));
+}
+
+#[test]
+fn validator_status_files() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let dir = host.path("validations");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("nvidia-peermem-ready"), "").unwrap();
+    let root = host.dir.path().to_str().unwrap();
+    let out = node.run(&[
+        "doctor",
+        "--host-root",
+        root,
+        "--kmsg",
+        host.path("kmsg").to_str().unwrap(),
+        "--write-validations",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["driver-ready", "plugin-ready", "toolkit-ready"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("driver-ready")).unwrap(),
+        format!(
+            "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH={root}\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH={root}\n"
+        )
+    );
+    // A runtime that cannot inject GPUs takes toolkit-ready away, and only it.
+    host.write("etc/containerd/config.toml", CONTAINERD_PLAIN);
+    let out = node.run(&[
+        "doctor",
+        "--host-root",
+        root,
+        "--kmsg",
+        host.path("kmsg").to_str().unwrap(),
+        "--write-validations",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["driver-ready", "plugin-ready"]);
+}
+
+#[test]
+fn run_serves_the_latest_report_at_doctor() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let root = host.dir.path().to_str().unwrap();
+    let mut cmd = node.gpud(&[
+        "run",
+        "--disable",
+        "device-plugin,labeller,exporter",
+        "--kmsg",
+        "",
+        "--doctor-interval",
+        "1s",
+        "--host-root",
+        root,
+    ]);
+    cmd.env("GPUD_HEALTH_ADDRESS", &address);
+    let _running = common::Running::spawn(cmd);
+    let answer = common::http::wait_for(port, "/doctor", 30, |a| a.status == 200);
+    let report: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(report["schema"], "gpud.doctor/v1");
+    assert_eq!(report["summary"]["fail"], 0, "{}", answer.body);
+}
