@@ -12,6 +12,7 @@ mod discover;
 mod error;
 pub mod events;
 pub mod library;
+pub mod mig_admin;
 mod probe;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
 #[allow(unsafe_code)]
