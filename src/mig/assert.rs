@@ -1,5 +1,7 @@
 //! `assert`: whether the selected config is what the GPUs are now, by mig-parted's rules —
 //! current (not pending) mode, and for MIG GPUs the exact profile counts, placements ignored.
+//! Every MIG-capable GPU must be matched by an entry; GPUs that cannot do MIG need not be, and
+//! an entry for `devices: all` passes over them (mig-parted's apply does the same).
 
 use super::live;
 use super::select::Target;
@@ -18,7 +20,8 @@ pub enum Scope {
 pub fn check(gpus: &[MigGpu], targets: &[Option<Target>], scope: Scope) -> Result<(), String> {
     for (gpu, target) in gpus.iter().zip(targets) {
         let Some(target) = target else {
-            if scope == Scope::Full {
+            // GPUs that cannot do MIG have nothing to match.
+            if scope == Scope::Full && gpu.mode.is_some() {
                 return Err(format!(
                     "not all GPUs match the specified config: GPU {} ({}) matches no entry",
                     gpu.index, gpu.name
@@ -27,7 +30,7 @@ pub fn check(gpus: &[MigGpu], targets: &[Option<Target>], scope: Scope) -> Resul
             continue;
         };
         let Some(mode) = gpu.mode else {
-            if target.mig_enabled {
+            if target.mig_enabled && !target.all {
                 return Err(format!(
                     "GPU {} ({}) is not MIG capable",
                     gpu.index, gpu.name

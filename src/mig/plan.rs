@@ -106,7 +106,7 @@ pub fn plan_gpu(gpu: &MigGpu, target: Option<&Target>) -> Result<GpuPlan, String
         return Ok(plan);
     };
     let Some(mode) = gpu.mode else {
-        if target.mig_enabled {
+        if target.mig_enabled && !target.all {
             return Err(format!(
                 "GPU {} ({}) is not MIG capable but the config enables MIG on it",
                 gpu.index, gpu.name
@@ -207,14 +207,12 @@ pub fn render(plans: &[GpuPlan]) -> String {
     let mut out = String::new();
     for p in plans {
         out.push_str(&format!("GPU {} {} ({})\n", p.index, p.uuid, p.name));
-        let Some(entry) = p.entry else {
-            out.push_str("  not matched by the config: left as it is\n");
-            continue;
-        };
         if !p.mig_capable {
-            out.push_str(&format!(
-                "  entry {entry}; not MIG capable: nothing to do\n"
-            ));
+            out.push_str("  not MIG capable: nothing to do\n");
+            continue;
+        }
+        if p.entry.is_none() {
+            out.push_str("  not matched by the config: left as it is\n");
             continue;
         }
         let word = |on: bool| if on { "enabled" } else { "disabled" };

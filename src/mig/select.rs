@@ -12,6 +12,8 @@ pub struct Target {
     /// Index of the entry in the selected config.
     pub entry: usize,
     pub mig_enabled: bool,
+    /// The entry says `devices: all`: GPUs that cannot do MIG are passed over, not refused.
+    pub all: bool,
     /// Profile name → count, zero counts left out.
     pub devices: BTreeMap<String, u32>,
 }
@@ -43,6 +45,7 @@ pub fn targets(entries: &[Entry], gpus: &[MigGpu]) -> Vec<Option<Target>> {
                 .map(|(i, entry)| Target {
                     entry: i,
                     mig_enabled: entry.mig_enabled,
+                    all: entry.devices == Devices::All,
                     devices: entry.wanted(),
                 })
         })

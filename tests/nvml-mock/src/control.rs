@@ -47,14 +47,34 @@ pub enum Command {
     },
     /// `reset <gpu>`: applies the pending MIG mode and clears what a reset clears.
     Reset(Target),
+    /// `mig-fail <gpu> <op> [kill]` / `mig-ok <gpu> <op>`: MIG administration call `op`
+    /// (`set-mode`, `create-gi`, `destroy-gi`, `create-ci`, `destroy-ci`) on that GPU fails
+    /// with `NVML_ERROR_UNKNOWN` (or, with `kill`, SIGKILLs the calling process before the
+    /// change) until the matching `mig-ok`.
+    MigFail {
+        target: Target,
+        op: String,
+        kill: bool,
+        fail: bool,
+    },
 }
+
+/// MIG administration calls `mig-fail` can break.
+pub const MIG_OPS: [&str; 5] = [
+    "set-mode",
+    "create-gi",
+    "destroy-gi",
+    "create-ci",
+    "destroy-ci",
+];
 
 impl Command {
     pub fn target(&self) -> &Target {
         match self {
             Command::Xid { target, .. }
             | Command::NvLink { target, .. }
-            | Command::Temp { target, .. } => target,
+            | Command::Temp { target, .. }
+            | Command::MigFail { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -116,6 +136,18 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
             celsius: Some(number(c, "celsius")?),
         },
         ("reset", [gpu]) => Command::Reset(target(gpu)),
+        ("mig-fail" | "mig-ok", [gpu, op, rest @ ..])
+            if MIG_OPS.contains(op)
+                && matches!(rest, [] | ["kill"])
+                && (verb == "mig-fail" || rest.is_empty()) =>
+        {
+            Command::MigFail {
+                target: target(gpu),
+                op: (*op).to_owned(),
+                kill: !rest.is_empty(),
+                fail: verb == "mig-fail",
+            }
+        }
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
     Ok(Some(cmd))
@@ -236,6 +268,17 @@ mod tests {
             parse_line("remap-pending 0"),
             Ok(Some(Command::RemapPending(t0)))
         );
+        assert_eq!(
+            parse_line("mig-fail 1 create-gi kill"),
+            Ok(Some(Command::MigFail {
+                target: Target::Index(1),
+                op: "create-gi".into(),
+                kill: true,
+                fail: true
+            }))
+        );
+        assert!(parse_line("mig-fail 1 explode").is_err());
+        assert!(parse_line("mig-ok 1 create-gi kill").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());
         assert!(parse_line("temp 0 hot").is_err());

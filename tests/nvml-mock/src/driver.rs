@@ -427,6 +427,14 @@ impl Runtime {
                 f.temperature_override = *celsius;
                 None
             }
+            Command::MigFail { op, kill, fail, .. } => {
+                if *fail {
+                    f.mig_fail.insert(op.clone(), *kill);
+                } else {
+                    f.mig_fail.remove(op);
+                }
+                None
+            }
             Command::Reset(_) => {
                 f.reset();
                 if live {

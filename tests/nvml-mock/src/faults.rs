@@ -40,6 +40,8 @@ pub struct Faults {
     pub temperature_override: Option<u32>,
     /// The most recent XID injected on this GPU.
     pub last_xid: Option<u64>,
+    /// MIG administration calls that fail (`mig-fail`): op name → kill the caller instead.
+    pub mig_fail: std::collections::BTreeMap<String, bool>,
 }
 
 impl Faults {
@@ -60,6 +62,7 @@ impl Faults {
             link_up: gpu.links.iter().map(|l| l.up).collect(),
             temperature_override: None,
             last_xid: None,
+            mig_fail: std::collections::BTreeMap::new(),
         }
     }
 
