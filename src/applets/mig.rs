@@ -12,13 +12,18 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 
-use crate::cli::{self, CommonArgs};
-use crate::daemon::Error;
+use crate::cli::{self, AdminArgs, CommonArgs};
+use crate::daemon::{self, Daemon, Error};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
-use crate::mig::hooks::Hooks;
+use crate::mig::hooks::{FlagEnv, Hooks};
+use crate::mig::reconcile::args::ReconcileArgs;
 use crate::mig::spec::{Entry, Spec};
 use crate::mig::{self as mig, assert, export, plan, select};
 use crate::nvml::mig_admin::MigAdmin;
+use crate::nvml::{NodeFacts, Rescanner};
+
+/// The admin endpoint's default port (`--health-address`) for `gpud mig reconcile`.
+pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 4;
 
 /// Partition GPUs with MIG from mig-parted config files.
 #[derive(Debug, Parser)]
@@ -38,6 +43,9 @@ enum Command {
     Export(ExportArgs),
     /// Print what apply would change on each GPU, touching nothing.
     Plan(PlanArgs),
+    /// Keep the GPUs at the config the Node's nvidia.com/mig.config label names, reporting
+    /// nvidia.com/mig.config.state (a daemon, mig-manager's job).
+    Reconcile(ReconcileCommand),
 }
 
 /// The config file and the label in it.
@@ -144,6 +152,26 @@ struct PlanArgs {
     output: PlanFormat,
 }
 
+#[derive(Debug, ClapArgs)]
+struct ReconcileCommand {
+    #[command(flatten)]
+    reconcile: ReconcileArgs,
+
+    /// The Node to follow (the Kubernetes node name).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
+
+    /// kubeconfig; without it the in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Format {
     Yaml,
@@ -164,6 +192,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         Command::Assert(a) => run_assert(a),
         Command::Export(a) => run_export(a),
         Command::Plan(a) => run_plan(a),
+        Command::Reconcile(a) => run_reconcile(a),
     }
 }
 
@@ -258,7 +287,6 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         None => Hooks::default(),
     };
     let admin = start(&args.config)?;
-    let flag = |on: bool| on.to_string();
     let opts = Options {
         skip_reset: args.skip_reset,
         mode_only: args.mode_only,
@@ -269,23 +297,15 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             .map(str::to_owned)
             .collect(),
         reset_wait: args.reset_wait,
-        hook_env: vec![
-            (
-                "MIG_PARTED_CONFIG_FILE".into(),
-                args.config.config_file.display().to_string(),
-            ),
-            ("MIG_PARTED_SELECTED_CONFIG".into(), label.clone()),
-            (
-                "MIG_PARTED_HOOKS_FILE".into(),
-                args.hooks_file
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            ),
-            ("MIG_PARTED_SKIP_RESET".into(), flag(args.skip_reset)),
-            ("MIG_PARTED_MODE_CHANGE_ONLY".into(), flag(args.mode_only)),
-            ("MIG_PARTED_DEBUG".into(), flag(args.config.debug)),
-        ],
+        hook_env: FlagEnv {
+            config_file: &args.config.config_file,
+            selected_config: &label,
+            hooks_file: args.hooks_file.as_deref(),
+            skip_reset: args.skip_reset,
+            mode_only: args.mode_only,
+            debug: args.config.debug,
+        }
+        .vars(),
     };
     match apply::apply(&admin, entries(&spec, &label), &hooks, &opts) {
         Ok(Outcome::ResetPending(gpus)) => {
@@ -310,4 +330,33 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             err @ (ApplyError::Refused(_) | ApplyError::RebootRequired(_) | ApplyError::Failed(_)),
         ) => Err(Error::Failure(err.to_string())),
     }
+}
+
+fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
+    if args.reconcile.mig_config_file.is_none() {
+        return Err(Error::Usage(
+            "gpud mig reconcile needs --mig-config-file (or GPUD_MIG_CONFIG_FILE)".into(),
+        ));
+    }
+    let nvml = args.common.start()?;
+    let facts = NodeFacts {
+        node_name: args.node_name.clone(),
+        machine_type_file: None,
+    };
+    // The rescanner only feeds this process's inventory; it is not run on a timer here.
+    let rescanner = Rescanner::new(nvml.clone(), facts, Duration::from_secs(3600));
+    let inventory = rescanner.discover()?;
+    let Some(reconciler) = args.reconcile.reconciler(
+        args.node_name.as_deref(),
+        args.kubeconfig.as_deref(),
+        &nvml,
+        rescanner,
+    )?
+    else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut daemon = Daemon::fixed("mig-reconcile");
+    daemon.add_fixed(reconciler);
+    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.run(inventory)
 }

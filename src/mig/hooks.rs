@@ -43,6 +43,41 @@ pub struct Hook {
     pub workdir: Option<PathBuf>,
 }
 
+/// The `MIG_PARTED_*` flag values of one apply, the environment mig-parted gives its hooks.
+#[derive(Debug, Clone)]
+pub struct FlagEnv<'a> {
+    pub config_file: &'a Path,
+    pub selected_config: &'a str,
+    pub hooks_file: Option<&'a Path>,
+    pub skip_reset: bool,
+    pub mode_only: bool,
+    pub debug: bool,
+}
+
+impl FlagEnv<'_> {
+    /// The variables, by name.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            ("MIG_PARTED_CONFIG_FILE".into(), path(self.config_file)),
+            (
+                "MIG_PARTED_SELECTED_CONFIG".into(),
+                self.selected_config.to_owned(),
+            ),
+            (
+                "MIG_PARTED_HOOKS_FILE".into(),
+                self.hooks_file.map(path).unwrap_or_default(),
+            ),
+            ("MIG_PARTED_SKIP_RESET".into(), self.skip_reset.to_string()),
+            (
+                "MIG_PARTED_MODE_CHANGE_ONLY".into(),
+                self.mode_only.to_string(),
+            ),
+            ("MIG_PARTED_DEBUG".into(), self.debug.to_string()),
+        ]
+    }
+}
+
 impl Hooks {
     /// Reads and checks a hooks file.
     pub fn load(path: &Path) -> Result<Hooks, String> {

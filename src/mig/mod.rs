@@ -5,6 +5,7 @@
 //! - [`live`]: a GPU's layout in config terms; [`export`] and [`assert`] build on it.
 //! - [`placement`]: the exact placement solver; [`plan`]: per-GPU changes, touching nothing.
 //! - [`apply`]: executes plans, in mig-parted's order, with [`hooks`].
+//! - [`reconcile`]: follows the Node's `nvidia.com/mig.config` label (a daemon subsystem).
 //!
 //! NVML is reached only through [`crate::nvml::mig_admin`].
 
@@ -16,6 +17,7 @@ pub mod live;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+pub mod reconcile;
 pub mod select;
 pub mod spec;
 
