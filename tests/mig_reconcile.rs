@@ -8,6 +8,8 @@
 mod common;
 #[path = "common/fake_api.rs"]
 mod fake_api;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -56,7 +58,7 @@ fn start(node: &Node, api: &FakeApi) -> Reconciler {
             "",
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     Reconciler(child)
@@ -164,4 +166,73 @@ fn a_reconciler_killed_in_pending_resumes_on_restart() {
     wait_until(60, "success", || state(&api).as_deref() == Some("success"));
     assert!(asserts(&node, "all-1g.10gb"));
     assert_eq!(states(&api), ["pending", "pending", "success"]);
+}
+
+/// In `gpud run` the reconciler's apply reaches the kubelet with no restart and no periodic
+/// rescan (it is an hour here): the new MIG devices are advertised and the old ones withdrawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({}));
+    let mut kubelet = fake_kubelet::FakeKubelet::start(node.dir.path()).await;
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let features = node.dir.path().join("features.d-gfd");
+    let state_dir = node.dir.path().join("mig-state");
+    let socket = kubelet.socket();
+    let child = node
+        .gpud(&[
+            "run",
+            "--mig-strategy",
+            "mixed",
+            "--output-file",
+            features.to_str().unwrap(),
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+            "--kmsg",
+            "",
+            "--disable",
+            "exporter",
+            "--health-address",
+            "",
+            "--rescan-interval",
+            "1h",
+            "--node-name",
+            "test-node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--mig-config-file",
+            default_config().to_str().unwrap(),
+            "--mig-state-dir",
+            state_dir.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _daemon = Reconciler(child);
+    let mut endpoints = std::collections::BTreeMap::new();
+    while endpoints.len() < 3 {
+        let reg = kubelet.next_registration(10).await;
+        endpoints.insert(reg.resource_name, reg.endpoint);
+    }
+    let mut one = kubelet.plugin(&endpoints["nvidia.com/mig-1g.10gb"]).await;
+    let mut one = fake_kubelet::list_and_watch(&mut one).await;
+    assert_eq!(fake_kubelet::next_list(&mut one, 5).await.devices.len(), 1);
+    let mut three = kubelet.plugin(&endpoints["nvidia.com/mig-3g.40gb"]).await;
+    let mut three = fake_kubelet::list_and_watch(&mut three).await;
+    assert_eq!(
+        fake_kubelet::next_list(&mut three, 5).await.devices.len(),
+        1
+    );
+
+    api.set_label(CONFIG_LABEL, Some("all-1g.10gb"));
+    let list = fake_kubelet::next_list(&mut one, 20).await;
+    assert_eq!(list.devices.len(), 7);
+    assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+    // A resource no longer offered is withdrawn: its plugin stops and the stream ends.
+    let withdrawn = tokio::time::timeout(Duration::from_secs(5), three.message())
+        .await
+        .expect("the 3g.40gb stream stays open");
+    assert!(matches!(withdrawn, Ok(None)), "{withdrawn:?}");
+    wait_until(10, "success", || state(&api).as_deref() == Some("success"));
 }
