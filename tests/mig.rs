@@ -363,3 +363,34 @@ fn apply_converges_after_failures_and_kills_at_each_step() {
         }
     }
 }
+
+#[test]
+fn a_busy_gpu_is_refused_with_its_pids_unless_forced() {
+    let node = Node::new("a100-mig");
+    let cfg = write(&node, "c.yaml", CONFIG);
+    node.inject("process 0 4242");
+    node.inject("process 0 17");
+    let before = export(&node);
+    let plan = stdout_ok(&mig(&node, &["plan", "-f", &cfg, "-c", "repartition"]));
+    assert!(plan.ends_with("  processes: 17, 4242\n"), "{plan}");
+    let out = mig(&node, &["apply", "-f", &cfg, "-c", "repartition"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "gpud: refusing to change GPUs in use: GPU 0 (PIDs 17, 4242); stop those processes \
+         or pass --force\n"
+    );
+    assert_eq!(export(&node), before);
+    // Applying what is already there touches nothing, so it is not refused.
+    let saved = write(&node, "current.yaml", &before);
+    assert!(mig(&node, &["apply", "-f", &saved]).status.success());
+    let out = mig(
+        &node,
+        &["apply", "-f", &cfg, "-c", "repartition", "--force"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    node.inject("process-end 0 4242");
+    node.inject("process-end 0 17");
+    let out = mig(&node, &["apply", "-f", &cfg, "-c", "all-disabled"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

@@ -57,6 +57,13 @@ pub enum Command {
         kill: bool,
         fail: bool,
     },
+    /// `process <gpu> <pid>` / `process-end <gpu> <pid>`: a compute process starts or ends
+    /// on the GPU (listed by `nvmlDeviceGetComputeRunningProcesses`).
+    Process {
+        target: Target,
+        pid: u32,
+        running: bool,
+    },
 }
 
 /// MIG administration calls `mig-fail` can break.
@@ -74,7 +81,8 @@ impl Command {
             Command::Xid { target, .. }
             | Command::NvLink { target, .. }
             | Command::Temp { target, .. }
-            | Command::MigFail { target, .. } => target,
+            | Command::MigFail { target, .. }
+            | Command::Process { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -148,6 +156,11 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
                 fail: verb == "mig-fail",
             }
         }
+        ("process" | "process-end", [gpu, pid]) => Command::Process {
+            target: target(gpu),
+            pid: number(pid, "pid")?,
+            running: verb == "process",
+        },
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
     Ok(Some(cmd))
@@ -279,6 +292,15 @@ mod tests {
         );
         assert!(parse_line("mig-fail 1 explode").is_err());
         assert!(parse_line("mig-ok 1 create-gi kill").is_err());
+        assert_eq!(
+            parse_line("process 0 4242").unwrap(),
+            Some(Command::Process {
+                target: Target::Index(0),
+                pid: 4242,
+                running: true
+            })
+        );
+        assert!(parse_line("process 0 x").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());
         assert!(parse_line("temp 0 hot").is_err());

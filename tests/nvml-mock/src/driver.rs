@@ -435,6 +435,14 @@ impl Runtime {
                 }
                 None
             }
+            Command::Process { pid, running, .. } => {
+                if *running {
+                    f.processes.insert(*pid);
+                } else {
+                    f.processes.remove(pid);
+                }
+                None
+            }
             Command::Reset(_) => {
                 f.reset();
                 if live {

@@ -42,6 +42,8 @@ pub struct Faults {
     pub last_xid: Option<u64>,
     /// MIG administration calls that fail (`mig-fail`): op name → kill the caller instead.
     pub mig_fail: std::collections::BTreeMap<String, bool>,
+    /// PIDs of compute processes running on the GPU (`process`).
+    pub processes: std::collections::BTreeSet<u32>,
 }
 
 impl Faults {
@@ -63,6 +65,7 @@ impl Faults {
             temperature_override: None,
             last_xid: None,
             mig_fail: std::collections::BTreeMap::new(),
+            processes: std::collections::BTreeSet::new(),
         }
     }
 
