@@ -18,6 +18,7 @@ pub mod health;
 pub mod http;
 pub mod inventory;
 pub mod labeller;
+pub mod mig;
 pub mod multicall;
 pub mod nvidia_config;
 pub mod nvml;

@@ -7,6 +7,7 @@ mod exporter;
 mod health;
 mod inventory;
 mod labeller;
+mod mig;
 mod run;
 
 use std::ffi::OsString;
@@ -71,6 +72,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: true,
         about: "GFD-compatible node labels, as an NFD features file or on the Node object",
         run: labeller::main,
+    },
+    Applet {
+        name: "mig",
+        daemon: false,
+        about: "apply, assert, export and plan MIG layouts from mig-parted config files",
+        run: mig::main,
     },
     Applet {
         name: "run",

@@ -24,6 +24,7 @@ use crate::exporter::{args::ExporterArgs, service};
 use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
+use crate::mig::reconcile::args::ReconcileArgs;
 use crate::nvml::{NodeFacts, Rescanner};
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
@@ -83,6 +84,10 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
+    /// The MIG reconciler, off unless --mig-config-file is given.
+    #[command(flatten)]
+    mig: ReconcileArgs,
+
     /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
     /// on the metrics port).
     #[command(flatten)]
@@ -140,6 +145,12 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     };
     let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan_interval);
     let inventory = rescanner.discover()?;
+    let reconciler = args.mig.reconciler(
+        args.node_name.as_deref(),
+        args.labeller.kubeconfig(),
+        &nvml,
+        rescanner.clone(),
+    )?;
 
     let initial = Reloadable {
         plugin: Arc::new(plugin),
@@ -196,6 +207,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
             args.labeller.subsystem(sink, args.node_name.clone()),
             |config: &Arc<Reloadable>| Arc::clone(&config.labeller),
         );
+    }
+    if let Some(reconciler) = reconciler {
+        daemon.add_fixed(reconciler);
     }
     daemon.run(inventory)
 }

@@ -238,6 +238,11 @@ impl LabellerArgs {
         Ok((config, sink, settings))
     }
 
+    /// The kubeconfig the API clients use (`None`: inferred, in-cluster).
+    pub fn kubeconfig(&self) -> Option<&Path> {
+        self.kubeconfig.as_deref()
+    }
+
     /// The labeller subsystem writing to `sink`, connecting its API sink when it starts.
     pub fn subsystem(&self, sink: Sink, node_name: Option<String>) -> Labeller {
         let args = self.clone();

@@ -13,6 +13,7 @@ mod error;
 pub mod events;
 pub mod library;
 mod preflight;
+pub mod mig_admin;
 mod probe;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
 #[allow(unsafe_code)]

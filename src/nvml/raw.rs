@@ -17,6 +17,9 @@ use nvml_wrapper_sys::bindings::{
     nvmlIntNvLinkDeviceType_t,
 };
 
+// MIG administration (instance create/destroy), kept apart from the read-side calls.
+pub mod mig;
+
 /// What sits at the far end of an NVLink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RemoteKind {

@@ -35,6 +35,21 @@ pub struct ApiState {
     pub writes: Vec<(String, String, Value)>,
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Value>,
+    /// The Node's resourceVersion, bumped by every change.
+    pub node_version: u64,
+    /// Wakes Node watches on every change.
+    pub node_changed: Arc<tokio::sync::Notify>,
+    /// Node watches opened.
+    pub watches: u32,
+}
+
+impl ApiState {
+    /// Records a change of the Node: a new resourceVersion, and watches wake.
+    pub fn node_touched(&mut self) {
+        self.node_version += 1;
+        self.node["metadata"]["resourceVersion"] = json!(self.node_version.to_string());
+        self.node_changed.notify_waiters();
+    }
 }
 
 type Shared = Arc<Mutex<ApiState>>;
@@ -112,9 +127,56 @@ async fn patch_node(
         .to_owned();
     let mut node = state.node.clone();
     merge(&mut node, &patch);
-    state.node = node.clone();
+    state.node = node;
+    state.node_touched();
     state.patches.push((kind, patch));
-    Ok(axum::Json(node))
+    Ok(axum::Json(state.node.clone()))
+}
+
+/// `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=…&resourceVersion=V`: answers
+/// one `MODIFIED` event as soon as the Node is newer than `V` (at once if it already is), or
+/// ends the watch empty after its timeout, as an API server may.
+async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<String, StatusCode> {
+    let query: BTreeMap<String, String> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(290);
+    let changed = {
+        let mut state = s.lock().unwrap();
+        gate(&mut state)?;
+        if query.get("watch").map(String::as_str) != Some("true") {
+            return Err(StatusCode::BAD_REQUEST);
+        }
+        state.watches += 1;
+        Arc::clone(&state.node_changed)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    loop {
+        let notified = changed.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        {
+            let state = s.lock().unwrap();
+            if state.node_version > from {
+                let event = json!({"type": "MODIFIED", "object": state.node});
+                return Ok(format!("{event}\n"));
+            }
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(String::new());
+        }
+    }
 }
 
 async fn get_pod(State(s): State<Shared>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
@@ -218,7 +280,9 @@ impl FakeApi {
     pub fn start(labels: Value) -> FakeApi {
         let state = Arc::new(Mutex::new(ApiState {
             node: json!({"apiVersion": "v1", "kind": "Node",
-                         "metadata": {"name": "test-node", "labels": labels}}),
+                         "metadata": {"name": "test-node", "labels": labels,
+                                      "resourceVersion": "1"}}),
+            node_version: 1,
             ..ApiState::default()
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -270,6 +334,27 @@ impl FakeApi {
         path
     }
 
+    /// Sets (or with `None` removes) a label of the Node, as a cluster admin would.
+    pub fn set_label(&self, key: &str, value: Option<&str>) {
+        let mut state = self.state.lock().unwrap();
+        let labels = &mut state.node["metadata"]["labels"];
+        if !labels.is_object() {
+            *labels = json!({});
+        }
+        let labels = labels.as_object_mut().unwrap();
+        match value {
+            Some(value) => labels.insert(key.to_owned(), json!(value)),
+            None => labels.remove(key),
+        };
+        state.node_touched();
+    }
+
+    /// The Node's annotations now.
+    pub fn node_annotations(&self) -> BTreeMap<String, String> {
+        let node = &self.state.lock().unwrap().node;
+        serde_json::from_value(node["metadata"]["annotations"].clone()).unwrap_or_default()
+    }
+
     /// The Node's labels now.
     pub fn node_labels(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
@@ -289,6 +374,7 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
     listener.set_nonblocking(true).unwrap();
     let features = "/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{ns}/nodefeatures";
     let app = Router::new()
+        .route("/api/v1/nodes", get(watch_nodes))
         .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
         .route(features, axum::routing::post(create_feature))

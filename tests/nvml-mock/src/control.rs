@@ -54,7 +54,33 @@ pub enum Command {
         target: Target,
         link: Option<(u32, u32)>,
     },
+    /// `mig-fail <gpu> <op> [kill]` / `mig-ok <gpu> <op>`: MIG administration call `op`
+    /// (`set-mode`, `create-gi`, `destroy-gi`, `create-ci`, `destroy-ci`) on that GPU fails
+    /// with `NVML_ERROR_UNKNOWN` (or, with `kill`, SIGKILLs the calling process before the
+    /// change) until the matching `mig-ok`.
+    MigFail {
+        target: Target,
+        op: String,
+        kill: bool,
+        fail: bool,
+    },
+    /// `process <gpu> <pid>` / `process-end <gpu> <pid>`: a compute process starts or ends
+    /// on the GPU (listed by `nvmlDeviceGetComputeRunningProcesses`).
+    Process {
+        target: Target,
+        pid: u32,
+        running: bool,
+    },
 }
+
+/// MIG administration calls `mig-fail` can break.
+pub const MIG_OPS: [&str; 5] = [
+    "set-mode",
+    "create-gi",
+    "destroy-gi",
+    "create-ci",
+    "destroy-ci",
+];
 
 impl Command {
     pub fn target(&self) -> &Target {
@@ -63,7 +89,9 @@ impl Command {
             | Command::NvLink { target, .. }
             | Command::Temp { target, .. }
             | Command::EccPending { target, .. }
-            | Command::PcieLink { target, .. } => target,
+            | Command::PcieLink { target, .. }
+            | Command::MigFail { target, .. }
+            | Command::Process { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -136,6 +164,23 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
         ("pcie-link", [gpu, generation, width]) => Command::PcieLink {
             target: target(gpu),
             link: Some((number(generation, "gen")?, number(width, "width")?)),
+        },
+        ("mig-fail" | "mig-ok", [gpu, op, rest @ ..])
+            if MIG_OPS.contains(op)
+                && matches!(rest, [] | ["kill"])
+                && (verb == "mig-fail" || rest.is_empty()) =>
+        {
+            Command::MigFail {
+                target: target(gpu),
+                op: (*op).to_owned(),
+                kill: !rest.is_empty(),
+                fail: verb == "mig-fail",
+            }
+        }
+        ("process" | "process-end", [gpu, pid]) => Command::Process {
+            target: target(gpu),
+            pid: number(pid, "pid")?,
+            running: verb == "process",
         },
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
@@ -272,6 +317,26 @@ mod tests {
             }))
         );
         assert!(parse_line("ecc-pending 0 maybe").is_err());
+        assert_eq!(
+            parse_line("mig-fail 1 create-gi kill"),
+            Ok(Some(Command::MigFail {
+                target: Target::Index(1),
+                op: "create-gi".into(),
+                kill: true,
+                fail: true
+            }))
+        );
+        assert!(parse_line("mig-fail 1 explode").is_err());
+        assert!(parse_line("mig-ok 1 create-gi kill").is_err());
+        assert_eq!(
+            parse_line("process 0 4242").unwrap(),
+            Some(Command::Process {
+                target: Target::Index(0),
+                pid: 4242,
+                running: true
+            })
+        );
+        assert!(parse_line("process 0 x").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());
         assert!(parse_line("temp 0 hot").is_err());

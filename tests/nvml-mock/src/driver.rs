@@ -435,6 +435,22 @@ impl Runtime {
                 f.pcie_link = *link;
                 None
             }
+            Command::MigFail { op, kill, fail, .. } => {
+                if *fail {
+                    f.mig_fail.insert(op.clone(), *kill);
+                } else {
+                    f.mig_fail.remove(op);
+                }
+                None
+            }
+            Command::Process { pid, running, .. } => {
+                if *running {
+                    f.processes.insert(*pid);
+                } else {
+                    f.processes.remove(pid);
+                }
+                None
+            }
             Command::Reset(_) => {
                 f.reset();
                 if live {

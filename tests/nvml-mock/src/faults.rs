@@ -44,6 +44,10 @@ pub struct Faults {
     pub ecc_pending: Option<bool>,
     /// PCIe link `(generation, width)` forced by a `pcie-link` command (a degraded link).
     pub pcie_link: Option<(u32, u32)>,
+    /// MIG administration calls that fail (`mig-fail`): op name → kill the caller instead.
+    pub mig_fail: std::collections::BTreeMap<String, bool>,
+    /// PIDs of compute processes running on the GPU (`process`).
+    pub processes: std::collections::BTreeSet<u32>,
 }
 
 impl Faults {
@@ -66,6 +70,8 @@ impl Faults {
             last_xid: None,
             ecc_pending: None,
             pcie_link: None,
+            mig_fail: std::collections::BTreeMap::new(),
+            processes: std::collections::BTreeSet::new(),
         }
     }
 

@@ -10,6 +10,22 @@ use crate::profiles::MigTable;
 use crate::registry::Obj;
 use nvml_wrapper_sys::bindings::*;
 
+/// An injected `mig-fail` for `op` on `gpu`: `NVML_ERROR_UNKNOWN`, or the caller SIGKILLed
+/// before the change (a crash at exactly this step).
+fn injected(rt: &Runtime, gpu: usize, op: &str) -> Res<()> {
+    match rt.faults[gpu].mig_fail.get(op) {
+        None => Ok(()),
+        Some(false) => Err(rc::UNKNOWN),
+        Some(true) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &std::process::id().to_string()])
+                .status();
+            // Not reached once the signal lands; fail the call if `kill` could not run.
+            Err(rc::UNKNOWN)
+        }
+    }
+}
+
 /// Resolves a MIG-capable GPU and refreshes its MIG state before a change.
 fn mig_gpu(s: &Session, rt: &mut Runtime, device: nvmlDevice_t) -> Res<(usize, &'static MigTable)> {
     let gpu = rt.gpu(&s.node, addr(device))?;
@@ -27,6 +43,7 @@ export! {
         require!(activation_status);
         let status = driver::with(|s, rt| {
             let (gpu, _) = mig_gpu(s, rt, device)?;
+            injected(rt, gpu, "set-mode")?;
             if mode != NVML_DEVICE_MIG_ENABLE && mode != NVML_DEVICE_MIG_DISABLE {
                 return Err(rc::INVALID_ARGUMENT);
             }
@@ -60,6 +77,7 @@ fn create_gi(
 ) -> Res<usize> {
     driver::with(|s, rt| {
         let (gpu, table) = mig_gpu(s, rt, device)?;
+        injected(rt, gpu, "create-gi")?;
         if let Some(p) = placement {
             let profile = table.by_id(profile_id).ok_or(rc::INVALID_ARGUMENT)?;
             if p.size != profile.memory_slices {
@@ -103,6 +121,7 @@ export! {
     fn nvmlGpuInstanceDestroy(gpu_instance: nvmlGpuInstance_t) {
         driver::with(|s, rt| {
             let (gpu, gi) = rt.gpu_instance(&s.node, addr(gpu_instance))?;
+            injected(rt, gpu, "destroy-gi")?;
             rt.mig[gpu].destroy_gi(gi)?;
             rt.persist(&s.node);
             Ok(())
@@ -118,6 +137,7 @@ fn create_ci(
 ) -> Res<usize> {
     driver::with(|s, rt| {
         let (gpu, gi) = rt.gpu_instance(&s.node, addr(gpu_instance))?;
+        injected(rt, gpu, "create-ci")?;
         let table = s.node.gpus[gpu].model.mig.ok_or(rc::NOT_SUPPORTED)?;
         if let Some(p) = placement {
             let g = rt.mig[gpu].gi(gi).ok_or(rc::INVALID_ARGUMENT)?;
@@ -167,6 +187,7 @@ export! {
     fn nvmlComputeInstanceDestroy(compute_instance: nvmlComputeInstance_t) {
         driver::with(|s, rt| {
             let (gpu, gi, ci) = rt.compute_instance(&s.node, addr(compute_instance))?;
+            injected(rt, gpu, "destroy-ci")?;
             rt.mig[gpu].destroy_ci(gi, ci)?;
             rt.persist(&s.node);
             Ok(())

@@ -246,15 +246,29 @@ export! {
 }
 
 export! {
-    /// Compute processes on a GPU or MIG device: always none (count protocol as NVML).
+    /// Compute processes on a GPU (the control file's `process` lines; count protocol as
+    /// NVML); none on a MIG device.
     fn nvmlDeviceGetComputeRunningProcesses_v3(
         device: nvmlDevice_t,
         info_count: *mut c_uint,
         infos: *mut nvmlProcessInfo_t,
     ) {
-        driver::with(|s, rt| rt.device(&s.node, addr(device)))?;
-        let none: [nvmlProcessInfo_t; 0] = [];
-        put_counted!(info_count, infos, none.as_slice());
+        let pids = driver::with(|s, rt| {
+            Ok(match rt.device(&s.node, addr(device))? {
+                driver::Dev::Gpu(i) => rt.faults[i].processes.iter().copied().collect(),
+                _ => Vec::new(),
+            })
+        })?;
+        let list: Vec<nvmlProcessInfo_t> = pids
+            .into_iter()
+            .map(|pid| nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: 0,
+                gpuInstanceId: u32::MAX,
+                computeInstanceId: u32::MAX,
+            })
+            .collect();
+        put_counted!(info_count, infos, list.as_slice());
         Ok(())
     }
 }

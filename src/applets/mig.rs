@@ -1,0 +1,362 @@
+//! `gpud mig`: mig-parted's `apply`, `assert` and `export` with its flags and environment,
+//! plus `plan`, which says what `apply` would do without doing it.
+//!
+//! Exit codes follow mig-parted: 0 done, 1 failed (an assertion that does not hold, an apply
+//! step that failed); in gpud's scheme a bad config file or flag is 65 or 64, and a missing
+//! driver 69.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+
+use crate::cli::{self, AdminArgs, CommonArgs};
+use crate::daemon::{self, Daemon, Error};
+use crate::mig::apply::{self, ApplyError, Options, Outcome};
+use crate::mig::hooks::{FlagEnv, Hooks};
+use crate::mig::reconcile::args::ReconcileArgs;
+use crate::mig::spec::{Entry, Spec};
+use crate::mig::{self as mig, assert, export, plan, select};
+use crate::nvml::mig_admin::MigAdmin;
+use crate::nvml::{NodeFacts, Rescanner};
+
+/// The admin endpoint's default port (`--health-address`) for `gpud mig reconcile`.
+pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 4;
+
+/// Partition GPUs with MIG from mig-parted config files.
+#[derive(Debug, Parser)]
+#[command(name = "gpud mig", version)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the selected config (idempotent: an applied config changes nothing).
+    Apply(ApplyArgs),
+    /// Exit 0 when the selected config is what the GPUs are now, 1 otherwise.
+    Assert(AssertArgs),
+    /// Print the GPUs' current layout as a mig-parted config.
+    Export(ExportArgs),
+    /// Print what apply would change on each GPU, touching nothing.
+    Plan(PlanArgs),
+    /// Keep the GPUs at the config the Node's nvidia.com/mig.config label names, reporting
+    /// nvidia.com/mig.config.state (a daemon, mig-manager's job).
+    Reconcile(ReconcileCommand),
+}
+
+/// The config file and the label in it.
+#[derive(Debug, ClapArgs)]
+struct ConfigArgs {
+    /// mig-parted config file; "-" reads stdin.
+    #[arg(short = 'f', long, value_name = "PATH", env = "MIG_PARTED_CONFIG_FILE")]
+    config_file: PathBuf,
+
+    /// Config label to use; optional when the file has exactly one.
+    #[arg(
+        short = 'c',
+        long,
+        value_name = "LABEL",
+        env = "MIG_PARTED_SELECTED_CONFIG"
+    )]
+    selected_config: Option<String>,
+
+    /// Accepted for mig-parted compatibility: every step is logged at the default level
+    /// already (GPUD_LOG=debug adds more).
+    #[arg(short = 'd', long, env = "MIG_PARTED_DEBUG")]
+    debug: bool,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, ClapArgs)]
+struct ApplyArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+
+    /// mig-parted hooks file (apply-start, pre-apply-mode, pre-apply-config, apply-exit).
+    #[arg(short = 'k', long, value_name = "PATH", env = "MIG_PARTED_HOOKS_FILE")]
+    hooks_file: Option<PathBuf>,
+
+    /// Do not reset GPUs after a mode change; the change stays pending.
+    #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET")]
+    skip_reset: bool,
+
+    /// Only apply the MIG mode, not the instances.
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    mode_only: bool,
+
+    /// Change GPUs even while compute processes use them.
+    #[arg(long, env = "GPUD_MIG_FORCE")]
+    force: bool,
+
+    /// Command that resets GPUs; the comma-separated PCI bus ids are appended.
+    #[arg(
+        long,
+        value_name = "COMMAND",
+        default_value = "nvidia-smi -r -i",
+        env = "GPUD_MIG_RESET_COMMAND"
+    )]
+    reset_command: String,
+
+    /// How long a reset may take to bring a pending mode into effect.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    reset_wait: Duration,
+}
+
+#[derive(Debug, ClapArgs)]
+struct AssertArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+
+    /// Only check the MIG mode.
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    mode_only: bool,
+
+    /// Only check that the file is valid and has the selected config (no GPU access).
+    #[arg(short = 'a', long, env = "MIG_PARTED_VALID_CONFIG")]
+    valid_config: bool,
+}
+
+#[derive(Debug, ClapArgs)]
+struct ExportArgs {
+    /// Label of the exported config.
+    #[arg(
+        short = 'l',
+        long,
+        value_name = "LABEL",
+        default_value = "current",
+        env = "MIG_PARTED_CONFIG_LABEL"
+    )]
+    config_label: String,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
+    output_format: Format,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, ClapArgs)]
+struct PlanArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = PlanFormat::Text)]
+    output: PlanFormat,
+}
+
+#[derive(Debug, ClapArgs)]
+struct ReconcileCommand {
+    #[command(flatten)]
+    reconcile: ReconcileArgs,
+
+    /// The Node to follow (the Kubernetes node name).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    node_name: Option<String>,
+
+    /// kubeconfig; without it the in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PlanFormat {
+    Text,
+    Json,
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    match args.command {
+        Command::Apply(a) => run_apply(a),
+        Command::Assert(a) => run_assert(a),
+        Command::Export(a) => run_export(a),
+        Command::Plan(a) => run_plan(a),
+        Command::Reconcile(a) => run_reconcile(a),
+    }
+}
+
+/// The config's selected entries.
+fn selected(config: &ConfigArgs) -> Result<(Spec, String), Error> {
+    let spec = mig::load(&config.config_file).map_err(Error::config)?;
+    let label = spec
+        .select(config.selected_config.as_deref())
+        .map_err(|why| Error::Config(format!("{}: {why}", config.config_file.display())))?
+        .0
+        .to_owned();
+    Ok((spec, label))
+}
+
+fn entries<'a>(spec: &'a Spec, label: &str) -> &'a [Entry] {
+    spec.mig_configs.get(label).map_or(&[], Vec::as_slice)
+}
+
+fn start(config: &ConfigArgs) -> Result<MigAdmin, Error> {
+    Ok(config.common.start()?.mig_admin())
+}
+
+fn read_gpus(admin: &MigAdmin) -> Result<Vec<crate::nvml::mig_admin::MigGpu>, Error> {
+    Ok(admin.gpus()?)
+}
+
+fn run_assert(args: AssertArgs) -> Result<ExitCode, Error> {
+    let (spec, label) = selected(&args.config)?;
+    if args.valid_config {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let admin = start(&args.config)?;
+    let gpus = read_gpus(&admin)?;
+    let targets = select::targets(entries(&spec, &label), &gpus);
+    let scope = if args.mode_only {
+        assert::Scope::Mode
+    } else {
+        assert::Scope::Full
+    };
+    match assert::check(&gpus, &targets, scope) {
+        Ok(()) => {
+            eprintln!("Selected MIG configuration currently applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => Err(Error::Failure(format!(
+            "assertion failure: selected configuration not currently applied ({why})"
+        ))),
+    }
+}
+
+fn run_export(args: ExportArgs) -> Result<ExitCode, Error> {
+    let admin = args.common.start()?.mig_admin();
+    let gpus = read_gpus(&admin)?;
+    let spec = export::export(&gpus, &args.config_label);
+    let text = match args.output_format {
+        Format::Yaml => serde_yaml_ng::to_string(&spec)
+            .map_err(|e| Error::Failure(format!("cannot render the config: {e}")))?,
+        Format::Json => {
+            let mut json = serde_json::to_string_pretty(&spec)
+                .map_err(|e| Error::Failure(format!("cannot render the config: {e}")))?;
+            json.push('\n');
+            json
+        }
+    };
+    cli::print_stdout(&text, "the config")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_plan(args: PlanArgs) -> Result<ExitCode, Error> {
+    let (spec, label) = selected(&args.config)?;
+    let admin = start(&args.config)?;
+    let gpus = read_gpus(&admin)?;
+    let targets = select::targets(entries(&spec, &label), &gpus);
+    let plans = apply::plans(&gpus, &targets).map_err(Error::Failure)?;
+    let text = match args.output {
+        PlanFormat::Text => plan::render(&plans),
+        PlanFormat::Json => {
+            let mut json = serde_json::to_string_pretty(&plans)
+                .map_err(|e| Error::Failure(format!("cannot render the plan: {e}")))?;
+            json.push('\n');
+            json
+        }
+    };
+    cli::print_stdout(&text, "the plan")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
+    let (spec, label) = selected(&args.config)?;
+    let hooks = match &args.hooks_file {
+        Some(path) => Hooks::load(path).map_err(Error::Config)?,
+        None => Hooks::default(),
+    };
+    let admin = start(&args.config)?;
+    let opts = Options {
+        skip_reset: args.skip_reset,
+        mode_only: args.mode_only,
+        force: args.force,
+        reset_command: args
+            .reset_command
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+        reset_wait: args.reset_wait,
+        hook_env: FlagEnv {
+            config_file: &args.config.config_file,
+            selected_config: &label,
+            hooks_file: args.hooks_file.as_deref(),
+            skip_reset: args.skip_reset,
+            mode_only: args.mode_only,
+            debug: args.config.debug,
+        }
+        .vars(),
+    };
+    match apply::apply(&admin, entries(&spec, &label), &hooks, &opts) {
+        Ok(Outcome::ResetPending(gpus)) => {
+            let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            eprintln!(
+                "MIG mode change pending on GPU {} until a GPU reset (--skip-reset)",
+                list.join(", ")
+            );
+            if args.mode_only {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Err(Error::Failure(
+                    "MIG configuration not applied: the mode change waits for a GPU reset".into(),
+                ))
+            }
+        }
+        Ok(Outcome::AlreadyApplied | Outcome::Applied) => {
+            eprintln!("MIG configuration applied successfully");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(
+            err @ (ApplyError::Refused(_) | ApplyError::RebootRequired(_) | ApplyError::Failed(_)),
+        ) => Err(Error::Failure(err.to_string())),
+    }
+}
+
+fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
+    if args.reconcile.mig_config_file.is_none() {
+        return Err(Error::Usage(
+            "gpud mig reconcile needs --mig-config-file (or GPUD_MIG_CONFIG_FILE)".into(),
+        ));
+    }
+    let nvml = args.common.start()?;
+    let facts = NodeFacts {
+        node_name: args.node_name.clone(),
+        machine_type_file: None,
+    };
+    // The rescanner only feeds this process's inventory; it is not run on a timer here.
+    let rescanner = Rescanner::new(nvml.clone(), facts, Duration::from_secs(3600));
+    let inventory = rescanner.discover()?;
+    let Some(reconciler) = args.reconcile.reconciler(
+        args.node_name.as_deref(),
+        args.kubeconfig.as_deref(),
+        &nvml,
+        rescanner,
+    )?
+    else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut daemon = Daemon::fixed("mig-reconcile");
+    daemon.add_fixed(reconciler);
+    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.run(inventory)
+}

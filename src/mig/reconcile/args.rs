@@ -1,0 +1,122 @@
+//! The reconciler's flags, shared by `gpud mig reconcile` and `gpud run` (where
+//! `--mig-config-file` turns it on). All are `--mig-*` so they sit beside every other
+//! subsystem's flags in `gpud run`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+
+use super::attempt::Job;
+use super::marker::Marker;
+use super::service::Reconciler;
+use crate::cli;
+use crate::daemon::Error;
+use crate::nvml::{Nvml, Rescanner};
+
+/// Default state directory (the reboot marker).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpud/mig";
+
+/// The reconciler's flags.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// mig-parted config file with the configs the Node's nvidia.com/mig.config label may
+    /// name; re-read at every attempt. In `gpud run` it turns the MIG reconciler on.
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_CONFIG_FILE")]
+    pub mig_config_file: Option<PathBuf>,
+
+    /// mig-parted hooks file run around every apply.
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_HOOKS_FILE")]
+    pub mig_hooks_file: Option<PathBuf>,
+
+    /// Repartition GPUs even while compute processes use them (by default such a GPU fails
+    /// the config, with the PIDs in the reason, and is retried).
+    #[arg(long, env = "GPUD_MIG_FORCE")]
+    pub mig_force: bool,
+
+    /// Command that resets GPUs for a mode change; the comma-separated PCI bus ids are
+    /// appended.
+    #[arg(
+        long,
+        value_name = "COMMAND",
+        default_value = "nvidia-smi -r -i",
+        env = "GPUD_MIG_RESET_COMMAND"
+    )]
+    pub mig_reset_command: String,
+
+    /// How long a reset may take to bring a pending mode into effect.
+    #[arg(long, value_name = "DURATION", default_value = "60s",
+          value_parser = cli::positive_duration, env = "GPUD_MIG_RESET_WAIT")]
+    pub mig_reset_wait: Duration,
+
+    /// Command that reboots the node when a mode change needs a reboot (at most once per
+    /// requested config). Empty: the state is set to `rebooting` and the reboot is left to
+    /// the operator.
+    #[arg(
+        long,
+        value_name = "COMMAND",
+        default_value = "",
+        env = "GPUD_MIG_REBOOT_COMMAND"
+    )]
+    pub mig_reboot_command: String,
+
+    /// Directory of the reconciler's on-disk state (the reboot-once marker); must survive a
+    /// reboot.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_STATE_DIR,
+          env = "GPUD_MIG_STATE_DIR")]
+    pub mig_state_dir: PathBuf,
+
+    /// First delay before a failed config is retried; it doubles on every failure, up to
+    /// 10 minutes.
+    #[arg(long, value_name = "DURATION", default_value = "30s",
+          value_parser = cli::positive_duration, env = "GPUD_MIG_RETRY_INTERVAL")]
+    pub mig_retry_interval: Duration,
+}
+
+fn words(command: &str) -> Vec<String> {
+    command.split_whitespace().map(str::to_owned).collect()
+}
+
+impl ReconcileArgs {
+    /// Whether the reconciler is asked for.
+    pub fn enabled(&self) -> bool {
+        self.mig_config_file.is_some()
+    }
+
+    /// The reconciler, checked at start: a node name is needed (64) and the config file and
+    /// hooks file must load (65). `None` without `--mig-config-file`.
+    pub fn reconciler(
+        &self,
+        node_name: Option<&str>,
+        kubeconfig: Option<&Path>,
+        nvml: &Nvml,
+        rescanner: Rescanner,
+    ) -> Result<Option<Reconciler>, Error> {
+        let Some(config_file) = &self.mig_config_file else {
+            return Ok(None);
+        };
+        let node = node_name.filter(|n| !n.is_empty()).ok_or_else(|| {
+            Error::Usage("the MIG reconciler needs the node name (--node-name or NODE_NAME)".into())
+        })?;
+        crate::mig::load(config_file).map_err(Error::config)?;
+        if let Some(hooks) = &self.mig_hooks_file {
+            crate::mig::hooks::Hooks::load(hooks).map_err(Error::Config)?;
+        }
+        Ok(Some(Reconciler {
+            job: Job {
+                config_file: config_file.clone(),
+                hooks_file: self.mig_hooks_file.clone(),
+                force: self.mig_force,
+                reset_command: words(&self.mig_reset_command),
+                reset_wait: self.mig_reset_wait,
+            },
+            node: node.to_owned(),
+            kubeconfig: kubeconfig.map(Path::to_path_buf),
+            marker: Marker::new(&self.mig_state_dir),
+            reboot_command: words(&self.mig_reboot_command),
+            retry: self.mig_retry_interval,
+            admin: nvml.mig_admin(),
+            rescanner,
+        }))
+    }
+}

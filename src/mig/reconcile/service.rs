@@ -1,0 +1,361 @@
+//! The reconcile loop, a daemon subsystem of `gpud mig reconcile` and of `gpud run`.
+//!
+//! Each pass reads the Node. A requested config is attempted when this process has not yet
+//! brought it to a terminal outcome: always once after start (a restart in `pending` or
+//! `rebooting` resumes, a `success` is re-checked in one assert), again whenever the label
+//! changes, and again after a failure once its backoff has passed. An attempt asserts first
+//! (an applied config only confirms `success`), writes `pending`, applies, and writes
+//! `success`, `failed` with the reason, or `rebooting`. Between passes the loop watches the
+//! Node until it changes or the next retry is due.
+//!
+//! After every apply the inventory is rescanned at once, so in `gpud run` the device plugin
+//! advertises the new MIG devices (and withdraws the old ones), the labeller relabels and the
+//! exporter follows without waiting for the periodic rescan.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::attempt::Job;
+use super::marker::Marker;
+use super::node::{NodeClient, State, View};
+use crate::daemon::{Context, Subsystem};
+use crate::inventory::Inventory;
+use crate::labeller::api::{Backoff, connect};
+use crate::mig::apply::{ApplyError, Outcome};
+use crate::nvml::Rescanner;
+use crate::nvml::mig_admin::MigAdmin;
+
+/// Longest wait between retries of a failing config.
+pub const RETRY_MAX: Duration = Duration::from_secs(600);
+/// Longest single watch (the API server's usual watch timeout is about 5 minutes).
+const WATCH_MAX: Duration = Duration::from_secs(290);
+
+/// The reconciler subsystem.
+#[derive(Debug)]
+pub struct Reconciler {
+    /// How configs are applied.
+    pub job: Job,
+    /// The Node whose label is followed.
+    pub node: String,
+    /// kubeconfig; the in-cluster account without it.
+    pub kubeconfig: Option<PathBuf>,
+    /// The reboot-once guard.
+    pub marker: Marker,
+    /// Program and arguments that reboot the node; empty: report `rebooting` and leave the
+    /// reboot to the operator.
+    pub reboot_command: Vec<String>,
+    /// First delay before a failed config is retried (doubling up to [`RETRY_MAX`]).
+    pub retry: Duration,
+    /// MIG administration of the node's GPUs.
+    pub admin: MigAdmin,
+    /// Re-reads the node into the shared inventory after an apply.
+    pub rescanner: Rescanner,
+}
+
+/// How an attempt ended.
+enum Step {
+    /// A terminal outcome for this label (`success`, or `rebooting`): nothing more to do until
+    /// the label changes or the process restarts.
+    Done,
+    /// `failed`: try again after the backoff.
+    Retry,
+    /// The daemon is stopping.
+    Stopped,
+}
+
+/// When a failed config is tried again.
+struct Retry {
+    label: String,
+    at: Instant,
+    delay: Duration,
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| format!("the MIG worker thread failed: {e}"))
+}
+
+impl Reconciler {
+    /// Writes `state` (and `reason`), retrying the API server until it answers or the daemon
+    /// stops; false when stopped first.
+    async fn report(
+        &self,
+        client: &NodeClient,
+        state: State,
+        reason: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> bool {
+        let mut backoff = Backoff::new(u64::from(state as u8) + 1);
+        loop {
+            let written = tokio::select! {
+                () = cancel.cancelled() => return false,
+                written = client.report(state, reason) => written,
+            };
+            match written {
+                Ok(()) => {
+                    info!(
+                        state = state.as_str(),
+                        reason = reason.unwrap_or(""),
+                        "Reported {}",
+                        state.as_str()
+                    );
+                    return true;
+                }
+                Err(err) => {
+                    warn!(error = %crate::telemetry::error_chain(&err), state = state.as_str(), "Cannot write the MIG state on the Node; retrying");
+                    tokio::select! {
+                        () = cancel.cancelled() => return false,
+                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn failed(
+        &self,
+        client: &NodeClient,
+        label: &str,
+        reason: String,
+        cancel: &CancellationToken,
+    ) -> Step {
+        warn!(config = label, reason = %reason, "MIG config failed; it will be retried");
+        if self
+            .report(client, State::Failed, Some(&reason), cancel)
+            .await
+        {
+            Step::Retry
+        } else {
+            Step::Stopped
+        }
+    }
+
+    async fn success(&self, client: &NodeClient, view: &View, cancel: &CancellationToken) -> Step {
+        if let Err(err) = self.marker.clear() {
+            warn!(error = %err, "Cannot remove the reboot marker");
+        }
+        if view.says(State::Success, None)
+            || self.report(client, State::Success, None, cancel).await
+        {
+            Step::Done
+        } else {
+            Step::Stopped
+        }
+    }
+
+    /// One attempt at `label`.
+    async fn attempt(
+        &self,
+        client: &NodeClient,
+        view: &View,
+        label: &str,
+        inventory: &Inventory,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let (job, admin, owned) = (self.job.clone(), self.admin, label.to_owned());
+        let checked = tokio::select! {
+            () = cancel.cancelled() => return Step::Stopped,
+            checked = blocking(move || job.check(&admin, &owned)) => checked.and_then(|c| c),
+        };
+        match checked {
+            Err(reason) => return self.failed(client, label, reason, cancel).await,
+            Ok(true) => {
+                info!(config = label, "MIG config already in effect");
+                return self.success(client, view, cancel).await;
+            }
+            Ok(false) => {}
+        }
+        if !self.report(client, State::Pending, None, cancel).await {
+            return Step::Stopped;
+        }
+        info!(config = label, "Applying MIG config");
+        let (job, admin, owned) = (self.job.clone(), self.admin, label.to_owned());
+        let applied = tokio::select! {
+            () = cancel.cancelled() => {
+                // The apply thread is cut off with the process; the next start resumes it.
+                let why = "gpud stopped during the apply; the next start resumes it";
+                let _ = tokio::time::timeout(Duration::from_secs(5), client.report(State::Failed, Some(why))).await;
+                return Step::Stopped;
+            }
+            applied = blocking(move || job.apply(&admin, &owned)) => applied.map_err(ApplyError::Failed).and_then(|a| a),
+        };
+        match self.rescanner.rescan(inventory).await {
+            Ok(changed) => info!(changed, "Inventory rescanned after the MIG apply"),
+            Err(err) => {
+                warn!(error = %crate::telemetry::error_chain(&err), "Rescan after the MIG apply failed; the periodic rescan will catch up")
+            }
+        }
+        match applied {
+            Ok(Outcome::Applied | Outcome::AlreadyApplied) => {
+                info!(config = label, "MIG config applied");
+                self.success(client, &View::default(), cancel).await
+            }
+            Ok(Outcome::ResetPending(_)) => {
+                let why = "the MIG mode change waits for a GPU reset".to_owned();
+                self.failed(client, label, why, cancel).await
+            }
+            Err(err @ ApplyError::RebootRequired(_)) => {
+                self.reboot(client, label, err.to_string(), cancel).await
+            }
+            Err(err @ (ApplyError::Refused(_) | ApplyError::Failed(_))) => {
+                self.failed(client, label, err.to_string(), cancel).await
+            }
+        }
+    }
+
+    /// A mode change that needs a reboot: at most one per requested config.
+    async fn reboot(
+        &self,
+        client: &NodeClient,
+        label: &str,
+        why: String,
+        cancel: &CancellationToken,
+    ) -> Step {
+        if self.marker.holds(label) {
+            let reason = format!(
+                "MIG mode change did not take effect after rebooting: {why}; remove {} to allow another reboot",
+                self.marker.path().display()
+            );
+            return self.failed(client, label, reason, cancel).await;
+        }
+        if let Err(err) = self.marker.set(label) {
+            let reason = format!("{why}; cannot record the reboot: {err}");
+            return self.failed(client, label, reason, cancel).await;
+        }
+        let Some((program, args)) = self.reboot_command.split_first() else {
+            let reason =
+                format!("{why}; reboot the node to apply it (no reboot command configured)");
+            return if self
+                .report(client, State::Rebooting, Some(&reason), cancel)
+                .await
+            {
+                Step::Done
+            } else {
+                Step::Stopped
+            };
+        };
+        if !self
+            .report(client, State::Rebooting, Some(&why), cancel)
+            .await
+        {
+            return Step::Stopped;
+        }
+        info!(command = %program, "Rebooting the node for the MIG mode change");
+        let (program, args) = (program.clone(), args.to_vec());
+        let ran = blocking(move || {
+            std::process::Command::new(&program)
+                .args(&args)
+                .status()
+                .map_err(|e| format!("cannot run the reboot command {program:?}: {e}"))
+        })
+        .await
+        .and_then(|r| r);
+        match ran {
+            Ok(status) if status.success() => Step::Done,
+            Ok(status) => {
+                let reason = format!("{why}; the reboot command failed ({status})");
+                self.failed(client, label, reason, cancel).await
+            }
+            Err(reason) => self.failed(client, label, reason, cancel).await,
+        }
+    }
+
+    async fn run_loop(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let cancel = ctx.cancel_token();
+        let client = NodeClient::new(
+            connect(self.kubeconfig.as_deref()).await?,
+            self.node.clone(),
+        );
+        ctx.set_ready();
+        let mut backoff = Backoff::new(
+            self.node
+                .bytes()
+                .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))),
+        );
+        let mut done: Option<String> = None;
+        let mut retry: Option<Retry> = None;
+        loop {
+            let read = tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                read = client.read() => read,
+            };
+            let view = match read {
+                Ok(view) => view,
+                Err(err) => {
+                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot read the Node; retrying");
+                    tokio::select! {
+                        () = cancel.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                    }
+                    continue;
+                }
+            };
+            backoff.reset();
+            let due = view.wanted.as_ref().filter(|label| {
+                done.as_ref() != Some(*label)
+                    && retry
+                        .as_ref()
+                        .is_none_or(|r| r.label != **label || Instant::now() >= r.at)
+            });
+            if let Some(label) = due.cloned() {
+                match self
+                    .attempt(&client, &view, &label, &inventory, &cancel)
+                    .await
+                {
+                    Step::Stopped => return Ok(()),
+                    Step::Done => {
+                        done = Some(label);
+                        retry = None;
+                    }
+                    Step::Retry => {
+                        let delay = match &retry {
+                            Some(r) if r.label == label => (r.delay * 2).min(RETRY_MAX),
+                            _ => self.retry,
+                        };
+                        info!(config = %label, after = ?delay, "Retrying the MIG config later");
+                        done = None;
+                        retry = Some(Retry {
+                            label,
+                            at: Instant::now() + delay,
+                            delay,
+                        });
+                    }
+                }
+                continue;
+            }
+            let limit = retry
+                .as_ref()
+                .filter(|r| view.wanted.as_ref() == Some(&r.label))
+                .map_or(WATCH_MAX, |r| {
+                    r.at.saturating_duration_since(Instant::now())
+                })
+                .min(WATCH_MAX);
+            let waited = tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                waited = client.changed(&view.version, limit) => waited,
+            };
+            if let Err(err) = waited {
+                warn!(error = %crate::telemetry::error_chain(&err), "Watching the Node failed; retrying");
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+            }
+        }
+    }
+}
+
+impl Subsystem for Reconciler {
+    type Settings = ();
+    crate::subsystem_name!("mig-reconcile");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        self.run_loop(ctx, inventory).await
+    }
+}

@@ -1,0 +1,238 @@
+//! `gpud mig reconcile` against a fake API server on the simulated driver: the Node's
+//! `nvidia.com/mig.config` label is applied and `nvidia.com/mig.config.state` goes
+//! pending → success; an NVML failure ends in `failed` with the reason on the Node and is
+//! retried without a label change; a reconciler killed in `pending` resumes on restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Node;
+use fake_api::FakeApi;
+use serde_json::json;
+
+const CONFIG_LABEL: &str = "nvidia.com/mig.config";
+const STATE_LABEL: &str = "nvidia.com/mig.config.state";
+const REASON: &str = "gpud.io/mig.config.reason";
+
+fn default_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml")
+}
+
+/// A running reconciler, killed on drop.
+struct Reconciler(Child);
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(node: &Node, api: &FakeApi) -> Reconciler {
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let state_dir = node.dir.path().join("mig-state");
+    let child = node
+        .gpud(&[
+            "mig",
+            "reconcile",
+            "--mig-config-file",
+            default_config().to_str().unwrap(),
+            "--node-name",
+            "test-node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--mig-state-dir",
+            state_dir.to_str().unwrap(),
+            "--mig-retry-interval",
+            "200ms",
+            "--health-address",
+            "",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Reconciler(child)
+}
+
+fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The state values written to the Node, in order.
+fn states(api: &FakeApi) -> Vec<String> {
+    api.state
+        .lock()
+        .unwrap()
+        .patches
+        .iter()
+        .filter_map(|(_, p)| {
+            p["metadata"]["labels"][STATE_LABEL]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+fn state(api: &FakeApi) -> Option<String> {
+    api.node_labels().get(STATE_LABEL).cloned()
+}
+
+fn asserts(node: &Node, label: &str) -> bool {
+    let cfg = default_config();
+    node.run(&["mig", "assert", "-f", cfg.to_str().unwrap(), "-c", label])
+        .status
+        .success()
+}
+
+#[test]
+fn label_goes_pending_then_success_and_follows_changes() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let mut reconciler = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert_eq!(states(&api), ["pending", "success"]);
+    assert!(asserts(&node, "all-1g.10gb"));
+    assert_eq!(api.node_annotations().get(REASON), None);
+
+    api.set_label(CONFIG_LABEL, Some("all-3g.40gb"));
+    wait_until(60, "the second success", || states(&api).len() == 4);
+    assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
+    assert!(asserts(&node, "all-3g.40gb"));
+
+    // An unchanged label and an already applied config write nothing more.
+    api.set_label("example.com/other", Some("x"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(states(&api).len(), 4);
+
+    common::send_signal(&reconciler.0, "TERM");
+    assert_eq!(reconciler.0.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn an_nvml_failure_is_reported_and_retried_until_it_succeeds() {
+    let node = Node::new("a100-mig");
+    node.inject("mig-fail 0 create-gi");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let _reconciler = start(&node, &api);
+    wait_until(60, "failed", || state(&api).as_deref() == Some("failed"));
+    let reason = api.node_annotations()[REASON].clone();
+    assert!(
+        reason.starts_with("GPU 0: creating GPU instance 1g.10gb at slice ")
+            && reason.ends_with(" failed: an internal driver error occurred"),
+        "{reason}"
+    );
+    // Retried with backoff, with no label change: failed again while the fault stays.
+    wait_until(60, "a retry", || {
+        states(&api).iter().filter(|s| *s == "failed").count() >= 2
+    });
+    node.inject("mig-ok 0 create-gi");
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert_eq!(api.node_annotations().get(REASON), None);
+    assert!(asserts(&node, "all-1g.10gb"));
+    let written = states(&api);
+    assert_eq!(written[..2], ["pending", "failed"]);
+    assert_eq!(written.last().unwrap(), "success");
+}
+
+#[test]
+fn a_reconciler_killed_in_pending_resumes_on_restart() {
+    let node = Node::new("a100-mig");
+    // The simulated driver SIGKILLs the caller at its first GPU instance creation.
+    node.inject("mig-fail 0 create-gi kill");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let mut first = start(&node, &api);
+    let status = first.0.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9));
+    assert_eq!(state(&api).as_deref(), Some("pending"));
+    assert!(!asserts(&node, "all-1g.10gb"));
+
+    node.inject("mig-ok 0 create-gi");
+    let _second = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert!(asserts(&node, "all-1g.10gb"));
+    assert_eq!(states(&api), ["pending", "pending", "success"]);
+}
+
+/// In `gpud run` the reconciler's apply reaches the kubelet with no restart and no periodic
+/// rescan (it is an hour here): the new MIG devices are advertised and the old ones withdrawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({}));
+    let mut kubelet = fake_kubelet::FakeKubelet::start(node.dir.path()).await;
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let features = node.dir.path().join("features.d-gfd");
+    let state_dir = node.dir.path().join("mig-state");
+    let socket = kubelet.socket();
+    let child = node
+        .gpud(&[
+            "run",
+            "--mig-strategy",
+            "mixed",
+            "--output-file",
+            features.to_str().unwrap(),
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+            "--kmsg",
+            "",
+            "--disable",
+            "exporter",
+            "--health-address",
+            "",
+            "--rescan-interval",
+            "1h",
+            "--node-name",
+            "test-node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--mig-config-file",
+            default_config().to_str().unwrap(),
+            "--mig-state-dir",
+            state_dir.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _daemon = Reconciler(child);
+    let mut endpoints = std::collections::BTreeMap::new();
+    while endpoints.len() < 3 {
+        let reg = kubelet.next_registration(10).await;
+        endpoints.insert(reg.resource_name, reg.endpoint);
+    }
+    let mut one = kubelet.plugin(&endpoints["nvidia.com/mig-1g.10gb"]).await;
+    let mut one = fake_kubelet::list_and_watch(&mut one).await;
+    assert_eq!(fake_kubelet::next_list(&mut one, 5).await.devices.len(), 1);
+    let mut three = kubelet.plugin(&endpoints["nvidia.com/mig-3g.40gb"]).await;
+    let mut three = fake_kubelet::list_and_watch(&mut three).await;
+    assert_eq!(
+        fake_kubelet::next_list(&mut three, 5).await.devices.len(),
+        1
+    );
+
+    api.set_label(CONFIG_LABEL, Some("all-1g.10gb"));
+    let list = fake_kubelet::next_list(&mut one, 20).await;
+    assert_eq!(list.devices.len(), 7);
+    assert!(list.devices.iter().all(|d| d.health == "Healthy"));
+    // A resource no longer offered is withdrawn: its plugin stops and the stream ends.
+    let withdrawn = tokio::time::timeout(Duration::from_secs(5), three.message())
+        .await
+        .expect("the 3g.40gb stream stays open");
+    assert!(matches!(withdrawn, Ok(None)), "{withdrawn:?}");
+    wait_until(10, "success", || state(&api).as_deref() == Some("success"));
+}
