@@ -54,6 +54,8 @@ pub enum Command {
         target: Target,
         link: Option<(u32, u32)>,
     },
+    /// `recovery-action <gpu> <action>`: what `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` reports.
+    RecoveryAction { target: Target, action: u32 },
 }
 
 impl Command {
@@ -63,7 +65,8 @@ impl Command {
             | Command::NvLink { target, .. }
             | Command::Temp { target, .. }
             | Command::EccPending { target, .. }
-            | Command::PcieLink { target, .. } => target,
+            | Command::PcieLink { target, .. }
+            | Command::RecoveryAction { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -85,6 +88,21 @@ fn target(word: &str) -> Target {
 fn number<T: std::str::FromStr>(word: &str, what: &str) -> Result<T, String> {
     word.parse()
         .map_err(|_| format!("{what} must be a number, got {word:?}"))
+}
+
+/// An `nvmlDeviceGpuRecoveryAction_t` by name or number.
+fn recovery_action(word: &str) -> Result<u32, String> {
+    match word {
+        "none" => Ok(0),
+        "reset" => Ok(1),
+        "reboot" => Ok(2),
+        "drain-p2p" => Ok(3),
+        "drain-and-reset" => Ok(4),
+        _ => number(
+            word,
+            "action (none, reset, reboot, drain-p2p, drain-and-reset)",
+        ),
+    }
 }
 
 /// Parses one line: `Ok(None)` for blank and comment-only lines.
@@ -136,6 +154,10 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
         ("pcie-link", [gpu, generation, width]) => Command::PcieLink {
             target: target(gpu),
             link: Some((number(generation, "gen")?, number(width, "width")?)),
+        },
+        ("recovery-action", [gpu, action]) => Command::RecoveryAction {
+            target: target(gpu),
+            action: recovery_action(action)?,
         },
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
@@ -271,6 +293,14 @@ mod tests {
                 link: Some((3, 8))
             }))
         );
+        assert_eq!(
+            parse_line("recovery-action 2 reboot"),
+            Ok(Some(Command::RecoveryAction {
+                target: Target::Index(2),
+                action: 2
+            }))
+        );
+        assert!(parse_line("recovery-action 2 later").is_err());
         assert!(parse_line("ecc-pending 0 maybe").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());

@@ -44,6 +44,8 @@ pub struct Faults {
     pub ecc_pending: Option<bool>,
     /// PCIe link `(generation, width)` forced by a `pcie-link` command (a degraded link).
     pub pcie_link: Option<(u32, u32)>,
+    /// `nvmlDeviceGpuRecoveryAction_t` set by a `recovery-action` command (field 230); 0 none.
+    pub recovery_action: u32,
 }
 
 impl Faults {
@@ -66,16 +68,19 @@ impl Faults {
             last_xid: None,
             ecc_pending: None,
             pcie_link: None,
+            recovery_action: 0,
         }
     }
 
-    /// What a GPU reset clears: the lost state, volatile ECC counters, and pending remaps and
-    /// page retirements (which the reset applies, so their counts stay).
+    /// What a GPU reset clears: the lost state, volatile ECC counters, pending remaps and page
+    /// retirements (which the reset applies, so their counts stay) and the recovery action
+    /// asked for.
     pub fn reset(&mut self) {
         self.lost = false;
         self.sbe_volatile = 0;
         self.dbe_volatile = 0;
         self.remap_pending = false;
         self.pages_pending = false;
+        self.recovery_action = 0;
     }
 }
