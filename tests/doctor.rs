@@ -858,6 +858,7 @@ fn support_bundle_has_no_secrets() {
     );
     let config = host.path("gpud.yaml");
     std::fs::write(&config, "version: v1\n").unwrap();
+    node.inject("remap-pending 2");
     let bundle = host.path("bundle.tar.gz");
     let root = host.dir.path().to_str().unwrap();
     let kmsg = host.path("kmsg");
@@ -893,6 +894,8 @@ fn support_bundle_has_no_secrets() {
         "versions.txt",
         "environment.txt",
         "xid.log",
+        "health.txt",
+        "health.jsonl",
         "inventory.json",
         "config/gpud-gpud.yaml",
         "cdi/var/run/cdi/nvidia.yaml",
@@ -917,6 +920,21 @@ fn support_bundle_has_no_secrets() {
     assert!(dump.contains("NVRM: Xid (PCI:0000:18:00): 79"));
     assert!(!dump.contains("usb 1-1"));
     assert!(dump.contains("\"schema\": \"gpud.doctor/v1\""));
+    // The health `gpud health --once` prints, from the signals the doctor read.
+    let health = std::process::Command::new("tar")
+        .args(["-xzOf"])
+        .arg(&bundle)
+        .arg("gpud-doctor/health.txt")
+        .output()
+        .unwrap();
+    let health = String::from_utf8(health.stdout).unwrap();
+    assert_eq!(
+        health.lines().nth(3).unwrap(),
+        "2    GPU-821ab636-9dc4-0696-e2eb-c98790d91e14  unhealthy  row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect — drain and reset the GPU"
+    );
+    let once = node.run(&["health", "--once"]);
+    assert_eq!(once.status.code(), Some(2));
+    assert_eq!(health, String::from_utf8(once.stdout).unwrap());
 }
 
 #[test]
