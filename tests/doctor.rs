@@ -8,6 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use common::Node;
 use serde_json::Value;
@@ -251,7 +252,11 @@ fn healthy_dgx_h100_is_clean() {
     }
     assert_eq!(
         run.found("gpu.recovery"),
-        "the driver does not report a recovery action (NVML field 230)"
+        "NVML asks for no recovery action"
+    );
+    assert_eq!(
+        run.found("gpu.persistence"),
+        "persistence mode on for every GPU"
     );
 }
 
@@ -331,6 +336,131 @@ fn pending_row_remap_and_remap_failure() {
         "GPU 5: row remapping failed",
         "replace the GPU: its memory has no spare rows left and cannot be repaired in the field",
     );
+}
+
+#[test]
+fn persistence_mode_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture_with(dir.path(), "dgx-h100", |f| {
+        for gpu in [1, 6] {
+            f["gpus"][gpu]["persistence_mode"] = false.into();
+        }
+    });
+    let node = Node::new(&fixture);
+    let host = Host::healthy(&node);
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.persistence",
+        "warn",
+        "persistence mode off on GPU 1, 6",
+        "run nvidia-persistenced (or nvidia-smi -pm 1): without it the driver tears the GPU down between jobs",
+    );
+}
+
+#[test]
+fn recovery_action_asked_for() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("recovery-action 3 drain-p2p");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.recovery",
+        "warn",
+        "GPU 3: NVML asks for draining peer-to-peer traffic",
+        "drain the node's GPU workloads, then do draining peer-to-peer traffic",
+    );
+    node.inject("recovery-action 4 reset");
+    doctor(&node, &host, &[]).only_problem(
+        "gpu.recovery",
+        "fail",
+        "GPU 3: NVML asks for draining peer-to-peer traffic; GPU 4: NVML asks for a GPU reset",
+        "drain the node's GPU workloads, then do a GPU reset",
+    );
+    node.inject("recover 3");
+    node.inject("recover 4");
+    let run = doctor(&node, &host, &["--only", "gpu.recovery"]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(
+        run.found("gpu.recovery"),
+        "NVML asks for no recovery action"
+    );
+}
+
+/// Runs `doctor` and returns it with how long it took, failing if it takes longer than
+/// `limit` (it would otherwise hang the test).
+fn doctor_within(node: &Node, host: &Host, extra: &[&str], limit: Duration) -> (Run, Duration) {
+    let began = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| tx.send(doctor(node, host, extra)).unwrap());
+        let run = rx
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("gpud doctor {extra:?} still runs after {limit:?}"));
+        (run, began.elapsed())
+    })
+}
+
+#[test]
+fn a_hung_nvml_call_fails_driver_nvml_and_does_not_hang_the_doctor() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    // Every GPU health query starts with persistence mode: it never returns.
+    node.inject("hang nvmlDeviceGetPersistenceMode");
+    let (run, took) = doctor_within(
+        &node,
+        &host,
+        &["--only", "driver.nvml,gpu", "--timeout", "1s"],
+        Duration::from_secs(60),
+    );
+    println!("doctor with a hung NVML call (1s timeout) took {took:?}");
+    assert_eq!(run.problems(), vec!["driver.nvml fail"]);
+    assert_eq!(run.code, 2);
+    let found = run.found("driver.nvml");
+    assert!(found.starts_with("NVML loaded from "), "{found}");
+    assert!(
+        found.ends_with(
+            " but cannot read the GPUs' health: NVML health queries did not finish within 1s"
+        ),
+        "{found}"
+    );
+    assert_eq!(
+        run.fix("driver.nvml"),
+        "check dmesg for NVRM errors; reboot the node if the driver hangs"
+    );
+    for id in ["gpu.persistence", "gpu.ecc", "gpu.recovery"] {
+        assert_eq!(run.status(id), "skip", "{id}");
+        assert_eq!(
+            run.found(id),
+            "needs NVML, which failed: NVML health queries did not finish within 1s (see driver.nvml)",
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn a_hung_file_read_fails_only_its_check() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    // A FIFO nobody writes: opening it blocks forever, like a read on a hung mount.
+    let fifo = host.path("sys/fs/selinux/enforce");
+    std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (run, took) = doctor_within(
+        &node,
+        &host,
+        &["--only", "selinux,driver.modules", "--timeout", "1s"],
+        Duration::from_secs(60),
+    );
+    println!("doctor with a hung file read (1s timeout) took {took:?}");
+    run.only_problem(
+        "selinux.mode",
+        "fail",
+        "did not finish within 1s (a driver call or a file read hangs)",
+        "look for a GPU that fell off the bus (dmesg | grep -i xid) or a hung mount; reboot the node if NVML hangs",
+    );
+    assert_eq!(run.status("driver.modules"), "ok");
 }
 
 #[test]
@@ -535,14 +665,22 @@ fn nvidia_drm_on_a_mig_node() {
     );
 }
 
-/// The gb200-nvl fixture with GPU 2's fabric registration still in progress.
-fn gb200_in_progress(dir: &Path) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nodes/gb200-nvl.json");
+/// A built-in fixture changed by `edit`, written into `dir`; returns its path.
+fn fixture_with(dir: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> String {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/nodes/{name}.json"));
     let mut fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    fixture["gpus"][2]["fabric"]["state"] = "in_progress".into();
-    let out = dir.join("gb200-in-progress.json");
+    edit(&mut fixture);
+    let out = dir.join(format!("{name}-edited.json"));
     std::fs::write(&out, serde_json::to_vec(&fixture).unwrap()).unwrap();
     out.to_str().unwrap().to_owned()
+}
+
+/// The gb200-nvl fixture with GPU 2's fabric registration still in progress.
+fn gb200_in_progress(dir: &Path) -> String {
+    fixture_with(dir, "gb200-nvl", |f| {
+        f["gpus"][2]["fabric"]["state"] = "in_progress".into();
+    })
 }
 
 #[test]
@@ -679,6 +817,33 @@ fn gpud_config_file() {
 }
 
 #[test]
+fn nvidia_config_file() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let good = host.path("nvidia.yaml");
+    std::fs::write(&good, "version: v1\nflags:\n  migStrategy: single\n").unwrap();
+    let good = good.to_str().unwrap();
+    let run = doctor(&node, &host, &["--only", "config", "--nvidia-config", good]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(run.found("config.nvidia"), format!("{good} is valid"));
+    let bad = host.path("bad-nvidia.yaml");
+    std::fs::write(&bad, "version: v1\nflags:\n  migStrategy: bogus\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    doctor(&node, &host, &["--only", "config", "--nvidia-config", bad]).only_problem(
+        "config.nvidia",
+        "fail",
+        &format!("{bad}: field flags.migStrategy: invalid value \"bogus\": must be one of none, single, mixed"),
+        "correct the field named above: gpud refuses to start with this file (exit 65) and keeps the old one on reload",
+    );
+    let run = doctor(&node, &host, &["--only", "config"]);
+    assert_eq!(run.status("config.nvidia"), "skip");
+    assert_eq!(
+        run.found("config.nvidia"),
+        "no NVIDIA config file given (--nvidia-config)"
+    );
+}
+
+#[test]
 fn support_bundle_has_no_secrets() {
     let node = Node::new("dgx-h100");
     let host = Host::healthy(&node);
@@ -693,6 +858,7 @@ fn support_bundle_has_no_secrets() {
     );
     let config = host.path("gpud.yaml");
     std::fs::write(&config, "version: v1\n").unwrap();
+    node.inject("remap-pending 2");
     let bundle = host.path("bundle.tar.gz");
     let root = host.dir.path().to_str().unwrap();
     let kmsg = host.path("kmsg");
@@ -728,6 +894,8 @@ fn support_bundle_has_no_secrets() {
         "versions.txt",
         "environment.txt",
         "xid.log",
+        "health.txt",
+        "health.jsonl",
         "inventory.json",
         "config/gpud-gpud.yaml",
         "cdi/var/run/cdi/nvidia.yaml",
@@ -752,6 +920,21 @@ fn support_bundle_has_no_secrets() {
     assert!(dump.contains("NVRM: Xid (PCI:0000:18:00): 79"));
     assert!(!dump.contains("usb 1-1"));
     assert!(dump.contains("\"schema\": \"gpud.doctor/v1\""));
+    // The health `gpud health --once` prints, from the signals the doctor read.
+    let health = std::process::Command::new("tar")
+        .args(["-xzOf"])
+        .arg(&bundle)
+        .arg("gpud-doctor/health.txt")
+        .output()
+        .unwrap();
+    let health = String::from_utf8(health.stdout).unwrap();
+    assert_eq!(
+        health.lines().nth(3).unwrap(),
+        "2    GPU-821ab636-9dc4-0696-e2eb-c98790d91e14  unhealthy  row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect — drain and reset the GPU"
+    );
+    let once = node.run(&["health", "--once"]);
+    assert_eq!(once.status.code(), Some(2));
+    assert_eq!(health, String::from_utf8(once.stdout).unwrap());
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `--bundle FILE.tar.gz`: one file that answers a support ticket. It holds the doctor's
-//! report, the inventory (with each GPU's health), the kernel log's XID lines, gpud's and
+//! report, the inventory (with each GPU's health), what `gpud health --once` would print
+//! (judged from the signals the doctor already read), the kernel log's XID lines, gpud's and
 //! NVIDIA's config files, the CDI specs and versions, and nothing secret: no environment
 //! values but gpud's own (`GPUD_*`, minus any whose name says secret), and every
 //! `token`/`password`/`secret`/`key-data` value in a copied file replaced by `<redacted>`.
@@ -15,6 +16,8 @@ use super::env::{Driver, Options};
 use super::host::HostRoot;
 use super::render;
 use super::report::Report;
+use crate::health::report as health;
+use crate::health::watcher::WatcherConfig;
 
 /// The folder every entry is under in the archive.
 const TOP: &str = "gpud-doctor";
@@ -131,10 +134,24 @@ pub fn write(
     ];
     if let Driver::Loaded {
         snapshot: Ok(snapshot),
+        preflight,
         ..
     } = driver
     {
-        let json = serde_json::to_string_pretty(snapshot.as_ref())
+        let mut snapshot = snapshot.as_ref().clone();
+        match preflight {
+            Ok(gpus) => {
+                health::assess(
+                    &mut snapshot,
+                    gpus.iter().map(|g| &g.signals),
+                    WatcherConfig::default(),
+                );
+                files.push(("health.txt".into(), health::table(&snapshot)));
+                files.push(("health.jsonl".into(), health::json_lines(&snapshot)));
+            }
+            Err(why) => files.push(("health.txt".into(), format!("no health: {why}\n"))),
+        }
+        let json = serde_json::to_string_pretty(&snapshot)
             .unwrap_or_else(|err| format!("cannot serialise the inventory: {err}"));
         files.push(("inventory.json".into(), json + "\n"));
     }

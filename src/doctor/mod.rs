@@ -9,9 +9,11 @@
 //! The result is a [`Report`] (JSON schema `gpud.doctor/v1`, `docs/doctor.md`). `gpud run`
 //! repeats it on an interval ([`service::PeriodicDoctor`]) and keeps the latest in a
 //! [`service::LatestReport`], which the admin endpoint serves at `/doctor` and other subsystems
-//! may read.
+//! may read. A check whose thread from an earlier run still hangs is not started again
+//! ([`busy::Busy`]), so repeating the doctor never piles up abandoned threads.
 
 pub mod bundle;
+pub mod busy;
 pub mod checks;
 pub mod env;
 pub mod host;

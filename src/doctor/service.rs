@@ -13,6 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::routing::get;
 use tokio::sync::watch;
 
+use super::busy::Busy;
 use super::env::Options;
 use super::render;
 use super::report::Report;
@@ -86,6 +87,8 @@ pub struct PeriodicDoctor {
     options: Options,
     interval: Duration,
     latest: LatestReport,
+    /// The threads runs left behind, shared by every run so that none is started twice.
+    busy: Busy,
 }
 
 impl PeriodicDoctor {
@@ -95,6 +98,7 @@ impl PeriodicDoctor {
             options,
             interval,
             latest,
+            busy: Busy::default(),
         }
     }
 }
@@ -108,9 +112,10 @@ impl Subsystem for PeriodicDoctor {
         ctx.set_ready();
         let cancel = ctx.cancel_token();
         loop {
-            let (nvml, options) = (self.nvml.clone(), self.options.clone());
+            let (nvml, options, busy) =
+                (self.nvml.clone(), self.options.clone(), self.busy.clone());
             let run = tokio::task::spawn_blocking(move || {
-                runner::run(options, &Selection::default(), Some(nvml)).0
+                runner::run_with(options, &Selection::default(), Some(nvml), &busy).0
             });
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),

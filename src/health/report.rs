@@ -7,17 +7,36 @@ use super::tracker::Tracker;
 use super::transitions::state_word;
 use super::watcher::WatcherConfig;
 use crate::inventory::{Health, HealthState, Inventory, Snapshot};
-use crate::nvml::Nvml;
+use crate::nvml::{GpuSignals, Nvml};
 
 /// One poll of every signal on top of discovery; returns the snapshot to print.
 pub fn poll_once(nvml: &Nvml, inventory: &Inventory, config: WatcherConfig) -> Snapshot {
-    let mut tracker = Tracker::new(config.policy, config.tracker);
-    let now = SystemTime::now();
-    for signals in nvml.poll_signals() {
-        tracker.observe_signals(&signals, now);
-    }
+    let tracker = observed(&nvml.poll_signals(), config);
     inventory.update(|snapshot| tracker.apply(snapshot));
     (*inventory.current()).clone()
+}
+
+/// What [`poll_once`] prints, from signals already polled (`gpud doctor`'s bundle judges the
+/// signals its preflight read instead of calling NVML again).
+pub fn assess<'a>(
+    snapshot: &mut Snapshot,
+    signals: impl IntoIterator<Item = &'a GpuSignals>,
+    config: WatcherConfig,
+) {
+    observed(signals, config).apply(snapshot);
+}
+
+/// A tracker that has seen one poll's `signals`, now.
+fn observed<'a>(
+    signals: impl IntoIterator<Item = &'a GpuSignals>,
+    config: WatcherConfig,
+) -> Tracker {
+    let mut tracker = Tracker::new(config.policy, config.tracker);
+    let now = SystemTime::now();
+    for signals in signals {
+        tracker.observe_signals(signals, now);
+    }
+    tracker
 }
 
 /// The exit code for a snapshot: 0 all healthy, 1 something degraded, 2 something unhealthy.

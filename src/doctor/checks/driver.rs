@@ -8,12 +8,25 @@ use crate::doctor::report::Verdict;
 /// The modules the NVIDIA container toolkit loads for every GPU container.
 const REQUIRED_MODULES: [&str; 3] = ["nvidia", "nvidia_uvm", "nvidia_modeset"];
 
+const HUNG_FIX: &str = "check dmesg for NVRM errors; reboot the node if the driver hangs";
+
 const INSTALL_FIX: &str = "install the NVIDIA driver (or start the driver container), or point --nvml-lib at libnvidia-ml.so.1";
 
 /// `driver.nvml`
 pub fn nvml(env: &Env) -> Verdict {
     match &env.driver {
         Driver::Unavailable(why) => Verdict::fail(format!("NVML did not load: {why}"), INSTALL_FIX),
+        Driver::Loaded {
+            path,
+            preflight: Err(why),
+            snapshot: Ok(_),
+        } => Verdict::fail(
+            format!(
+                "NVML loaded from {} but cannot read the GPUs' health: {why}",
+                path.display()
+            ),
+            HUNG_FIX,
+        ),
         Driver::Loaded { path, snapshot, .. } => match snapshot {
             Ok(snapshot) => Verdict::ok(format!(
                 "NVML {} loaded from {}",
@@ -29,7 +42,7 @@ pub fn nvml(env: &Env) -> Verdict {
                     "NVML loaded from {} but cannot read the node: {why}",
                     path.display()
                 ),
-                "check dmesg for NVRM errors; reboot the node if the driver hangs",
+                HUNG_FIX,
             ),
         },
     }

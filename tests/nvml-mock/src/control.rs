@@ -71,6 +71,8 @@ pub enum Command {
         pid: u32,
         running: bool,
     },
+    /// `recovery-action <gpu> <action>`: what `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` reports.
+    RecoveryAction { target: Target, action: u32 },
 }
 
 /// MIG administration calls `mig-fail` can break.
@@ -91,7 +93,8 @@ impl Command {
             | Command::EccPending { target, .. }
             | Command::PcieLink { target, .. }
             | Command::MigFail { target, .. }
-            | Command::Process { target, .. } => target,
+            | Command::Process { target, .. }
+            | Command::RecoveryAction { target, .. } => target,
             Command::Sbe(t)
             | Command::Dbe(t)
             | Command::Lost(t)
@@ -113,6 +116,21 @@ fn target(word: &str) -> Target {
 fn number<T: std::str::FromStr>(word: &str, what: &str) -> Result<T, String> {
     word.parse()
         .map_err(|_| format!("{what} must be a number, got {word:?}"))
+}
+
+/// An `nvmlDeviceGpuRecoveryAction_t` by name or number.
+fn recovery_action(word: &str) -> Result<u32, String> {
+    match word {
+        "none" => Ok(0),
+        "reset" => Ok(1),
+        "reboot" => Ok(2),
+        "drain-p2p" => Ok(3),
+        "drain-and-reset" => Ok(4),
+        _ => number(
+            word,
+            "action (none, reset, reboot, drain-p2p, drain-and-reset)",
+        ),
+    }
 }
 
 /// Parses one line: `Ok(None)` for blank and comment-only lines.
@@ -181,6 +199,10 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
             target: target(gpu),
             pid: number(pid, "pid")?,
             running: verb == "process",
+        },
+        ("recovery-action", [gpu, action]) => Command::RecoveryAction {
+            target: target(gpu),
+            action: recovery_action(action)?,
         },
         _ => return Err("unknown command or wrong number of arguments".into()),
     };
@@ -316,6 +338,14 @@ mod tests {
                 link: Some((3, 8))
             }))
         );
+        assert_eq!(
+            parse_line("recovery-action 2 reboot"),
+            Ok(Some(Command::RecoveryAction {
+                target: Target::Index(2),
+                action: 2
+            }))
+        );
+        assert!(parse_line("recovery-action 2 later").is_err());
         assert!(parse_line("ecc-pending 0 maybe").is_err());
         assert_eq!(
             parse_line("mig-fail 1 create-gi kill"),

@@ -451,6 +451,10 @@ impl Runtime {
                 }
                 None
             }
+            Command::RecoveryAction { action, .. } => {
+                f.recovery_action = *action;
+                None
+            }
             Command::Reset(_) => {
                 f.reset();
                 if live {
@@ -543,10 +547,13 @@ impl Session {
             .as_ref()
             .map_or(String::new(), |p| p.display().to_string());
         let mut rt = self.lock();
-        let result = match control::parse_line(line) {
-            Ok(None) => Ok(None),
-            Ok(Some(cmd)) => rt.apply(&self.node, &cmd, live, self.timestamp_us()),
-            Err(e) => Err(e),
+        let result = match crate::hang::command(line) {
+            Some(applied) => applied.map(|()| None),
+            None => match control::parse_line(line) {
+                Ok(None) => Ok(None),
+                Ok(Some(cmd)) => rt.apply(&self.node, &cmd, live, self.timestamp_us()),
+                Err(e) => Err(e),
+            },
         };
         match result {
             Ok(Some(event)) => {

@@ -48,6 +48,8 @@ pub struct Faults {
     pub mig_fail: std::collections::BTreeMap<String, bool>,
     /// PIDs of compute processes running on the GPU (`process`).
     pub processes: std::collections::BTreeSet<u32>,
+    /// `nvmlDeviceGpuRecoveryAction_t` set by a `recovery-action` command (field 230); 0 none.
+    pub recovery_action: u32,
 }
 
 impl Faults {
@@ -72,16 +74,19 @@ impl Faults {
             pcie_link: None,
             mig_fail: std::collections::BTreeMap::new(),
             processes: std::collections::BTreeSet::new(),
+            recovery_action: 0,
         }
     }
 
-    /// What a GPU reset clears: the lost state, volatile ECC counters, and pending remaps and
-    /// page retirements (which the reset applies, so their counts stay).
+    /// What a GPU reset clears: the lost state, volatile ECC counters, pending remaps and page
+    /// retirements (which the reset applies, so their counts stay) and the recovery action
+    /// asked for.
     pub fn reset(&mut self) {
         self.lost = false;
         self.sbe_volatile = 0;
         self.dbe_volatile = 0;
         self.remap_pending = false;
         self.pages_pending = false;
+        self.recovery_action = 0;
     }
 }

@@ -91,6 +91,7 @@ macro_rules! export {
         /// header documents for this function; handles are validated by the mock itself.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> nvml_wrapper_sys::bindings::nvmlReturn_t {
+            $crate::hang::wait_while_hung(stringify!($name));
             $crate::ffi::guard(move || -> $crate::ffi::Res { $body })
         }
     };

@@ -19,6 +19,7 @@ pub mod faults;
 pub mod ffi;
 pub mod fixture;
 pub mod gpm;
+pub mod hang;
 pub mod jsonpath;
 pub mod mig;
 pub mod models;

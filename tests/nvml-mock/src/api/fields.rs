@@ -1,6 +1,7 @@
 //! `nvmlDeviceGetFieldValues`: the field-id interface DCGM-style collectors use. Fields whose
 //! value the mock models (ECC, retired pages, remapping, energy, power limits, PCIe replays,
-//! NVLink inventory and throughput, memory temperature) are answered; every other field gets
+//! NVLink inventory and throughput, memory temperature, the recovery action a `recovery-action`
+//! control line set) are answered; every other field gets
 //! `NVML_ERROR_NOT_SUPPORTED` in its own `nvmlReturn`, as the real call does.
 //!
 //! Field ids are the NVML 12 numbering (the driver version reported is below 580.82, so
@@ -143,6 +144,7 @@ fn field(s: &Session, rt: &Runtime, gpu: usize, id: u32, scope: u32) -> Res<Valu
         f::NVML_FI_DEV_REMAPPED_UNC => Value::Uint(faults.remapped_uncorrectable),
         f::NVML_FI_DEV_REMAPPED_PENDING => Value::Uint(faults.remap_pending as u32),
         f::NVML_FI_DEV_REMAPPED_FAILURE => Value::Uint(faults.remap_failure as u32),
+        f::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION => Value::Uint(faults.recovery_action),
         f::NVML_FI_DEV_MEMORY_TEMP => {
             Value::Uint(probe.memory_temperature().ok_or(rc::NOT_SUPPORTED)?)
         }
