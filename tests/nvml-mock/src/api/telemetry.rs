@@ -245,16 +245,48 @@ export! {
     }
 }
 
+/// Processes of one kind on a GPU or MIG device: the simulated node runs none (count protocol
+/// as NVML: `*info_count` becomes 0 and NVML_SUCCESS).
+fn no_processes(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Res {
+    driver::with(|s, rt| rt.device(&s.node, addr(device)))?;
+    let none: [nvmlProcessInfo_t; 0] = [];
+    put_counted!(info_count, infos, none.as_slice());
+    Ok(())
+}
+
 export! {
-    /// Compute processes on a GPU or MIG device: always none (count protocol as NVML).
+    /// Compute processes on a GPU or MIG device: always none.
     fn nvmlDeviceGetComputeRunningProcesses_v3(
         device: nvmlDevice_t,
         info_count: *mut c_uint,
         infos: *mut nvmlProcessInfo_t,
     ) {
-        driver::with(|s, rt| rt.device(&s.node, addr(device)))?;
-        let none: [nvmlProcessInfo_t; 0] = [];
-        put_counted!(info_count, infos, none.as_slice());
-        Ok(())
+        no_processes(device, info_count, infos)
+    }
+}
+
+export! {
+    /// Graphics processes (nvitop and nvidia-ml-py list them beside compute ones): none.
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+        device: nvmlDevice_t,
+        info_count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t,
+    ) {
+        no_processes(device, info_count, infos)
+    }
+}
+
+export! {
+    /// MPS compute processes: none (the simulated node runs no MPS server).
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+        device: nvmlDevice_t,
+        info_count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t,
+    ) {
+        no_processes(device, info_count, infos)
     }
 }
