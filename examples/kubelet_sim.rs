@@ -94,7 +94,9 @@ async fn next_list(
     match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
         Ok(Ok(Some(list))) => Ok(list),
         Ok(Ok(None)) => Err(format!("the plugin closed ListAndWatch before {waiting_for}").into()),
-        Ok(Err(status)) => Err(format!("ListAndWatch failed before {waiting_for}: {status}").into()),
+        Ok(Err(status)) => {
+            Err(format!("ListAndWatch failed before {waiting_for}: {status}").into())
+        }
         Err(_) => Err(format!("no ListAndWatch update within 10 s for {waiting_for}").into()),
     }
 }
@@ -189,9 +191,12 @@ async fn run() -> Result<(), Error> {
     };
     // The last GPU this resource advertises, itself or through its MIG devices; without the
     // inventory, the GPU behind the last device is unknown, so nothing is injected.
-    let Some(gpu) = gpus.iter().flatten().rev().find(|gpu| {
-        available.iter().any(|id| advertises(gpu, id))
-    }) else {
+    let Some(gpu) = gpus
+        .iter()
+        .flatten()
+        .rev()
+        .find(|gpu| available.iter().any(|id| advertises(gpu, id)))
+    else {
         println!(
             "kubelet-sim: no GPU of {} found in {}: no fault injected",
             reg.resource_name,

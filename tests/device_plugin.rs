@@ -341,6 +341,66 @@ async fn kubelet_absent_at_start_is_waited_for() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_kubelet_socket_serves_in_the_plugin_dir_without_registering() {
+    let node = Node::new("pcie-4gpu");
+    let plugins = node.dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    // A kubelet in the same folder must hear nothing: "" means no registration.
+    let mut kubelet = FakeKubelet::start(&plugins).await;
+    let args = [
+        "device-plugin",
+        "--kubelet-socket",
+        "",
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--kmsg",
+        "",
+    ];
+    let _gpud = Plugin {
+        child: node.gpud(&args).spawn().unwrap(),
+    };
+    let socket = plugins.join("nvidia-gpu.sock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {}",
+            socket.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut client = kubelet.plugin("nvidia-gpu.sock").await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    assert_eq!(list.devices.len(), 4);
+    assert!(kubelet.registration_within(300).await.is_none());
+}
+
+#[test]
+fn missing_plugin_folder_says_what_to_do() {
+    let node = Node::new("pcie-4gpu");
+    let socket = node.dir.path().join("no-kubelet/kubelet.sock");
+    let out = node.run(&[
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kmsg",
+        "",
+        "--health-address",
+        "",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "gpud: device-plugin: the kubelet's device-plugin folder {} does not exist (is a kubelet \
+         running on this host?); without Kubernetes leave the device plugin out (gpud run \
+         --disable device-plugin), else point --kubelet-socket at the kubelet's kubelet.sock, or \
+         serve without registering with --kubelet-socket \"\" --plugin-dir DIR\n",
+        node.dir.path().join("no-kubelet").display()
+    );
+    assert!(stderr.ends_with(&expected), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mig_single_and_mixed_on_a100_mig() {
     let node = Node::new("a100-mig");
     let inv = inventory(&node);

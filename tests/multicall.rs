@@ -80,3 +80,47 @@ fn applet_help_exits_zero_and_bad_flags_exit_64() {
     assert_eq!(bad.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid value 'yaml' for '--format"));
 }
+
+#[test]
+fn mistyped_applet_gets_a_suggestion() {
+    let out = Command::new(gpud_bin()).arg("labeler").output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpud: unknown applet 'labeler'; did you mean 'labeller'? (gpud --list shows the applets)\n"
+    );
+}
+
+#[test]
+fn mistyped_flag_gets_a_suggestion() {
+    let out = Command::new(gpud_bin())
+        .args(["health", "--xid-quiet-perod", "5m"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: unexpected argument '--xid-quiet-perod' found\n\n  tip: a similar argument \
+             exists: '--xid-quiet-period'\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_duration_shows_the_format() {
+    let out = Command::new(gpud_bin())
+        .args(["health", "--xid-quiet-period", "abc"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'abc' for '--xid-quiet-period <DURATION>': not a duration; \
+             write a number with a unit, e.g. 30s, 500ms, 10m or 1h30m\n"
+        ),
+        "{stderr}"
+    );
+}

@@ -71,7 +71,13 @@ pub fn table(snapshot: &Snapshot) -> String {
     out
 }
 
-fn row(device: &str, uuid: &str, health: &Health, device_width: usize, uuid_width: usize) -> String {
+fn row(
+    device: &str,
+    uuid: &str,
+    health: &Health,
+    device_width: usize,
+    uuid_width: usize,
+) -> String {
     let mut line = format!(
         "{device:<device_width$}{uuid:<uuid_width$}{:<11}",
         state_word(health.state)
@@ -122,8 +128,8 @@ pub fn json_lines(snapshot: &Snapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::test_support::{gpu, mig, with_migs};
     use crate::inventory::model::{MigDevice, Node};
+    use crate::inventory::test_support::{gpu, mig, with_migs};
 
     #[test]
     fn table_columns_fit_mig_profiles() {
@@ -139,14 +145,17 @@ mod tests {
                 nvml_version: None,
                 machine_type: None,
             },
-            gpus: vec![with_migs(gpu(0, "GPU-0a1b", "NVIDIA A100", 40960), vec![slice])],
+            gpus: vec![with_migs(
+                gpu(0, "GPU-0a1b", "NVIDIA A100", 40960),
+                vec![slice],
+            )],
             topology: Vec::new(),
         };
         assert_eq!(
             table(&snapshot),
-            "GPU        UUID     STATE      REASON — ACTION\n\
-             0          GPU-0a1b healthy\n\
-             \x20 3g.40gb  MIG-7fe9 healthy\n"
+            "GPU       UUID     STATE      REASON — ACTION\n\
+             0         GPU-0a1b healthy\n\
+             \x20 3g.40gb MIG-7fe9 healthy\n"
         );
     }
 }

@@ -103,6 +103,15 @@ pub enum LabellerError {
         #[source]
         source: std::io::Error,
     },
+    /// The features file's folder is missing: usually no node-feature-discovery on this host.
+    #[error(
+        "cannot write {}: the folder {} does not exist (is node-feature-discovery installed on \
+         this host?); print the labels with -o -, write them elsewhere with -o PATH, or label \
+         the Node through the API with --sink node",
+        .path.display(),
+        .dir.display()
+    )]
+    NoFolder { path: PathBuf, dir: PathBuf },
     /// Stdout is closed or failing.
     #[error("cannot write the labels to stdout: {0}")]
     Stdout(#[source] std::io::Error),
@@ -238,9 +247,15 @@ fn write_output(target: &OutputTarget, labels: &Labels) -> Result<(), LabellerEr
         }
         OutputTarget::File(path) => {
             features_file::write_atomic(path, text.as_bytes()).map_err(|source| {
-                LabellerError::Write {
-                    path: path.clone(),
-                    source,
+                match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                    Some(dir) if !dir.exists() => LabellerError::NoFolder {
+                        path: path.clone(),
+                        dir: dir.to_path_buf(),
+                    },
+                    _ => LabellerError::Write {
+                        path: path.clone(),
+                        source,
+                    },
                 }
             })
         }
