@@ -83,22 +83,22 @@ fn applet_help_exits_zero_and_bad_flags_exit_64() {
 
 #[test]
 fn mistyped_applet_gets_a_suggestion() {
-    let out = Command::new(gpud_bin()).arg("labeler").output().unwrap();
-    assert_eq!(out.status.code(), Some(64));
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr),
+        usage_error(&["labeler"]),
         "gpud: unknown applet 'labeler'; did you mean 'labeller'? (gpud --list shows the applets)\n"
     );
 }
 
+/// Runs `gpud <args>`, which must be a usage error (64), and returns its stderr.
+fn usage_error(args: &[&str]) -> String {
+    let out = Command::new(gpud_bin()).args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn mistyped_flag_gets_a_suggestion() {
-    let out = Command::new(gpud_bin())
-        .args(["health", "--xid-quiet-perod", "5m"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = usage_error(&["health", "--xid-quiet-perod", "5m"]);
     assert!(
         stderr.starts_with(
             "error: unexpected argument '--xid-quiet-perod' found\n\n  tip: a similar argument \
@@ -110,12 +110,7 @@ fn mistyped_flag_gets_a_suggestion() {
 
 #[test]
 fn bad_duration_shows_the_format() {
-    let out = Command::new(gpud_bin())
-        .args(["health", "--xid-quiet-period", "abc"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = usage_error(&["health", "--xid-quiet-period", "abc"]);
     assert!(
         stderr.starts_with(
             "error: invalid value 'abc' for '--xid-quiet-period <DURATION>': not a duration; \

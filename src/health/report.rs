@@ -47,20 +47,12 @@ pub fn table(snapshot: &Snapshot) -> String {
             rows.push((format!("  {}", mig.profile), &mig.uuid, &mig.health));
         }
     }
-    let device_width = rows
-        .iter()
-        .map(|(device, _, _)| device.chars().count())
-        .chain(std::iter::once("GPU".len()))
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let uuid_width = rows
-        .iter()
-        .map(|(_, uuid, _)| uuid.chars().count())
-        .chain(std::iter::once("UUID".len()))
-        .max()
-        .unwrap_or(0)
-        + 1;
+    // The widest cell of a column (its heading included), plus one space.
+    let width = |heading: &str, cell: &dyn Fn(&(String, &str, &Health)) -> usize| {
+        rows.iter().map(cell).fold(heading.len(), usize::max) + 1
+    };
+    let device_width = width("GPU", &|(device, _, _)| device.chars().count());
+    let uuid_width = width("UUID", &|(_, uuid, _)| uuid.chars().count());
     let mut out = format!(
         "{:<device_width$}{:<uuid_width$}{:<11}{}\n",
         "GPU", "UUID", "STATE", "REASON — ACTION"
