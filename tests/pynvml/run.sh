@@ -2,7 +2,8 @@
 # Runs check.py: NVIDIA's Python bindings (nvidia-ml-py, i.e. pynvml) against the mock
 # libnvidia-ml.so.1, loaded exactly the way pynvml loads the real one (by SONAME through
 # LD_LIBRARY_PATH); then nvitop-exporter, a third-party exporter, on the simulated dgx-h100:
-# it must serve GPU series and log no error (every NVML call it makes is exported).
+# it must serve GPU series and log no error (every NVML call it makes is exported); then
+# nvitop --once on the simulated a100-mig.
 # Both run in the virtual environment tests/python/venv.sh keeps in target/py-venv.
 #
 # Usage: tests/pynvml/run.sh [path/to/libnvidia_ml_mock.so]
@@ -61,3 +62,15 @@ if [[ "$series" -lt 8 ]] || grep -qiE 'error|traceback|notfound' "$tmp/nvitop.lo
     exit 1
 fi
 echo "nvitop-exporter: serves all 8 simulated GPUs, no error logged"
+
+# nvitop itself, once, on the MIG node: every device and MIG row, no error.
+env -u NVML_MOCK_STATE -u NVML_MOCK_CONTROL NVML_MOCK_FIXTURE=a100-mig \
+    LD_LIBRARY_PATH="$tmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    "$(dirname "$python")/nvitop" --once >"$tmp/nvitop-once.log" 2>&1 || true
+if ! grep -q '3g.40gb @ GI/CI: 1/0' "$tmp/nvitop-once.log" ||
+    grep -qiE 'error|traceback|notfound' "$tmp/nvitop-once.log"; then
+    echo "nvitop --once on the simulated a100-mig failed; its output:" >&2
+    cat "$tmp/nvitop-once.log" >&2
+    exit 1
+fi
+echo "nvitop --once: shows the simulated a100-mig and its MIG devices, no error"

@@ -208,10 +208,11 @@ export! {
 }
 
 export! {
-    /// BAR1 aperture usage, bytes.
+    /// BAR1 aperture usage, bytes; a MIG device answers with its GPU's aperture, which its
+    /// instances share (nvitop shows it per MIG device).
     fn nvmlDeviceGetBAR1MemoryInfo(device: nvmlDevice_t, bar1_memory: *mut nvmlBAR1Memory_t) {
         let info = driver::with(|s, rt| {
-            let gpu = rt.gpu(&s.node, addr(device))?;
+            let gpu = rt.device(&s.node, addr(device))?.gpu();
             let total = s.node.gpus[gpu].model.bar1_mib << 20;
             let used = s.probe(gpu).bar1_used_mib() << 20;
             let used = used.min(total);
@@ -288,5 +289,53 @@ export! {
         infos: *mut nvmlProcessInfo_t,
     ) {
         no_processes(device, info_count, infos)
+    }
+}
+
+/// A display state: data-centre GPUs drive no display.
+fn no_display(device: nvmlDevice_t, state: *mut nvmlEnableState_t) -> Res {
+    require!(state);
+    driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+    put!(state, b::nvmlEnableState_enum_NVML_FEATURE_DISABLED);
+    Ok(())
+}
+
+export! {
+    /// Whether a display is connected: never (nvitop shows it).
+    fn nvmlDeviceGetDisplayMode(device: nvmlDevice_t, display: *mut nvmlEnableState_t) {
+        no_display(device, display)
+    }
+}
+
+export! {
+    /// Whether a display is initialised on the GPU: never.
+    fn nvmlDeviceGetDisplayActive(device: nvmlDevice_t, is_active: *mut nvmlEnableState_t) {
+        no_display(device, is_active)
+    }
+}
+
+export! {
+    /// The Windows driver model (WDDM/TCC): not supported on Linux, as NVML answers there.
+    fn nvmlDeviceGetDriverModel_v2(
+        device: nvmlDevice_t,
+        current: *mut nvmlDriverModel_t,
+        pending: *mut nvmlDriverModel_t,
+    ) {
+        let _ = (current, pending);
+        driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+        Err(rc::NOT_SUPPORTED)
+    }
+}
+
+export! {
+    /// The Windows driver model, older entry point: not supported on Linux.
+    fn nvmlDeviceGetDriverModel(
+        device: nvmlDevice_t,
+        current: *mut nvmlDriverModel_t,
+        pending: *mut nvmlDriverModel_t,
+    ) {
+        let _ = (current, pending);
+        driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+        Err(rc::NOT_SUPPORTED)
     }
 }
