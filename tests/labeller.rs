@@ -179,7 +179,15 @@ fn health_labels_false_leaves_them_out() {
     assert_eq!(without["nvidia.com/gpu.count"], "4");
 
     let help = stdout_ok(&node.run(&["labeller", "--help"]));
-    assert!(help.contains("[default: true]"), "{help}");
+    let option = help
+        .split("\n      --health-labels[=<BOOL>]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n      -").next())
+        .unwrap_or_else(|| panic!("no --health-labels[=<BOOL>] in:\n{help}"));
+    assert!(
+        option.ends_with("[env: GPUD_HEALTH_LABELS=]\n          [default: true]"),
+        "{option}"
+    );
 }
 
 #[test]
