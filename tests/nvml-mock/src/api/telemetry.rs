@@ -314,28 +314,32 @@ export! {
     }
 }
 
+/// The Windows driver model (WDDM/TCC): not supported on Linux, as NVML answers there.
+fn no_driver_model(device: nvmlDevice_t) -> Res {
+    driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+    Err(rc::NOT_SUPPORTED)
+}
+
 export! {
-    /// The Windows driver model (WDDM/TCC): not supported on Linux, as NVML answers there.
+    /// The driver model in use and after a reboot: not supported on Linux.
     fn nvmlDeviceGetDriverModel_v2(
         device: nvmlDevice_t,
         current: *mut nvmlDriverModel_t,
         pending: *mut nvmlDriverModel_t,
     ) {
         let _ = (current, pending);
-        driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
-        Err(rc::NOT_SUPPORTED)
+        no_driver_model(device)
     }
 }
 
 export! {
-    /// The Windows driver model, older entry point: not supported on Linux.
+    /// The driver model, older entry point: not supported on Linux.
     fn nvmlDeviceGetDriverModel(
         device: nvmlDevice_t,
         current: *mut nvmlDriverModel_t,
         pending: *mut nvmlDriverModel_t,
     ) {
         let _ = (current, pending);
-        driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
-        Err(rc::NOT_SUPPORTED)
+        no_driver_model(device)
     }
 }
