@@ -6,6 +6,10 @@ MOCK_DIR := target/nvml-mock
 MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
+# The one release build behind build, mock and demo: the binary, the mock library and the
+# simulated kubelet together. Built apart, cargo would resolve their shared dependencies with
+# different features, and each target would rebuild what the other just built.
+RELEASE_BUILD := $(CARGO) build --release -p gpud -p nvml-mock --bin gpud --lib --example kubelet_sim
 
 .PHONY: all build mock test lint demo bench e2e clean-mock
 
@@ -13,11 +17,11 @@ all: build
 
 ## build: the release binary at target/release/gpud
 build:
-	$(CARGO) build --release --bin gpud
+	$(RELEASE_BUILD)
 
 ## mock: the simulated NVML library at target/nvml-mock/libnvidia-ml.so.1
 mock:
-	$(CARGO) build --release -p nvml-mock
+	$(RELEASE_BUILD)
 	$(install_mock)
 
 # Puts the built library in place atomically: a copy beside it, then a rename, so a process
@@ -41,10 +45,10 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## demo: gpud against a simulated node (FIXTURE=dgx-h100 by default; see tests/fixtures/nodes)
-## One cargo invocation builds the binary, the mock and the simulated kubelet together, so
-## their shared dependencies are resolved once and a re-run with nothing changed builds nothing.
+## One cargo invocation (RELEASE_BUILD) builds all it needs; a re-run with nothing changed
+## builds nothing.
 demo:
-	$(CARGO) build --release -p gpud -p nvml-mock --bin gpud --lib --example kubelet_sim
+	$(RELEASE_BUILD)
 	$(install_mock)
 	@test -f tests/fixtures/nodes/$(FIXTURE).json || test -f "$(FIXTURE)" || { \
 		echo "make demo: no fixture '$(FIXTURE)'; choose one of: $$(ls tests/fixtures/nodes | sed 's/\.json$$//' | tr '\n' ' ')"; \
