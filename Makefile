@@ -6,6 +6,11 @@ MOCK_DIR := target/nvml-mock
 MOCK_LIB := $(MOCK_DIR)/libnvidia-ml.so.1
 GPUD     := target/release/gpud
 FIXTURE  ?= dgx-h100
+# The one release build behind build, mock and demo: the binary, the mock library and the
+# simulated kubelet together. Built apart, cargo would resolve their shared dependencies with
+# different features, and each target would rebuild what the other just built.
+RELEASE_BUILD := $(CARGO) build --release -p gpud -p nvml-mock --bin gpud --lib --example kubelet_sim \
+	--example scrape
 
 VERSION   = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 IMAGE    ?= gpud:$(VERSION)
@@ -23,16 +28,25 @@ all: build
 
 ## build: the release binary at target/release/gpud
 build:
-	$(CARGO) build --release --bin gpud
+	$(RELEASE_BUILD)
 
 ## mock: the simulated NVML library at target/nvml-mock/libnvidia-ml.so.1
 mock:
-	$(CARGO) build --release -p nvml-mock
-	mkdir -p $(MOCK_DIR)
-	cp target/release/libnvidia_ml_mock.so $(MOCK_LIB)
+	$(RELEASE_BUILD)
+	$(install_mock)
 
-## test: unit and integration tests, plus the pynvml compatibility check of the mock
+# Puts the built library in place atomically: a copy beside it, then a rename, so a process
+# that has the old one loaded (a demo, a benchmark) keeps its file instead of crashing.
+define install_mock
+	@mkdir -p $(MOCK_DIR)
+	@cp target/release/libnvidia_ml_mock.so $(MOCK_LIB).new.$$$$ && mv -f $(MOCK_LIB).new.$$$$ $(MOCK_LIB)
+endef
+
+## test: unit and integration tests, plus the Python checks of the mock (nvidia-ml-py,
+## nvitop-exporter) and a grpcio client, in a virtual environment at target/py-venv (made by
+## tests/python/venv.sh, never in your own Python)
 test:
+	@tests/python/venv.sh >/dev/null || [ $$? -eq 3 ]
 	$(CARGO) test --workspace
 	tests/pynvml/run.sh
 
@@ -41,27 +55,39 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## demo: gpud against a simulated node (FIXTURE=dgx-h100 by default)
-demo: build mock
-	$(CARGO) build --release --example kubelet_sim
+## demo: gpud against a simulated node (FIXTURE=dgx-h100 by default; see tests/fixtures/nodes)
+## One cargo invocation (RELEASE_BUILD) builds all it needs; a re-run with nothing changed
+## builds nothing.
+demo:
+	$(RELEASE_BUILD)
+	$(install_mock)
+	@test -f tests/fixtures/nodes/$(FIXTURE).json || test -f "$(FIXTURE)" || { \
+		echo "make demo: no fixture '$(FIXTURE)'; choose one of: $$(ls tests/fixtures/nodes | sed 's/\.json$$//' | tr '\n' ' ')"; \
+		exit 2; }
 	@echo "== gpud inventory --format table   (simulated node: $(FIXTURE))"
 	@NVML_MOCK_FIXTURE=$(FIXTURE) NODE_NAME=demo-node GPUD_NVML_LIB=$(MOCK_LIB) \
 		$(GPUD) inventory --format table
 	@echo
 	@echo "== gpud run (device plugin, labeller, exporter, health) against a simulated kubelet"
 	@dir=$$(mktemp -d); touch $$dir/control; port=$$((20000 + $$$$ % 20000)); \
+	NVML_MOCK_FIXTURE=$(FIXTURE) GPUD_NVML_LIB=$(MOCK_LIB) $(GPUD) inventory >$$dir/inventory.json; \
 	NVML_MOCK_FIXTURE=$(FIXTURE) NVML_MOCK_CONTROL=$$dir/control GPUD_NVML_LIB=$(MOCK_LIB) GPUD_LOG=warn \
 		$(GPUD) run --kubelet-socket $$dir/kubelet.sock --kmsg "" --health-poll-interval 200ms \
 		-o $$dir/gfd --no-timestamp -a 127.0.0.1:$$port -c 500 & \
 	pid=$$!; \
 	target/release/examples/kubelet_sim $$dir $$dir/control; status=$$?; \
-	echo; echo "== node labels (NFD features file written by the same process)"; \
-	grep -E 'gpu.product|gpu.count|gpu.memory|gpud.io/gpu.health' $$dir/gfd; \
-	echo; echo "== /metrics for GPU 3 (the same process, port $$port)"; sleep 0.6; \
-	if command -v curl >/dev/null; then \
-		curl -s 127.0.0.1:$$port/metrics | grep -E '^(DCGM_FI_DEV_GPU_UTIL|gpud_xid_errors_total|gpud_gpu_health)\{gpu="3"'; \
-	else echo "(curl not found: skipped)"; fi; \
-	kill $$pid; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
+	if [ -f $$dir/gfd ]; then \
+		echo; echo "== node labels (NFD features file written by the same process)"; \
+		grep -E 'gpu.product|gpu.count|gpu.memory|gpud.io/gpu.health' $$dir/gfd; \
+	fi; \
+	gpu=$$(cat $$dir/demo-gpu 2>/dev/null); \
+	if [ -n "$$gpu" ]; then \
+		echo; echo "== /metrics for GPU $$gpu (the same process, port $$port)"; sleep 0.6; \
+		if command -v curl >/dev/null; then \
+			curl -s 127.0.0.1:$$port/metrics | grep -E '^(DCGM_FI_DEV_GPU_UTIL|gpud_xid_errors_total|gpud_gpu_health)\{gpu="'$$gpu'"'; \
+		else echo "(curl not found: skipped)"; fi; \
+	fi; \
+	kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
 ## bench: performance measurements (release build): health latency, device plugin (with the
 ## :authority rewriter), labeller, the whole daemon (start-up, idle CPU, memory), then the
@@ -103,7 +129,7 @@ image: build mock
 ## simulated node (chroot on the root filesystem where no Docker engine answers)
 image-test:
 	@test -x $(IMAGE_DIR)/rootfs/usr/bin/gpud || { echo "run make image first"; exit 1; }
-	$(CARGO) build --release --example kubelet_sim --example scrape
+	$(RELEASE_BUILD)
 	tests/image/run.sh $(IMAGE) $(IMAGE_DIR)/rootfs $(GPUD) $(MOCK_LIB) \
 		target/release/examples/kubelet_sim target/release/examples/scrape
 

@@ -86,9 +86,24 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Invocation::Unknown(name) => {
-            eprintln!("gpud: unknown applet '{name}' (gpud --list shows the applets)");
+            eprintln!("{}", unknown_applet(&name));
             ExitCode::from(exit::USAGE)
         }
+    }
+}
+
+/// The message for an applet name that does not exist, with the closest one when it is close.
+fn unknown_applet(name: &str) -> String {
+    let closest = APPLETS
+        .iter()
+        .map(|applet| (strsim::jaro(name, applet.name), applet.name))
+        .filter(|(score, _)| *score > 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match closest {
+        Some((_, applet)) => format!(
+            "gpud: unknown applet '{name}'; did you mean '{applet}'? (gpud --list shows the applets)"
+        ),
+        None => format!("gpud: unknown applet '{name}' (gpud --list shows the applets)"),
     }
 }
 
@@ -147,6 +162,22 @@ mod tests {
         );
         assert!(
             matches!(resolve(&argv(&["gpud-frobnicate"])), Invocation::Unknown(n) if n == "frobnicate")
+        );
+    }
+
+    #[test]
+    fn unknown_applet_suggests_the_closest() {
+        assert_eq!(
+            unknown_applet("labeler"),
+            "gpud: unknown applet 'labeler'; did you mean 'labeller'? (gpud --list shows the applets)"
+        );
+        assert_eq!(
+            unknown_applet("exproter"),
+            "gpud: unknown applet 'exproter'; did you mean 'exporter'? (gpud --list shows the applets)"
+        );
+        assert_eq!(
+            unknown_applet("frobnicate"),
+            "gpud: unknown applet 'frobnicate' (gpud --list shows the applets)"
         );
     }
 

@@ -3,9 +3,37 @@
 
 /// A clap value parser for durations that must be longer than zero ("5s", "500ms", "10m").
 pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
-    match humantime::parse_duration(text) {
+    match duration(text) {
         Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err("must be longer than zero".into()),
-        Err(err) => Err(err.to_string()),
+        Ok(_) => Err("must be longer than zero, e.g. 5s".into()),
+        Err(err) => Err(err),
+    }
+}
+
+/// A clap value parser for durations: a number with a unit, as in `30s`, `500ms`, `10m` or
+/// `1h30m`; a mistake is explained with an example rather than a parser position.
+pub fn duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text).map_err(|_| {
+        "not a duration; write a number with a unit, e.g. 30s, 500ms, 10m or 1h30m".to_owned()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_durations_get_an_example() {
+        let expected = "not a duration; write a number with a unit, e.g. 30s, 500ms, 10m or 1h30m";
+        assert_eq!(duration("abc").unwrap_err(), expected);
+        assert_eq!(duration("10").unwrap_err(), expected);
+        assert_eq!(
+            positive_duration("0s").unwrap_err(),
+            "must be longer than zero, e.g. 5s"
+        );
+        assert_eq!(
+            duration("1h30m").unwrap(),
+            std::time::Duration::from_secs(5400)
+        );
     }
 }

@@ -17,9 +17,39 @@ use gpud::proto::deviceplugin::{
 };
 use serde_json::Value;
 
-/// A running `gpud device-plugin` wired to a node and a fake kubelet.
+/// A running `gpud device-plugin` wired to a node and a fake kubelet. Its log goes to
+/// `gpud.log` in the node's folder, so the warnings tests provoke on purpose stay out of the
+/// test output.
 struct Plugin {
     child: Child,
+}
+
+/// Spawns `gpud <args>` on `node` with stderr in `<node dir>/gpud.log`.
+fn spawn_logged(node: &Node, args: &[&str]) -> Plugin {
+    let log = std::fs::File::create(node.dir.path().join("gpud.log")).unwrap();
+    let child = node
+        .gpud(args)
+        .stderr(log)
+        .spawn()
+        .expect("start gpud device-plugin");
+    Plugin { child }
+}
+
+/// Waits (up to 10 s) until gpud's log holds `text`.
+fn log_shows(node: &Node, text: &str) {
+    let path = node.dir.path().join("gpud.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        if log.contains(text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} in:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 impl Drop for Plugin {
@@ -41,8 +71,7 @@ fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Plugin {
         "50ms",
     ];
     args.extend_from_slice(extra);
-    let child = node.gpud(&args).spawn().expect("start gpud device-plugin");
-    Plugin { child }
+    spawn_logged(node, &args)
 }
 
 fn inventory(node: &Node) -> Value {
@@ -357,15 +386,71 @@ async fn kubelet_absent_at_start_is_waited_for() {
         "--kmsg",
         "",
     ];
-    let _gpud = Plugin {
-        child: node.gpud(&args).spawn().unwrap(),
-    };
+    let _gpud = spawn_logged(&node, &args);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
     assert_eq!(
         kubelet.next_registration(5).await.resource_name,
         "nvidia.com/gpu"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_kubelet_socket_serves_in_the_plugin_dir_without_registering() {
+    let node = Node::new("pcie-4gpu");
+    let plugins = node.dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    // A kubelet in the same folder must hear nothing: "" means no registration.
+    let mut kubelet = FakeKubelet::start(&plugins).await;
+    let args = [
+        "device-plugin",
+        "--kubelet-socket",
+        "",
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+        "--kmsg",
+        "",
+    ];
+    let _gpud = spawn_logged(&node, &args);
+    let socket = plugins.join("nvidia-gpu.sock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {}",
+            socket.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut client = kubelet.plugin("nvidia-gpu.sock").await;
+    let list = next_list(&mut list_and_watch(&mut client).await, 5).await;
+    assert_eq!(list.devices.len(), 4);
+    assert!(kubelet.registration_within(300).await.is_none());
+}
+
+#[test]
+fn missing_plugin_folder_says_what_to_do() {
+    let node = Node::new("pcie-4gpu");
+    let socket = node.dir.path().join("no-kubelet/kubelet.sock");
+    let out = node.run(&[
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--kmsg",
+        "",
+        "--health-address",
+        "",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "gpud: device-plugin: the kubelet's device-plugin folder {} does not exist (is a kubelet \
+         running on this host?); without Kubernetes leave the device plugin out (gpud run \
+         --disable device-plugin), else point --kubelet-socket at the kubelet's kubelet.sock, or \
+         serve without registering with --kubelet-socket \"\" --plugin-dir DIR\n",
+        node.dir.path().join("no-kubelet").display()
+    );
+    assert!(stderr.ends_with(&expected), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,6 +487,12 @@ async fn mig_single_and_mixed_on_a100_mig() {
     // single: three different profiles on the node is NVIDIA's error, and nothing is offered.
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
     let _gpud = start(&node, &kubelet, &["--mig-strategy", "single"]);
+    log_shows(
+        &node,
+        "Cannot offer the node's devices; advertising none until this changes \
+         error=migStrategy single: more than one MIG device type present on node: 1g.10gb, \
+         2g.20gb, 3g.40gb",
+    );
     assert!(kubelet.registration_within(1500).await.is_none());
 }
 
@@ -562,6 +653,7 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_running_one() {
     // A bad config: nothing changes, the plugin keeps serving.
     std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
     hup(gpud.child.id());
+    log_shows(&node, "Configuration not reloaded; keeping the running one");
     assert!(kubelet.registration_within(700).await.is_none());
     let mut client = kubelet.plugin("nvidia-gpu.sock").await;
     let list = next_list(&mut list_and_watch(&mut client).await, 5).await;

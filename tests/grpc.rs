@@ -10,6 +10,7 @@ mod common;
 mod fake_kubelet;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -292,12 +293,23 @@ async fn any_authority_is_served_on_a_raw_http2_connection() {
 
 // === grpcio ===
 
-/// Whether python3 with grpcio is here. Where python3 is, CI installs grpcio (.ci/run), so
-/// there its absence is a failure rather than a skip.
+/// The Python the checks run: the virtual environment `make test` keeps in target/py-venv
+/// (tests/python/venv.sh), else the system's python3.
+fn python() -> std::path::PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
+/// Whether python3 with grpcio is here. Where python3 is, CI makes the environment with grpcio
+/// (`make test`), so there its absence is a failure rather than a skip.
 #[allow(clippy::disallowed_methods)] // CI decides whether a missing grpcio fails
 fn grpcio_available() -> bool {
     let runs = |code: &str| {
-        Command::new("python3")
+        Command::new(python())
             .args(["-c", code])
             .output()
             .is_ok_and(|o| o.status.success())
@@ -309,9 +321,11 @@ fn grpcio_available() -> bool {
     if !runs("import grpc") {
         assert!(
             std::env::var_os("CI").is_none(),
-            "python3's grpcio package is required in CI (.ci/run installs it)"
+            "python3's grpcio package is required in CI (make test installs it in target/py-venv)"
         );
-        eprintln!("grpcio check skipped: python3's grpcio package is not installed");
+        eprintln!(
+            "grpcio check skipped: grpcio is not installed (tests/python/venv.sh installs it)"
+        );
         return false;
     }
     true
@@ -328,7 +342,7 @@ async fn python_grpcio_with_default_options() {
     let _gpud = start(node.gpud(&[]), &kubelet, &[]);
     let reg = kubelet.next_registration(10).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/grpcio/check.py");
-    let child = Command::new("python3")
+    let child = Command::new(python())
         .arg(script)
         .arg(node.dir.path().join(&reg.endpoint))
         .args([&uuids[3], &uuids[1]])

@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use common::{Node, assert_golden, stdout_ok};
 use serde_json::Value;
@@ -53,7 +53,7 @@ fn empty_node_has_no_gpus_and_succeeds() {
 }
 
 #[test]
-fn missing_library_is_one_line_naming_the_path() {
+fn missing_library_names_the_path_once_and_what_to_do() {
     let node = Node::new("dgx-h100");
     let out = node
         .gpud(&["inventory", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
@@ -62,10 +62,48 @@ fn missing_library_is_one_line_naming_the_path() {
     assert_eq!(out.status.code(), Some(69));
     assert!(out.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(
+        stderr,
+        "gpud: cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: cannot open shared \
+         object file: No such file or directory\n\
+         gpud: check the path given with --nvml-lib (GPUD_NVML_LIB), or leave it out to search \
+         the usual places\n"
+    );
+}
+
+#[test]
+fn no_driver_says_to_install_it_or_name_the_library() {
+    // No --nvml-lib: the search finds no driver on a machine without one (the build machine).
+    let node = Node::new("dgx-h100");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpud"))
+        .arg("inventory")
+        .env_remove("GPUD_NVML_LIB")
+        .env("LD_LIBRARY_PATH", node.dir.path())
+        .output()
+        .unwrap();
+    if out.status.success() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(69));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
     assert!(
-        stderr.starts_with("gpud: cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: "),
+        lines[0].starts_with("gpud: cannot initialise NVML: libnvidia-ml.so.1: ")
+            && lines[0].contains("; not present: /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1, "),
         "{stderr}"
+    );
+    assert_eq!(
+        lines[0]
+            .matches("/usr/local/nvidia/lib64/libnvidia-ml.so.1")
+            .count(),
+        1
+    );
+    assert_eq!(
+        lines[1],
+        "gpud: install the NVIDIA driver (or mount its files into this container), or give the \
+         library's path with --nvml-lib PATH (GPUD_NVML_LIB)"
     );
 }
 
@@ -79,7 +117,7 @@ fn failing_init_is_one_line_with_the_nvml_error() {
     assert_eq!(out.status.code(), Some(69));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("gpud:")).collect();
-    assert_eq!(ours.len(), 1, "{stderr}");
+    assert_eq!(ours.len(), 2, "{stderr}");
     assert!(
         ours[0].contains("libnvidia_ml_mock.so: nvmlInit failed"),
         "{stderr}"

@@ -161,6 +161,63 @@ fn timestamp_is_unix_seconds_and_stdout_works() {
 }
 
 #[test]
+fn health_labels_false_leaves_them_out() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let with = |extra: &[&str]| {
+        let mut args = vec!["--oneshot", "-o", "-"];
+        args.extend_from_slice(extra);
+        parse_labels(&stdout_ok(
+            &labeller(&node, &sysfs, &args).output().unwrap(),
+        ))
+    };
+    assert_eq!(with(&[])["gpud.io/gpu.health"], "healthy");
+    assert_eq!(with(&["--health-labels"])["gpud.io/gpu.health"], "healthy");
+    let without = with(&["--health-labels=false"]);
+    assert!(
+        without.keys().all(|k| !k.starts_with("gpud.io/")),
+        "{without:?}"
+    );
+    assert_eq!(without["nvidia.com/gpu.count"], "4");
+
+    let help = stdout_ok(&node.run(&["labeller", "--help"]));
+    let option = help
+        .split("\n      --health-labels[=<BOOL>]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n      -").next())
+        .unwrap_or_else(|| panic!("no --health-labels[=<BOOL>] in:\n{help}"));
+    assert!(
+        option.ends_with("[env: GPUD_HEALTH_LABELS=]\n          [default: true]"),
+        "{option}"
+    );
+}
+
+#[test]
+fn missing_features_folder_says_what_to_do() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let file = node.dir.path().join("no-nfd/features.d/gfd");
+    let out = labeller(&node, &sysfs, &["--oneshot", "-o", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!(
+        "cannot write {}: the folder {} does not exist (is node-feature-discovery installed on \
+         this host?); print the labels with -o -, write them elsewhere with -o PATH, or label \
+         the Node through the API with --sink node\n",
+        file.display(),
+        file.parent().unwrap().display()
+    );
+    assert!(stderr.ends_with(&expected), "{stderr}");
+    assert_eq!(
+        stderr.matches(&file.display().to_string()).count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
 fn config_file_and_environment_with_gfd_precedence() {
     let node = Node::new("a100-mig");
     let sysfs = fake_sysfs(&node, "a100-mig");

@@ -80,3 +80,42 @@ fn applet_help_exits_zero_and_bad_flags_exit_64() {
     assert_eq!(bad.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid value 'yaml' for '--format"));
 }
+
+#[test]
+fn mistyped_applet_gets_a_suggestion() {
+    assert_eq!(
+        usage_error(&["labeler"]),
+        "gpud: unknown applet 'labeler'; did you mean 'labeller'? (gpud --list shows the applets)\n"
+    );
+}
+
+/// Runs `gpud <args>`, which must be a usage error (64), and returns its stderr.
+fn usage_error(args: &[&str]) -> String {
+    let out = Command::new(gpud_bin()).args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn mistyped_flag_gets_a_suggestion() {
+    let stderr = usage_error(&["health", "--xid-quiet-perod", "5m"]);
+    assert!(
+        stderr.starts_with(
+            "error: unexpected argument '--xid-quiet-perod' found\n\n  tip: a similar argument \
+             exists: '--xid-quiet-period'\n"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_duration_shows_the_format() {
+    let stderr = usage_error(&["health", "--xid-quiet-period", "abc"]);
+    assert!(
+        stderr.starts_with(
+            "error: invalid value 'abc' for '--xid-quiet-period <DURATION>': not a duration; \
+             write a number with a unit, e.g. 30s, 500ms, 10m or 1h30m\n"
+        ),
+        "{stderr}"
+    );
+}

@@ -143,10 +143,14 @@ async fn one_xid_reaches_the_kubelet_the_labels_and_the_metrics() {
     );
     let unhealthy: Vec<&str> = lines_starting(&body, "gpud_gpu_health{")
         .into_iter()
-        .filter(|l| !l.ends_with(" 0"))
+        .filter(|l| !l.contains("state=\"healthy\"") && !l.ends_with(" 0"))
         .collect();
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
-    assert!(unhealthy[0].contains("gpu=\"3\"") && unhealthy[0].ends_with(" 2"));
+    assert!(
+        unhealthy[0].contains("gpu=\"3\"")
+            && unhealthy[0].contains("state=\"unhealthy\"")
+            && unhealthy[0].ends_with(" 1")
+    );
 
     let labels = labels_when(&node, |l| l.contains("gpud.io/gpu.unhealthy=1\n"));
     assert!(labels.contains("gpud.io/gpu.healthy=7\n"), "{labels}");

@@ -93,7 +93,7 @@ struct GenerateArgs {
 
     /// nvidia-cdi-hook executable the spec's hooks run; hooks are left out when it does not
     /// exist.
-    #[arg(long, value_name = "PATH", alias = "nvidia-ctk-path", default_value = DEFAULT_HOOK_PATH)]
+    #[arg(long, value_name = "PATH", visible_alias = "nvidia-ctk-path", default_value = DEFAULT_HOOK_PATH)]
     nvidia_cdi_hook_path: PathBuf,
 
     /// Hook to leave out ("all" for every hook); repeat or comma-separate for several.

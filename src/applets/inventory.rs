@@ -29,7 +29,7 @@ struct Args {
     watch: bool,
 
     /// Rescan interval for --watch, e.g. "5s", "500ms".
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = crate::values::positive_duration)]
     interval: Duration,
 
     #[command(flatten)]

@@ -49,7 +49,8 @@ struct Args {
     labeller: LabellerArgs,
 
     /// Rescan the GPUs this often, relabelling as soon as something changed (MIG layout,
-    /// a GPU lost or back).
+    /// a GPU lost or back). Shorter than the other daemons' 30s: a standalone labeller has no
+    /// other way to see a MIG reconfiguration.
     #[arg(long, value_name = "DURATION", env = "GPUD_LABELLER_RESCAN_INTERVAL",
           default_value = "10s", value_parser = cli::positive_duration)]
     rescan_interval: Duration,

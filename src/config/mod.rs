@@ -122,20 +122,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
             format!("this gpud reads version {VERSION}"),
         ));
     }
-    let duration =
-        |field: &'static str, value: &Option<String>| -> Result<Option<Duration>, ConfigError> {
-            value
-                .as_deref()
-                .map(|text| {
-                    let parsed = humantime::parse_duration(text)
-                        .map_err(|e| invalid(field, text, e.to_string()))?;
-                    if parsed.is_zero() {
-                        return Err(invalid(field, text, "must be longer than zero".into()));
-                    }
-                    Ok(parsed)
-                })
-                .transpose()
-        };
+    let duration = |field: &'static str,
+                    value: &Option<String>|
+     -> Result<Option<Duration>, ConfigError> {
+        value
+            .as_deref()
+            .map(|text| crate::values::positive_duration(text).map_err(|e| invalid(field, text, e)))
+            .transpose()
+    };
     for code in raw.health.xid.ignore.iter().chain(&raw.health.xid.enable) {
         if *code == 0 {
             return Err(invalid("health.xid", "0", "XID 0 does not exist".into()));

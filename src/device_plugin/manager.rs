@@ -50,6 +50,15 @@ pub struct ManagerConfig {
 pub enum ManagerError {
     #[error("cannot serve a plugin: {0}")]
     Bind(#[from] grpc::BindError),
+    /// The folder for the plugin sockets is missing: usually no kubelet on this host.
+    #[error(
+        "the kubelet's device-plugin folder {} does not exist (is a kubelet running on this \
+         host?); without Kubernetes leave the device plugin out (gpud run --disable \
+         device-plugin), else point --kubelet-socket at the kubelet's kubelet.sock, or serve \
+         without registering with --kubelet-socket \"\" --plugin-dir DIR",
+        .0.display()
+    )]
+    NoPluginDir(PathBuf),
 }
 
 struct Plugin {
@@ -237,6 +246,9 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     let socket_name = resource.socket_name();
     let socket = dir.join(&socket_name);
     // Replaces a socket left by an earlier run; only root (the kubelet) may connect.
+    if !dir.is_dir() {
+        return Err(ManagerError::NoPluginDir(dir.to_path_buf()));
+    }
     let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
     let (tx, rx) = watch::channel(state);
     let stop = CancellationToken::new();

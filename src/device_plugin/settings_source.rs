@@ -27,10 +27,14 @@ pub struct PluginArgs {
     pub plugin: PluginFlags,
 }
 
+/// The kubelet's device-plugin folder.
+const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
 /// Where the kubelet is (the device plugin's side of NVIDIA's flags that are not settings).
 #[derive(Debug, Clone, Args)]
 pub struct KubeletArgs {
-    /// The kubelet's registration socket; "" serves without registering.
+    /// The kubelet's registration socket; "" serves without registering (sockets in
+    /// --plugin-dir).
     #[arg(
         long,
         value_name = "PATH",
@@ -38,6 +42,12 @@ pub struct KubeletArgs {
         default_value = "/var/lib/kubelet/device-plugins/kubelet.sock"
     )]
     pub kubelet_socket: String,
+
+    /// Folder for the plugin sockets when --kubelet-socket is "" (registering, they go beside
+    /// the kubelet's socket, where the kubelet looks for them).
+    #[arg(long, value_name = "DIR", env = "GPUD_PLUGIN_DIR",
+          default_value = DEFAULT_PLUGIN_DIR)]
+    pub plugin_dir: PathBuf,
 
     /// The procfs holding the driver's MIG capability tree (for MIG device nodes).
     #[arg(long, value_name = "PATH", default_value = "/proc")]
@@ -50,7 +60,7 @@ impl KubeletArgs {
         ManagerConfig {
             kubelet_socket: (!self.kubelet_socket.is_empty())
                 .then(|| PathBuf::from(&self.kubelet_socket)),
-            plugin_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            plugin_dir: self.plugin_dir.clone(),
             proc_root: self.proc_root.clone(),
         }
     }

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::ArgAction;
 use clap::builder::FalseyValueParser;
 use tracing::{info, warn};
 
@@ -44,7 +45,9 @@ pub struct ExporterArgs {
     collect_interval: u64,
 
     /// Attribute GPUs to pods through the kubelet's pod-resources API.
-    #[arg(short = 'k', long, env = "DCGM_EXPORTER_KUBERNETES", value_parser = FalseyValueParser::new())]
+    #[arg(short = 'k', long, env = "DCGM_EXPORTER_KUBERNETES", value_name = "BOOL",
+          default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = FalseyValueParser::new())]
     kubernetes: bool,
 
     /// The kubelet's pod-resources socket.
@@ -73,7 +76,9 @@ pub struct ExporterArgs {
     pod_resources_poll_interval: Duration,
 
     /// Leave out the host label.
-    #[arg(short = 'n', long, env = "DCGM_EXPORTER_NO_HOSTNAME", value_parser = FalseyValueParser::new())]
+    #[arg(short = 'n', long, env = "DCGM_EXPORTER_NO_HOSTNAME", value_name = "BOOL",
+          default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = FalseyValueParser::new())]
     no_hostname: bool,
 
     /// Name of the host label: Hostname (dcgm-exporter up to 4.5) or hostname (later).
@@ -82,7 +87,9 @@ pub struct ExporterArgs {
     hostname_label: String,
 
     /// Replace spaces in the modelName label with dashes.
-    #[arg(long, env = "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", value_parser = FalseyValueParser::new())]
+    #[arg(long, env = "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME", value_name = "BOOL",
+          default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = FalseyValueParser::new())]
     replace_blanks_in_model_name: bool,
 
     /// Milliseconds of XID history DCGM_EXP_XID_ERRORS_COUNT counts.

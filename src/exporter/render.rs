@@ -410,14 +410,6 @@ fn family(frame: &Frame<'_>, metric: &MetricDef, entities: &[Entity<'_>], out: &
     }
 }
 
-fn state_value(state: HealthState) -> (u8, &'static str) {
-    match state {
-        HealthState::Healthy => (0, "healthy"),
-        HealthState::Degraded => (1, "degraded"),
-        HealthState::Unhealthy => (2, "unhealthy"),
-    }
-}
-
 /// gpud's own families: build, NVML, sampling, per-device sampling and health, XID counts and
 /// drops, pod-resources reachability, HTTP connections.
 fn own_families(frame: &Frame<'_>, out: &mut String) {
@@ -477,7 +469,7 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
     header(
         out,
         "gpud_gpu_health",
-        "Health of each GPU and GPU instance: 0 healthy, 1 degraded, 2 unhealthy; the reason says why.",
+        "Health of each GPU and GPU instance as a state set: 1 for the current state (healthy, degraded or unhealthy, with the reason), 0 for the others.",
         "gauge",
     );
     for gpu in &snapshot.gpus {
@@ -613,14 +605,18 @@ fn http_families(http: &StatsSnapshot, out: &mut String) {
     }
 }
 
+/// A Prometheus state set: one series per state, 1 for the current one (which carries the
+/// reason), 0 for the others, so `gpud_gpu_health{state="healthy"} 1` reads as it should.
 fn health_line(out: &mut String, identity: &str, state: HealthState, reason: Option<&str>) {
-    let (value, word) = state_value(state);
-    let mut labels = identity.to_owned();
-    push_label(&mut labels, "state", word);
-    if let Some(reason) = reason {
-        push_label(&mut labels, "reason", reason);
+    for candidate in HealthState::ALL {
+        let mut labels = identity.to_owned();
+        push_label(&mut labels, "state", candidate.word());
+        let current = candidate == state;
+        if let (true, Some(reason)) = (current, reason) {
+            push_label(&mut labels, "reason", reason);
+        }
+        let _ = writeln!(out, "gpud_gpu_health{{{labels}}} {}", u8::from(current));
     }
-    let _ = writeln!(out, "gpud_gpu_health{{{labels}}} {value}");
 }
 
 #[cfg(test)]
@@ -934,9 +930,13 @@ mod tests {
                 "gpud_sample_duration_seconds 0.25".to_owned(),
                 format!("gpud_gpu_sampled{{{}}} 1", own_id(0)),
                 format!("gpud_gpu_sampled{{{}}} 0", own_id(1)),
-                format!("gpud_gpu_health{{{},state=\"healthy\"}} 0", own_id(0)),
+                format!("gpud_gpu_health{{{},state=\"healthy\"}} 1", own_id(0)),
+                format!("gpud_gpu_health{{{},state=\"degraded\"}} 0", own_id(0)),
+                format!("gpud_gpu_health{{{},state=\"unhealthy\"}} 0", own_id(0)),
+                format!("gpud_gpu_health{{{},state=\"healthy\"}} 0", own_id(1)),
+                format!("gpud_gpu_health{{{},state=\"degraded\"}} 0", own_id(1)),
                 format!(
-                    "gpud_gpu_health{{{},state=\"unhealthy\",reason=\"{}\"}} 2",
+                    "gpud_gpu_health{{{},state=\"unhealthy\",reason=\"{}\"}} 1",
                     own_id(1),
                     crate::inventory::health::LOST_REASON
                 ),

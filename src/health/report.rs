@@ -56,23 +56,43 @@ pub fn exit_code(snapshot: &Snapshot) -> u8 {
     }
 }
 
-/// The health table: one row per GPU and per MIG device.
+/// The health table: one row per GPU and per MIG device. Columns are as wide as their widest
+/// cell, so a MIG profile such as `3g.40gb` never runs into its UUID.
 pub fn table(snapshot: &Snapshot) -> String {
+    let mut rows: Vec<(String, &str, &Health)> = Vec::new();
+    for gpu in &snapshot.gpus {
+        rows.push((gpu.index.to_string(), &gpu.uuid, &gpu.health));
+        for mig in &gpu.mig.devices {
+            rows.push((format!("  {}", mig.profile), &mig.uuid, &mig.health));
+        }
+    }
+    // The widest cell of a column (its heading included), plus one space.
+    let width = |heading: &str, cell: &dyn Fn(&(String, &str, &Health)) -> usize| {
+        rows.iter().map(cell).fold(heading.len(), usize::max) + 1
+    };
+    let device_width = width("GPU", &|(device, _, _)| device.chars().count());
+    let uuid_width = width("UUID", &|(_, uuid, _)| uuid.chars().count());
     let mut out = format!(
-        "{:<5}{:<42}{:<11}{}\n",
+        "{:<device_width$}{:<uuid_width$}{:<11}{}\n",
         "GPU", "UUID", "STATE", "REASON — ACTION"
     );
-    for gpu in &snapshot.gpus {
-        out.push_str(&row(&gpu.index.to_string(), &gpu.uuid, &gpu.health));
-        for mig in &gpu.mig.devices {
-            out.push_str(&row(&format!("  {}", mig.profile), &mig.uuid, &mig.health));
-        }
+    for (device, uuid, health) in rows {
+        out.push_str(&row(&device, uuid, health, device_width, uuid_width));
     }
     out
 }
 
-fn row(device: &str, uuid: &str, health: &Health) -> String {
-    let mut line = format!("{device:<5}{uuid:<42}{:<11}", state_word(health.state));
+fn row(
+    device: &str,
+    uuid: &str,
+    health: &Health,
+    device_width: usize,
+    uuid_width: usize,
+) -> String {
+    let mut line = format!(
+        "{device:<device_width$}{uuid:<uuid_width$}{:<11}",
+        state_word(health.state)
+    );
     if let Some(reason) = &health.reason {
         line.push_str(reason);
     }
@@ -114,4 +134,39 @@ pub fn json_lines(snapshot: &Snapshot) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::model::{MigDevice, Node};
+    use crate::inventory::test_support::{gpu, mig, with_migs};
+
+    #[test]
+    fn table_columns_fit_mig_profiles() {
+        let slice = MigDevice {
+            profile: "3g.40gb".into(),
+            ..mig(0, "MIG-7fe9", 2, 0)
+        };
+        let snapshot = Snapshot {
+            node: Node {
+                hostname: "node-a".into(),
+                driver_version: "570.133.20".into(),
+                cuda_driver_version: None,
+                nvml_version: None,
+                machine_type: None,
+            },
+            gpus: vec![with_migs(
+                gpu(0, "GPU-0a1b", "NVIDIA A100", 40960),
+                vec![slice],
+            )],
+            topology: Vec::new(),
+        };
+        assert_eq!(
+            table(&snapshot),
+            "GPU       UUID     STATE      REASON — ACTION\n\
+             0         GPU-0a1b healthy\n\
+             \x20 3g.40gb MIG-7fe9 healthy\n"
+        );
+    }
 }

@@ -72,11 +72,7 @@ pub fn between(before: &Snapshot, after: &Snapshot) -> Vec<Transition> {
 
 /// Lower-case word for a state.
 pub fn state_word(state: HealthState) -> &'static str {
-    match state {
-        HealthState::Healthy => "healthy",
-        HealthState::Degraded => "degraded",
-        HealthState::Unhealthy => "unhealthy",
-    }
+    state.word()
 }
 
 impl Transition {

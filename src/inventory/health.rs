@@ -21,6 +21,24 @@ pub enum HealthState {
     Unhealthy,
 }
 
+impl HealthState {
+    /// Every state, best first.
+    pub const ALL: [HealthState; 3] = [
+        HealthState::Healthy,
+        HealthState::Degraded,
+        HealthState::Unhealthy,
+    ];
+
+    /// The lower-case word used in logs, labels and metrics.
+    pub fn word(self) -> &'static str {
+        match self {
+            HealthState::Healthy => "healthy",
+            HealthState::Degraded => "degraded",
+            HealthState::Unhealthy => "unhealthy",
+        }
+    }
+}
+
 /// Who decided a health state; used when a rescan merges with the previous snapshot, so that
 /// discovery only clears what discovery set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,9 +47,11 @@ pub struct LabellerArgs {
           default_value = super::pci::DEFAULT_SYSFS_ROOT)]
     sysfs_root: PathBuf,
 
-    /// Add gpud's health-summary labels (gpud.io/gpu.health …).
+    /// Add gpud's health-summary labels (gpud.io/gpu.health …); --health-labels=false
+    /// leaves them out.
     #[arg(long, value_name = "BOOL", env = "GPUD_HEALTH_LABELS", default_value = "true",
-          value_parser = nvidia_config::parse_bool)]
+          action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = nvidia_config::parse_bool)]
     health_labels: bool,
 }
 

@@ -99,6 +99,15 @@ pub enum LabellerError {
     /// The features file cannot be written.
     #[error("cannot write the features file: {0}")]
     Write(#[source] crate::files::WriteError),
+    /// The features file's folder is missing: usually no node-feature-discovery on this host.
+    #[error(
+        "cannot write {}: the folder {} does not exist (is node-feature-discovery installed on \
+         this host?); print the labels with -o -, write them elsewhere with -o PATH, or label \
+         the Node through the API with --sink node",
+        .path.display(),
+        .dir.display()
+    )]
+    NoFolder { path: PathBuf, dir: PathBuf },
     /// Stdout is closed or failing.
     #[error("cannot write the labels to stdout: {0}")]
     Stdout(#[source] std::io::Error),
@@ -233,7 +242,15 @@ fn write_output(target: &OutputTarget, labels: &Labels) -> Result<(), LabellerEr
                 .map_err(LabellerError::Stdout)
         }
         OutputTarget::File(path) => {
-            features_file::write_atomic(path, text.as_bytes()).map_err(LabellerError::Write)
+            features_file::write_atomic(path, text.as_bytes()).map_err(|source| {
+                match path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                    Some(dir) if !dir.exists() => LabellerError::NoFolder {
+                        path: path.clone(),
+                        dir: dir.to_path_buf(),
+                    },
+                    _ => LabellerError::Write(source),
+                }
+            })
         }
     }
 }

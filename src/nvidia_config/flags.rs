@@ -60,15 +60,18 @@ pub fn parse_channel_ids(text: &str) -> Result<Vec<u32>, String> {
 #[derive(Debug, Clone, Default, Args)]
 pub struct SharedFlags {
     /// How MIG devices are exposed: none, single or mixed [default: none].
+    /// [env: MIG_STRATEGY; the labeller reads GFD_MIG_STRATEGY first]
     #[arg(long, value_name = "STRATEGY", value_parser = str::parse::<MigStrategy>)]
     pub mig_strategy: Option<MigStrategy>,
 
     /// Fail when NVML cannot be initialised [default: true].
+    /// [env: FAIL_ON_INIT_ERROR; the labeller reads GFD_FAIL_ON_INIT_ERROR first]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub fail_on_init_error: Option<bool>,
 
     /// Root of the NVIDIA driver installation on the host [default: /].
+    /// [env: NVIDIA_DRIVER_ROOT]
     #[arg(
         long = "driver-root",
         visible_alias = "nvidia-driver-root",
@@ -77,6 +80,7 @@ pub struct SharedFlags {
     pub nvidia_driver_root: Option<PathBuf>,
 
     /// Root of the NVIDIA device nodes on the host [default: the driver root].
+    /// [env: NVIDIA_DEV_ROOT]
     #[arg(
         long = "dev-root",
         visible_alias = "nvidia-dev-root",
@@ -85,30 +89,36 @@ pub struct SharedFlags {
     pub nvidia_dev_root: Option<PathBuf>,
 
     /// Host path for MPS pipes and shared memory.
+    /// [env: MPS_ROOT]
     #[arg(long, value_name = "PATH")]
     pub mps_root: Option<PathBuf>,
 
     /// Inject GDRCopy devices [default: false].
+    /// [env: GDRCOPY_ENABLED]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub gdrcopy_enabled: Option<bool>,
 
     /// Inject GPUDirect Storage devices [default: false].
+    /// [env: GDS_ENABLED]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub gds_enabled: Option<bool>,
 
     /// Inject Mellanox OFED devices [default: false].
+    /// [env: MOFED_ENABLED]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub mofed_enabled: Option<bool>,
 
     /// Publish through NFD's NodeFeature API instead of a features file.
+    /// [env: USE_NODE_FEATURE_API; the labeller reads GFD_USE_NODE_FEATURE_API first]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub use_node_feature_api: Option<bool>,
 
     /// How devices are discovered: auto, nvml, tegra (or vfio for GFD) [default: auto].
+    /// [env: DEVICE_DISCOVERY_STRATEGY]
     #[arg(long, value_name = "STRATEGY", value_parser = str::parse::<DeviceDiscoveryStrategy>)]
     pub device_discovery_strategy: Option<DeviceDiscoveryStrategy>,
 }
@@ -117,25 +127,31 @@ pub struct SharedFlags {
 #[derive(Debug, Clone, Default, Args)]
 pub struct PluginFlags {
     /// Pass the device nodes to the kubelet in Allocate responses [default: false].
+    /// [env: PASS_DEVICE_SPECS]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub pass_device_specs: Option<bool>,
 
     /// How devices reach the container: envvar, volume-mounts, cdi-annotations, cdi-cri;
     /// repeat or separate with commas [default: envvar].
+    /// [env: DEVICE_LIST_STRATEGY]
     #[arg(long, value_name = "STRATEGY", value_delimiter = ',',
           value_parser = str::parse::<DeviceListStrategy>)]
     pub device_list_strategy: Option<Vec<DeviceListStrategy>>,
 
     /// How devices are named: uuid or index [default: uuid].
+    /// [env: DEVICE_ID_STRATEGY]
     #[arg(long, value_name = "STRATEGY", value_parser = str::parse::<DeviceIdStrategy>)]
     pub device_id_strategy: Option<DeviceIdStrategy>,
 
     /// Prefix of the CDI annotation key [default: cdi.k8s.io/].
+    /// [env: CDI_ANNOTATION_PREFIX]
     #[arg(long, value_name = "PREFIX")]
     pub cdi_annotation_prefix: Option<String>,
 
-    /// Path of nvidia-cdi-hook / nvidia-ctk [default: /usr/bin/nvidia-ctk].
+    /// Path of nvidia-cdi-hook / nvidia-ctk [default: /usr/bin/nvidia-ctk, as NVIDIA's device
+    /// plugin; `gpud cdi generate` defaults to /usr/bin/nvidia-cdi-hook, as nvidia-ctk does].
+    /// [env: NVIDIA_CDI_HOOK_PATH, NVIDIA_CTK_PATH]
     #[arg(
         long = "nvidia-cdi-hook-path",
         visible_alias = "nvidia-ctk-path",
@@ -144,6 +160,7 @@ pub struct PluginFlags {
     pub nvidia_ctk_path: Option<PathBuf>,
 
     /// Where the driver root is mounted in this container [default: /driver-root].
+    /// [env: DRIVER_ROOT_CTR_PATH, CONTAINER_DRIVER_ROOT]
     #[arg(
         long = "driver-root-ctr-path",
         visible_alias = "container-driver-root",
@@ -152,14 +169,17 @@ pub struct PluginFlags {
     pub container_driver_root: Option<PathBuf>,
 
     /// How replicas of shared GPUs are picked: distributed or packed [default: distributed].
+    /// [env: SHARED_DEVICES_ALLOCATION_POLICY]
     #[arg(long, value_name = "POLICY", value_parser = str::parse::<AllocationPolicy>)]
     pub shared_devices_allocation_policy: Option<AllocationPolicy>,
 
     /// IMEX channels to inject, comma-separated ([] or 0).
+    /// [env: IMEX_CHANNEL_IDS]
     #[arg(long, value_name = "IDS", value_parser = parse_channel_ids)]
     pub imex_channel_ids: Option<Vec<u32>>,
 
     /// Fail when a requested IMEX channel is missing [default: false].
+    /// [env: IMEX_REQUIRED]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub imex_required: Option<bool>,
@@ -169,21 +189,25 @@ pub struct PluginFlags {
 #[derive(Debug, Clone, Default, Args)]
 pub struct GfdFlags {
     /// Label once and exit [default: false].
+    /// [env: GFD_ONESHOT]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub oneshot: Option<bool>,
 
     /// Leave out the nvidia.com/gfd.timestamp label [default: false].
+    /// [env: GFD_NO_TIMESTAMP]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = parse_bool)]
     pub no_timestamp: Option<bool>,
 
     /// Time between relabelling passes, e.g. 60s, or "infinite" [default: 60s].
+    /// [env: GFD_SLEEP_INTERVAL]
     #[arg(long, value_name = "DURATION", value_parser = SleepInterval::parse)]
     pub sleep_interval: Option<SleepInterval>,
 
     /// Features file to write; "" or "-" prints to stdout
     /// [default: /etc/kubernetes/node-feature-discovery/features.d/gfd].
+    /// [env: GFD_OUTPUT_FILE]
     #[arg(
         long = "output-file",
         short = 'o',
@@ -193,6 +217,7 @@ pub struct GfdFlags {
     pub output_file: Option<String>,
 
     /// File holding the machine type [default: /sys/class/dmi/id/product_name].
+    /// [env: GFD_MACHINE_TYPE_FILE]
     #[arg(long, value_name = "PATH")]
     pub machine_type_file: Option<PathBuf>,
 }

@@ -53,7 +53,7 @@ pub fn open(explicit: Option<&Path>) -> Result<(Nvml, PathBuf), NvmlError> {
         // A driver-root candidate that does not exist is skipped quietly: listing six
         // "No such file" lines would hide the one failure that matters.
         if path.is_absolute() && explicit.is_none() && !path.exists() {
-            attempts.push((path, "not present".to_owned()));
+            attempts.push((path, super::error::NOT_PRESENT.to_owned()));
             continue;
         }
         match Nvml::builder()
@@ -61,10 +61,16 @@ pub fn open(explicit: Option<&Path>) -> Result<(Nvml, PathBuf), NvmlError> {
             .init()
         {
             Ok(nvml) => return Ok((nvml, path)),
-            Err(err) => attempts.push((path, describe(&err))),
+            Err(err) => {
+                let why = describe(&err, &path);
+                attempts.push((path, why));
+            }
         }
     }
-    Err(NvmlError::Unavailable { attempts })
+    Err(NvmlError::Unavailable {
+        attempts,
+        explicit: explicit.is_some(),
+    })
 }
 
 /// The folder the loaded NVML library's file lies in, read from this process's memory map
@@ -88,11 +94,17 @@ fn loaded_dir_in(maps: &str) -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
-/// A short description of a load or init failure.
-fn describe(err: &nvml_wrapper::error::NvmlError) -> String {
+/// A short description of a load or init failure, without the path (the message names it).
+fn describe(err: &nvml_wrapper::error::NvmlError, path: &Path) -> String {
     use nvml_wrapper::error::NvmlError as E;
     match err {
-        E::LibloadingError(e) => e.to_string(),
+        // The loader's message starts with the path it was given ("PATH: cannot open …").
+        E::LibloadingError(e) => {
+            let text = e.to_string();
+            let prefix = format!("{}: ", path.display());
+            text.strip_prefix(&prefix)
+                .map_or_else(|| text.clone(), str::to_owned)
+        }
         E::DriverNotLoaded => "NVML_ERROR_DRIVER_NOT_LOADED: the NVIDIA kernel driver is not loaded".to_owned(),
         E::NoPermission => "NVML_ERROR_NO_PERMISSION: no permission to open the GPU device nodes".to_owned(),
         E::LibRmVersionMismatch => {
@@ -140,9 +152,12 @@ mod tests {
     fn missing_explicit_library_names_the_path() {
         let err = open(Some(Path::new("/nonexistent/libnvidia-ml.so.1"))).unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.starts_with("cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: "),
-            "{text}"
+        assert_eq!(
+            text,
+            "cannot initialise NVML: /nonexistent/libnvidia-ml.so.1: cannot open shared object \
+             file: No such file or directory\n\
+             gpud: check the path given with --nvml-lib (GPUD_NVML_LIB), or leave it out to \
+             search the usual places"
         );
     }
 }

@@ -50,7 +50,8 @@ fn a_lost_gpu_drops_its_series_and_health_says_why() {
             "gpud_gpu_health",
             &[("gpu", "3"), ("state", "unhealthy")],
         )
-        .is_some()
+        .as_deref()
+            == Some("1")
             && value(b, "gpud_gpu_sampled", &[("gpu", "3")]).as_deref() == Some("0")
     });
     for metric in [
@@ -64,12 +65,12 @@ fn a_lost_gpu_drops_its_series_and_health_says_why() {
     }
     let health = family(&body, "gpud_gpu_health")
         .into_iter()
-        .find(|l| l.contains("gpu=\"3\""))
+        .find(|l| l.contains("gpu=\"3\"") && l.ends_with(" 1"))
         .unwrap()
         .to_owned();
     assert!(
         health.ends_with(
-            ",state=\"unhealthy\",reason=\"GPU is lost: NVML reports it has fallen off the bus or is inaccessible\"} 2"
+            ",state=\"unhealthy\",reason=\"GPU is lost: NVML reports it has fallen off the bus or is inaccessible\"} 1"
         ),
         "{health}"
     );

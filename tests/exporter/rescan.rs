@@ -176,7 +176,7 @@ fn a_zero_rescan_interval_is_a_usage_error() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).lines().next(),
         Some(
-            "error: invalid value '0s' for '--rescan-interval <DURATION>': must be longer than zero"
+            "error: invalid value '0s' for '--rescan-interval <DURATION>': must be longer than zero, e.g. 5s"
         )
     );
 }

@@ -83,6 +83,12 @@ def check_inventory():
     assert nv.nvmlDeviceGetTopologyCommonAncestor(
         nv.nvmlDeviceGetHandleByIndex(0), nv.nvmlDeviceGetHandleByIndex(7)) == nv.NVML_TOPOLOGY_SYSTEM
     assert nv.nvmlDeviceGetComputeRunningProcesses(by_uuid) == []
+    # nvitop and nvitop-exporter list graphics and MPS processes beside compute ones.
+    assert nv.nvmlDeviceGetGraphicsRunningProcesses(by_uuid) == []
+    assert nv.nvmlDeviceGetMPSComputeRunningProcesses(by_uuid) == []
+    assert nv.nvmlDeviceGetDisplayActive(by_uuid) == nv.NVML_FEATURE_DISABLED
+    assert nv.nvmlDeviceGetDisplayMode(by_uuid) == nv.NVML_FEATURE_DISABLED
+    expect_error(nv.NVMLError_NotSupported, nv.nvmlDeviceGetCurrentDriverModel, by_uuid)
     expect_error(nv.NVMLError_InvalidArgument, nv.nvmlDeviceGetHandleByIndex, 8)
     nv.nvmlShutdown()
     print("ok   inventory (dgx-h100)")

@@ -208,10 +208,11 @@ export! {
 }
 
 export! {
-    /// BAR1 aperture usage, bytes.
+    /// BAR1 aperture usage, bytes; a MIG device answers with its GPU's aperture, which its
+    /// instances share (nvitop shows it per MIG device).
     fn nvmlDeviceGetBAR1MemoryInfo(device: nvmlDevice_t, bar1_memory: *mut nvmlBAR1Memory_t) {
         let info = driver::with(|s, rt| {
-            let gpu = rt.gpu(&s.node, addr(device))?;
+            let gpu = rt.device(&s.node, addr(device))?.gpu();
             let total = s.node.gpus[gpu].model.bar1_mib << 20;
             let used = s.probe(gpu).bar1_used_mib() << 20;
             let used = used.min(total);
@@ -245,6 +246,19 @@ export! {
     }
 }
 
+/// Processes of one kind on a GPU or MIG device: the simulated node runs none (count protocol
+/// as NVML: `*info_count` becomes 0 and NVML_SUCCESS).
+fn no_processes(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Res {
+    driver::with(|s, rt| rt.device(&s.node, addr(device)))?;
+    let none: [nvmlProcessInfo_t; 0] = [];
+    put_counted!(info_count, infos, none.as_slice());
+    Ok(())
+}
+
 export! {
     /// Compute processes on a GPU (the control file's `process` lines; count protocol as
     /// NVML); none on a MIG device.
@@ -270,5 +284,79 @@ export! {
             .collect();
         put_counted!(info_count, infos, list.as_slice());
         Ok(())
+    }
+}
+
+export! {
+    /// Graphics processes (nvitop and nvidia-ml-py list them beside compute ones): none.
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+        device: nvmlDevice_t,
+        info_count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t,
+    ) {
+        no_processes(device, info_count, infos)
+    }
+}
+
+export! {
+    /// MPS compute processes: none (the simulated node runs no MPS server).
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+        device: nvmlDevice_t,
+        info_count: *mut c_uint,
+        infos: *mut nvmlProcessInfo_t,
+    ) {
+        no_processes(device, info_count, infos)
+    }
+}
+
+/// A display state: data-centre GPUs drive no display.
+fn no_display(device: nvmlDevice_t, state: *mut nvmlEnableState_t) -> Res {
+    require!(state);
+    driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+    put!(state, b::nvmlEnableState_enum_NVML_FEATURE_DISABLED);
+    Ok(())
+}
+
+export! {
+    /// Whether a display is connected: never (nvitop shows it).
+    fn nvmlDeviceGetDisplayMode(device: nvmlDevice_t, display: *mut nvmlEnableState_t) {
+        no_display(device, display)
+    }
+}
+
+export! {
+    /// Whether a display is initialised on the GPU: never.
+    fn nvmlDeviceGetDisplayActive(device: nvmlDevice_t, is_active: *mut nvmlEnableState_t) {
+        no_display(device, is_active)
+    }
+}
+
+/// The Windows driver model (WDDM/TCC): not supported on Linux, as NVML answers there.
+fn no_driver_model(device: nvmlDevice_t) -> Res {
+    driver::with(|s, rt| rt.gpu(&s.node, addr(device)))?;
+    Err(rc::NOT_SUPPORTED)
+}
+
+export! {
+    /// The driver model in use and after a reboot: not supported on Linux.
+    fn nvmlDeviceGetDriverModel_v2(
+        device: nvmlDevice_t,
+        current: *mut nvmlDriverModel_t,
+        pending: *mut nvmlDriverModel_t,
+    ) {
+        let _ = (current, pending);
+        no_driver_model(device)
+    }
+}
+
+export! {
+    /// The driver model, older entry point: not supported on Linux.
+    fn nvmlDeviceGetDriverModel(
+        device: nvmlDevice_t,
+        current: *mut nvmlDriverModel_t,
+        pending: *mut nvmlDriverModel_t,
+    ) {
+        let _ = (current, pending);
+        no_driver_model(device)
     }
 }

@@ -1,0 +1,349 @@
+//! The documentation and the binary agree: every flag named in README.md, docs/*.md and
+//! systemd/gpud.env is in some applet's `--help`; every environment variable in an `env`
+//! column of a table, in gpud.env or in gpud's own `GPUD_` namespace is in the help too; and a
+//! default a table states is the default the help shows for that flag.
+//!
+//! New documents in docs/ are covered as they are added. Flags of other programs that the
+//! documents quote (cargo, nvidia-ctk, …) are listed in `FOREIGN_FLAGS`, each with the program.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{gpud_bin, stdout_ok};
+
+/// Flags the documents quote that belong to other programs, or that gpud refuses on purpose
+/// and says so.
+const FOREIGN_FLAGS: &[(&str, &str)] = &[
+    ("--release", "cargo"),
+    ("--workspace", "cargo"),
+    ("--all-targets", "cargo clippy"),
+    ("--all", "cargo fmt"),
+    ("--check", "cargo fmt"),
+    ("--bench", "cargo bench"),
+    ("--example", "cargo run"),
+    ("--test", "cargo test"),
+    ("--lib", "cargo test"),
+    ("--bin", "cargo build"),
+    (
+        "--device-id",
+        "nvidia-ctk cdi generate, refused by gpud cdi generate",
+    ),
+    (
+        "--enable-hook",
+        "nvidia-ctk cdi generate, refused by gpud cdi generate",
+    ),
+    (
+        "--feature-flag",
+        "nvidia-ctk cdi generate, refused by gpud cdi generate",
+    ),
+    (
+        "--web-config-file",
+        "dcgm-exporter, listed as not supported",
+    ),
+    ("--enable-pprof", "dcgm-exporter, listed as not supported"),
+    (
+        "--kubernetes-enable-pod-labels",
+        "dcgm-exporter, listed as not supported",
+    ),
+    (
+        "--kubernetes-enable-pod-uid",
+        "dcgm-exporter, listed as not supported",
+    ),
+    ("--kubernetes-virtual-gpus", "dcgm-exporter, compared with"),
+    ("--fresh-only", "benches/exporter.sh"),
+];
+
+/// Environment variables the documents name that are not the binary's.
+const FOREIGN_ENV: &[(&str, &str)] = &[
+    (
+        "GPUD_ARGS",
+        "systemd/gpud.service passes it to gpud run as arguments",
+    ),
+    ("GPUD_BLESS", "the test harness: rewrite golden files"),
+    ("GPUD_BENCH_BASELINE", "make bench"),
+    ("GPUD_BENCH_INTERVALS", "make bench"),
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md, every Markdown file in docs/, and systemd/gpud.env, with their text.
+fn documents() -> Vec<(PathBuf, String)> {
+    let mut paths = vec![repo().join("README.md"), repo().join("systemd/gpud.env")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+fn help(args: &[&str]) -> String {
+    stdout_ok(&Command::new(gpud_bin()).args(args).output().unwrap())
+}
+
+/// `--help` of every applet and of every subcommand an applet lists.
+fn all_help() -> Vec<String> {
+    let mut texts = vec![help(&["--help"])];
+    for applet in help(&["--list"]).lines() {
+        let text = help(&[applet, "--help"]);
+        let subcommands: Vec<String> = text
+            .lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|c| c != "help")
+            .collect();
+        for sub in subcommands {
+            texts.push(help(&[applet, &sub, "--help"]));
+        }
+        texts.push(text);
+    }
+    texts
+}
+
+/// Every `--flag` in `text`: two dashes after a non-word character, then lower-case words.
+fn flags_in(text: &str) -> Vec<String> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i + 2 < bytes.len() {
+        let starts = bytes[i] == b'-'
+            && bytes[i + 1] == b'-'
+            && bytes[i + 2].is_ascii_lowercase()
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-'));
+        if starts {
+            let end = (i + 2..bytes.len())
+                .find(|&j| {
+                    !(bytes[j].is_ascii_lowercase()
+                        || bytes[j].is_ascii_digit()
+                        || bytes[j] == b'-')
+                })
+                .unwrap_or(bytes.len());
+            found.push(text[i..end].trim_end_matches('-').to_owned());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// The options of one help text: flag (long name and visible aliases) → its block of text.
+fn options(help: &str) -> BTreeMap<String, String> {
+    let mut blocks: Vec<(Vec<String>, String)> = Vec::new();
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if (2..=6).contains(&indent) && trimmed.starts_with('-') {
+            let names: Vec<String> = flags_in(trimmed.split("  ").next().unwrap_or(trimmed));
+            blocks.push((names, String::new()));
+        } else if let Some((_, block)) = blocks.last_mut() {
+            block.push_str(line);
+            block.push('\n');
+            if let Some(aliases) = trimmed
+                .strip_prefix("[aliases: ")
+                .or(trimmed.strip_prefix("[alias: "))
+            {
+                let names = flags_in(aliases);
+                blocks.last_mut().unwrap().0.extend(names);
+            }
+        }
+    }
+    let mut map = BTreeMap::new();
+    for (names, block) in blocks {
+        for name in names {
+            map.insert(name, block.clone());
+        }
+    }
+    map
+}
+
+/// The `[default: …]` of an option's block, joined over wrapped lines.
+fn default_of(block: &str) -> Option<String> {
+    let flat = block.split_whitespace().collect::<Vec<_>>().join(" ");
+    let start = flat.find("[default: ")? + "[default: ".len();
+    let end = start + flat[start..].find(']')?;
+    Some(flat[start..end].to_owned())
+}
+
+/// One table row's cells, without the outer pipes (escaped pipes kept).
+fn cells(line: &str) -> Vec<String> {
+    let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
+    let mut cells = vec![String::new()];
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                cells.last_mut().unwrap().push('|');
+                chars.next();
+            }
+            '|' => cells.push(String::new()),
+            c => cells.last_mut().unwrap().push(c),
+        }
+    }
+    cells.into_iter().map(|c| c.trim().to_owned()).collect()
+}
+
+/// Upper-case words that look like environment variables (`A_B`, at least one underscore or
+/// a known single word).
+fn env_names_in(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|w| {
+            w.len() > 2 && w.contains('_') && w.starts_with(|c: char| c.is_ascii_uppercase())
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What a table says: (document, flag, env names, stated default).
+struct Row {
+    doc: String,
+    flags: Vec<String>,
+    envs: Vec<String>,
+    default: Option<String>,
+}
+
+fn table_rows(doc: &Path, text: &str) -> Vec<Row> {
+    let name = doc.strip_prefix(repo()).unwrap().display().to_string();
+    let mut rows = Vec::new();
+    let mut header: Option<Vec<String>> = None;
+    for line in text.lines() {
+        if !line.trim_start().starts_with('|') {
+            header = None;
+            continue;
+        }
+        let row = cells(line);
+        if row
+            .iter()
+            .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'))
+        {
+            continue;
+        }
+        let Some(head) = &header else {
+            header = Some(row.iter().map(|c| c.to_lowercase()).collect());
+            continue;
+        };
+        let column = |names: &[&str]| head.iter().position(|h| names.contains(&h.as_str()));
+        let flags = flags_in(row.first().map_or("", String::as_str));
+        let envs = column(&["env", "environment", "variable"])
+            .and_then(|i| row.get(i))
+            .map(|c| env_names_in(c))
+            .unwrap_or_default();
+        // A default written as one code span (`30s`) is compared; prose is not.
+        let default = column(&["default"]).and_then(|i| row.get(i)).and_then(|c| {
+            let inner = c.strip_prefix('`')?.strip_suffix('`')?;
+            (!inner.contains('`')).then(|| inner.to_owned())
+        });
+        rows.push(Row {
+            doc: name.clone(),
+            flags,
+            envs,
+            default,
+        });
+    }
+    rows
+}
+
+#[test]
+fn documented_flags_env_and_defaults_match_the_help() {
+    let helps = all_help();
+    let all_options: Vec<BTreeMap<String, String>> = helps.iter().map(|h| options(h)).collect();
+    // Options of every applet, and gpud's own (`--list`, in its usage line).
+    let top_level = flags_in(&helps[0]);
+    let known_flags: BTreeSet<&String> = all_options
+        .iter()
+        .flat_map(|o| o.keys())
+        .chain(&top_level)
+        .collect();
+    let whole_help = helps.join("\n");
+    let foreign: BTreeSet<&str> = FOREIGN_FLAGS.iter().map(|(f, _)| *f).collect();
+    let mut problems = Vec::new();
+
+    for (path, text) in documents() {
+        let doc = path.strip_prefix(repo()).unwrap().display().to_string();
+        for flag in flags_in(text.as_str()).into_iter().collect::<BTreeSet<_>>() {
+            if !known_flags.contains(&flag) && !foreign.contains(flag.as_str()) {
+                problems.push(format!("{doc}: {flag} is in no applet's --help"));
+            }
+        }
+        let mut envs: BTreeSet<String> = BTreeSet::new();
+        if path.extension().is_some_and(|e| e == "env") {
+            for line in text.lines() {
+                let line = line.trim_start_matches('#');
+                if let Some((name, _)) = line.split_once('=')
+                    && !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                {
+                    envs.insert(name.to_owned());
+                }
+            }
+        }
+        envs.extend(
+            env_names_in(&text)
+                .into_iter()
+                .filter(|e| e.starts_with("GPUD_")),
+        );
+        for row in table_rows(&path, &text) {
+            envs.extend(row.envs.iter().cloned());
+            let (Some(stated), false) = (&row.default, row.flags.is_empty()) else {
+                continue;
+            };
+            let flag = &row.flags[0];
+            let shown: BTreeSet<Option<String>> = all_options
+                .iter()
+                .filter_map(|o| o.get(flag))
+                .map(|block| default_of(block))
+                .collect();
+            if !shown.is_empty() && !shown.contains(&Some(stated.clone())) {
+                problems.push(format!(
+                    "{}: {flag} default `{stated}`, but --help shows {shown:?}",
+                    row.doc
+                ));
+            }
+        }
+        for env in envs {
+            if !whole_help.contains(&env) && !FOREIGN_ENV.iter().any(|(e, _)| *e == env) {
+                problems.push(format!("{doc}: environment variable {env} is in no --help"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_scanners_find_what_they_should() {
+    assert_eq!(
+        flags_in("`--kmsg PATH` and --a-b=1, not a--b or ---"),
+        ["--kmsg", "--a-b"]
+    );
+    assert_eq!(
+        cells("| `--format yaml\\|json` | | `yaml` |"),
+        ["`--format yaml|json`", "", "`yaml`"]
+    );
+    assert_eq!(
+        default_of("  text\n  [default:\n  30s]\n"),
+        Some("30s".into())
+    );
+    assert_eq!(
+        env_names_in("`GPUD_LOG`, NODE_NAME and PATH"),
+        ["GPUD_LOG", "NODE_NAME"]
+    );
+}
