@@ -56,6 +56,13 @@ pub struct AdminArgs {
     /// the applet's own port]. With the exporter they are served on its port instead.
     #[arg(long, value_name = "ADDRESS", env = "GPUD_HEALTH_ADDRESS")]
     pub health_address: Option<String>,
+
+    /// Reload, as on SIGHUP, when the contents of the config file change (for a ConfigMap
+    /// mounted into a container, where nothing can send SIGHUP; not with subPath mounts)
+    #[arg(long, value_name = "BOOL", env = "GPUD_WATCH_CONFIG", default_value = "false",
+          action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = crate::nvidia_config::parse_bool)]
+    pub watch_config: bool,
 }
 
 impl AdminArgs {
@@ -64,6 +71,14 @@ impl AdminArgs {
         self.health_address
             .clone()
             .unwrap_or_else(|| format!("127.0.0.1:{default_port}"))
+    }
+
+    /// The files to watch for [`AdminArgs::watch_config`]: `files`, or none when it is off.
+    pub fn watched(&self, files: &[Option<&std::path::Path>]) -> Vec<std::path::PathBuf> {
+        if !self.watch_config {
+            return Vec::new();
+        }
+        files.iter().flatten().map(|p| p.to_path_buf()).collect()
     }
 }
 

@@ -56,6 +56,13 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ),
     ("--kubernetes-virtual-gpus", "dcgm-exporter, compared with"),
     ("--fresh-only", "benches/exporter.sh"),
+    ("--now", "systemctl enable"),
+    ("--rm", "docker run"),
+    ("--entrypoint", "docker run"),
+    ("--read-only", "docker run"),
+    ("--cap-add", "docker run"),
+    ("--cap-drop", "docker run"),
+    ("--security-opt", "docker run"),
 ];
 
 /// Environment variables the documents name that are not the binary's.
@@ -179,7 +186,13 @@ fn default_of(block: &str) -> Option<String> {
     let flat = block.split_whitespace().collect::<Vec<_>>().join(" ");
     let start = flat.find("[default: ")? + "[default: ".len();
     let end = start + flat[start..].find(']')?;
-    Some(flat[start..end].to_owned())
+    // clap quotes a default that holds spaces: `[default: "nvidia-smi -r -i"]`.
+    let value = &flat[start..end];
+    let unquoted = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value);
+    Some(unquoted.to_owned())
 }
 
 /// One table row's cells, without the outer pipes (escaped pipes kept).

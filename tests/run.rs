@@ -420,3 +420,58 @@ fn oversized_deep_and_long_valued_configs_exit_65_with_a_short_message() {
         "{stderr:.400}"
     );
 }
+
+/// With `--watch-config`, a ConfigMap update (a new `..data` folder renamed into place, the
+/// file a symlink through it) reloads as SIGHUP does: one log line naming the file, the new
+/// sharing settings in the labels; a broken update keeps them and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_update_reloads_with_watch_config() {
+    let node = Node::new("pcie-4gpu");
+    let mount = node.dir.path().join("nvidia-config");
+    let publish = |version: &str, text: &str| {
+        let folder = mount.join(format!("..{version}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("config.yaml"), text).unwrap();
+        let temp = mount.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..{version}"), &temp).unwrap();
+        std::fs::rename(&temp, mount.join("..data")).unwrap();
+    };
+    std::fs::create_dir_all(&mount).unwrap();
+    publish("v1", "version: v1\nflags:\n  migStrategy: none\n");
+    std::os::unix::fs::symlink("..data/config.yaml", mount.join("config.yaml")).unwrap();
+    let config = mount.join("config.yaml");
+
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+    let log_path = node.dir.path().join("stderr.log");
+    let child = command(
+        &node,
+        &kubelet,
+        free_port(),
+        &["--config-file", config.to_str().unwrap(), "--watch-config"],
+    )
+    .env("GPUD_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).unwrap())
+    .spawn()
+    .unwrap();
+    let _daemon = Daemon { child, port: 0 };
+    logged(&log_path, "All subsystems ready", 1);
+    labels_when(&node, |l| l.contains("nvidia.com/gpu.replicas=1"));
+
+    publish(
+        "v2",
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
+    );
+    let log = logged(&log_path, "Configuration reloaded", 1);
+    let expected = format!("trigger=\"{} changed\"", config.display());
+    assert!(log.contains(&expected), "{log}");
+    labels_when(&node, |l| l.contains("nvidia.com/gpu.replicas=2"));
+
+    publish("v3", "version: v1\nflags:\n  migStrategy: sometimes\n");
+    let log = logged(&log_path, "Configuration not reloaded", 1);
+    assert_eq!(log.matches("Configuration reloaded").count(), 1, "{log}");
+    assert!(
+        log.contains("flags.migStrategy: invalid value \"sometimes\""),
+        "{log}"
+    );
+}

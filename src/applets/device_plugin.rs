@@ -60,6 +60,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let mut daemon = Daemon::new("device-plugin", settings, move || {
         settings_source::reload(&plugin)
     });
+    daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
     daemon.add_support(HealthWatcher::optional(nvml, health));
     daemon.add(DevicePlugin::new(args.kubelet.manager_config()), Arc::clone);

@@ -102,6 +102,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let mut daemon = Daemon::new("labeller", settings, move || {
         labeller.reload(config_file.as_deref(), &shared, sink)
     });
+    daemon.reload_on_change(args.admin.watched(&[args.config_file.as_deref()]));
     // A looping labeller keeps the inventory current itself: rescans for MIG changes and lost
     // GPUs, and the health watcher for the gpud.io/gpu.* health labels. A oneshot labels what
     // discovery saw.

@@ -164,6 +164,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
             labeller: Arc::new(labeller_args.reload(config_file, &plugin_args.shared, sink)?),
         })
     });
+    daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();

@@ -17,6 +17,7 @@
 mod admin;
 mod context;
 mod error;
+mod file_watch;
 mod notify;
 mod readiness;
 pub mod signals;

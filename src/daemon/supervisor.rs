@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tracing::{Instrument, error, info, warn};
 use super::admin::{self, Admin};
 use super::context::{Context, ReadyLatch};
 use super::error::Error;
+use super::file_watch;
 use super::notify::Notifier;
 use super::readiness::{Readiness, State};
 use super::signals::{Request, Signals};
@@ -53,6 +55,8 @@ pub struct Daemon<C> {
     workers: usize,
     /// Routes subsystems add to the admin endpoint (`/doctor`).
     extra_routes: axum::Router,
+    /// Config files whose change of contents reloads as SIGHUP does.
+    watched: Vec<PathBuf>,
 }
 
 impl<C> std::fmt::Debug for Daemon<C> {
@@ -91,7 +95,14 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             notifier: Notifier::from_env(std::env::var_os("NOTIFY_SOCKET")),
             workers: 2,
             extra_routes: axum::Router::new(),
+            watched: Vec::new(),
         }
+    }
+
+    /// Reloads, as on SIGHUP, whenever the contents of one of `files` change (a ConfigMap
+    /// update in a container nothing can signal; see [`super::file_watch`]).
+    pub fn reload_on_change(&mut self, files: impl IntoIterator<Item = PathBuf>) {
+        self.watched.extend(files);
     }
 
     /// The readiness board, for the routes of an admin endpoint served by a subsystem.
@@ -202,8 +213,10 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             pending,
             readiness,
             notifier,
+            watched,
             ..
         } = self;
+        let mut file_changes = file_watch::watch(&watched);
         let root = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut names = HashMap::new();
@@ -237,26 +250,11 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                         info!("Stopping on signal");
                         break Ok(());
                     }
-                    Request::Reload => {
-                        // Before the first READY=1 systemd is still starting the unit: a reload
-                        // then must not tell it the daemon is ready.
-                        if announced {
-                            notifier.reloading();
-                        }
-                        match reload() {
-                            Ok(next) => {
-                                let next = Arc::new(next);
-                                for send in &fan_out {
-                                    send(&next);
-                                }
-                                info!("Configuration reloaded");
-                            }
-                            Err(err) => warn!(error = %crate::telemetry::error_chain(&err), "Configuration not reloaded; keeping the running one"),
-                        }
-                        if announced {
-                            notifier.ready();
-                        }
-                    }
+                    Request::Reload => reload_now(&reload, &fan_out, &notifier, announced, "SIGHUP"),
+                },
+                Some(path) = file_changes.recv() => {
+                    let trigger = format!("{} changed", path.display());
+                    reload_now(&reload, &fan_out, &notifier, announced, &trigger);
                 },
                 changed = changes.changed(), if !announced => {
                     if changed.is_ok() && readiness.all_ready() {
@@ -310,6 +308,36 @@ impl<C: Send + Sync + 'static> Daemon<C> {
 /// Raises the soft open-file limit to the hard one, before any server sizes its connection cap
 /// from it: connections, sockets and NVML's own descriptors share one table, and systemd's
 /// usual soft limit of 1024 is easy to reach.
+/// Builds the next configuration and hands each subsystem its part; a failure keeps the
+/// running one. `announced`: systemd has been told READY=1 (before that a reload must not say
+/// the daemon is ready). One log line says the outcome and what asked for it.
+fn reload_now<C>(
+    reload: &dyn Fn() -> Result<C, Error>,
+    fan_out: &[FanOut<C>],
+    notifier: &Notifier,
+    announced: bool,
+    trigger: &str,
+) {
+    if announced {
+        notifier.reloading();
+    }
+    match reload() {
+        Ok(next) => {
+            let next = Arc::new(next);
+            for send in fan_out {
+                send(&next);
+            }
+            info!(trigger, "Configuration reloaded");
+        }
+        Err(err) => {
+            warn!(trigger, error = %crate::telemetry::error_chain(&err), "Configuration not reloaded; keeping the running one")
+        }
+    }
+    if announced {
+        notifier.ready();
+    }
+}
+
 fn raise_fd_limit() {
     match crate::http::raise_fd_limit() {
         Ok((before, now)) if before < now => {

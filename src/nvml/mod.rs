@@ -12,8 +12,8 @@ mod discover;
 mod error;
 pub mod events;
 pub mod library;
-mod preflight;
 pub mod mig_admin;
+mod preflight;
 mod probe;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
 #[allow(unsafe_code)]

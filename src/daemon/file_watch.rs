@@ -1,0 +1,187 @@
+//! Reloading when a config file changes, for the places where nothing can send SIGHUP: a
+//! Kubernetes ConfigMap mounted into a container whose image has no shell.
+//!
+//! The kubelet updates a mounted ConfigMap by writing a new timestamped folder and renaming a
+//! `..data` symlink over the old one; the file itself (`config.yaml -> ..data/config.yaml`) is
+//! never written. An editor on a bare-metal node writes a temporary file and renames it, or
+//! truncates and writes in place. So a thread watches each file's *folder* with inotify,
+//! treats any event there as "something may have changed", lets a burst of events settle for
+//! [`SETTLE`], and then compares each file's bytes with what it held before: only a real
+//! change of contents asks for a reload, and the reload is the same one SIGHUP triggers (a bad
+//! file keeps the running configuration and says so).
+//!
+//! Where inotify cannot watch a folder (it does not exist yet, or the limit of watches is
+//! reached) the files are read every [`POLL`] instead. A file mounted with `subPath` is a copy
+//! the kubelet never updates; no watch can see a change there.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+/// How long a burst of folder events is given to finish before the files are compared.
+pub const SETTLE: Duration = Duration::from_millis(100);
+/// How often the files are compared when their folders cannot be watched.
+pub const POLL: Duration = Duration::from_secs(5);
+
+/// What a file held when last looked at: a digest of its bytes, `None` when it could not be read.
+type Seen = Option<u64>;
+
+fn digest(path: &Path) -> Seen {
+    let bytes = std::fs::read(path).ok()?;
+    let mut hasher = DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The files to compare and what each held last.
+#[derive(Debug)]
+struct Files {
+    seen: Vec<(PathBuf, Seen)>,
+}
+
+impl Files {
+    fn new(paths: &[PathBuf]) -> Files {
+        Files {
+            seen: paths.iter().map(|p| (p.clone(), digest(p))).collect(),
+        }
+    }
+
+    /// The first file whose contents differ from last time (all are brought up to date).
+    fn changed(&mut self) -> Option<PathBuf> {
+        let mut first = None;
+        for (path, seen) in &mut self.seen {
+            let now = digest(path);
+            if now != *seen {
+                *seen = now;
+                first.get_or_insert_with(|| path.clone());
+            }
+        }
+        first
+    }
+
+    fn folders(&self) -> Vec<PathBuf> {
+        let mut folders: Vec<PathBuf> = self
+            .seen
+            .iter()
+            .map(|(p, _)| match p.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+                _ => PathBuf::from("."),
+            })
+            .collect();
+        folders.sort();
+        folders.dedup();
+        folders
+    }
+}
+
+/// Starts watching `paths`; the receiver yields the path of a file whose contents changed.
+/// With no paths it never yields.
+pub fn watch(paths: &[PathBuf]) -> mpsc::Receiver<PathBuf> {
+    // One slot: a change noticed while a reload is pending is covered by that reload.
+    let (tx, rx) = mpsc::channel(1);
+    if paths.is_empty() {
+        return rx;
+    }
+    let files = Files::new(paths);
+    // Watches are in place before this returns: no change after it can go unseen.
+    let inotify = open_watches(&files.folders());
+    let spawned =
+        crate::telemetry::spawn_thread("gpud-config-watch", move || run(files, inotify, &tx));
+    if let Err(err) = spawned {
+        debug!(error = %crate::telemetry::error_chain(&err), "Cannot watch the config files; SIGHUP still reloads");
+    }
+    rx
+}
+
+fn run(mut files: Files, inotify: Option<Inotify>, tx: &mpsc::Sender<PathBuf>) {
+    loop {
+        match &inotify {
+            Some(inotify) => {
+                if inotify.read_events().is_err() {
+                    return;
+                }
+                // Let the rest of a ConfigMap update (several renames) or an editor's save land
+                // before comparing. Events that come meanwhile are read on the next turn and
+                // find nothing new.
+                std::thread::sleep(SETTLE);
+            }
+            None => std::thread::sleep(POLL),
+        }
+        if let Some(path) = files.changed() {
+            match tx.try_send(path) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+    }
+}
+
+/// One inotify instance watching every folder, or `None` (then the files are polled) when one
+/// of them cannot be watched.
+fn open_watches(folders: &[PathBuf]) -> Option<Inotify> {
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)
+        .inspect_err(|err| debug!(error = %err, "inotify unavailable; polling the config files"))
+        .ok()?;
+    let events = AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_ATTRIB;
+    for folder in folders {
+        if let Err(err) = inotify.add_watch(folder, events) {
+            debug!(folder = %folder.display(), error = %err, "Cannot watch the config folder; polling the config files");
+            return None;
+        }
+    }
+    Some(inotify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ConfigMap update as the kubelet makes it: a new folder, a new `..data` symlink renamed
+    /// over the old one; the file the daemon names is a symlink through `..data`.
+    #[tokio::test]
+    async fn a_configmap_update_is_one_change_and_a_touch_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("..v1")).unwrap();
+        std::fs::write(root.join("..v1/config.yaml"), "version: v1\n").unwrap();
+        std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/config.yaml", root.join("config.yaml")).unwrap();
+        let config = root.join("config.yaml");
+        let mut changes = watch(std::slice::from_ref(&config));
+
+        // The same bytes written again: no reload.
+        std::fs::write(root.join("..v1/config.yaml"), "version: v1\n").unwrap();
+        // The update.
+        std::fs::create_dir(root.join("..v2")).unwrap();
+        std::fs::write(
+            root.join("..v2/config.yaml"),
+            "version: v1\nflags:\n  migStrategy: single\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+
+        let changed = tokio::time::timeout(Duration::from_secs(10), changes.recv())
+            .await
+            .expect("a change within 10 s")
+            .unwrap();
+        assert_eq!(changed, config);
+        // Nothing else changed: no second notice.
+        std::fs::write(root.join("unrelated"), "x").unwrap();
+        assert!(
+            tokio::time::timeout(SETTLE * 5, changes.recv())
+                .await
+                .is_err()
+        );
+    }
+}
