@@ -19,6 +19,7 @@ pub mod http;
 pub mod inventory;
 pub mod labeller;
 pub mod multicall;
+pub mod node_status;
 pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;

@@ -7,6 +7,7 @@ mod exporter;
 mod health;
 mod inventory;
 mod labeller;
+mod node_status;
 mod run;
 
 use std::ffi::OsString;
@@ -71,6 +72,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: true,
         about: "GFD-compatible node labels, as an NFD features file or on the Node object",
         run: labeller::main,
+    },
+    Applet {
+        name: "node-status",
+        daemon: true,
+        about: "put GPU health on the Node: conditions, events and opt-in taints that clear on recovery",
+        run: node_status::main,
     },
     Applet {
         name: "run",

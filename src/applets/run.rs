@@ -24,6 +24,7 @@ use crate::exporter::{args::ExporterArgs, service};
 use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
+use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Rescanner};
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
@@ -83,6 +84,16 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
+    /// Keep the GPUs' health and the doctor's verdict on this node's Node object (conditions,
+    /// events, optional taints; see `gpud node-status --help`). Needs the node name and API
+    /// access (--kubeconfig or the in-cluster service account).
+    #[arg(long, value_name = "BOOL", env = "GPUD_NODE_STATUS", default_value = "false",
+          value_parser = crate::nvidia_config::parse_bool)]
+    node_status: bool,
+
+    #[command(flatten)]
+    status: NodeStatusArgs,
+
     /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
     /// on the metrics port).
     #[command(flatten)]
@@ -131,6 +142,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         let settings = args.labeller.settings(&config, sink);
         (config, sink, settings)
     };
+    let node_status = args
+        .node_status
+        .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
+        .transpose()?;
     let counters = args.exporter.counters()?;
     let nvml = args.common.start()?;
     let exporter = args.exporter.config(&counters, &nvml)?;
@@ -154,8 +169,16 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         })
     });
     daemon.add_support(rescanner);
+    let mut status = node_status.map(|node| {
+        NodeStatus::new(
+            node,
+            args.labeller.kubeconfig().map(Into::into),
+            args.status.settings(),
+        )
+    });
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
+        status = status.map(|s| s.with_doctor(latest.clone()));
         daemon.add_admin_routes(latest.routes());
         let options = crate::doctor::Options {
             host_root: args.host_root.clone(),
@@ -196,6 +219,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
             args.labeller.subsystem(sink, args.node_name.clone()),
             |config: &Arc<Reloadable>| Arc::clone(&config.labeller),
         );
+    }
+    if let Some(status) = status {
+        daemon.add_fixed(status);
     }
     daemon.run(inventory)
 }

@@ -115,6 +115,12 @@ impl LabellerArgs {
         )
     }
 
+    /// The kubeconfig given (`--kubeconfig`, `KUBECONFIG`); shared with the node status in
+    /// `gpud run`.
+    pub fn kubeconfig(&self) -> Option<&Path> {
+        self.kubeconfig.as_deref()
+    }
+
     /// The sink `config` and `--sink` select.
     pub fn sink(&self, config: &nvidia_config::Config) -> Sink {
         Sink::chosen(self.sink, &config.flags)
