@@ -87,8 +87,7 @@ struct Args {
     /// Keep the GPUs' health and the doctor's verdict on this node's Node object (conditions,
     /// events, optional taints; see `gpud node-status --help`). Needs the node name and API
     /// access (--kubeconfig or the in-cluster service account).
-    #[arg(long, value_name = "BOOL", env = "GPUD_NODE_STATUS", default_value = "false",
-          value_parser = crate::nvidia_config::parse_bool)]
+    #[arg(long, env = "GPUD_NODE_STATUS")]
     node_status: bool,
 
     #[command(flatten)]
