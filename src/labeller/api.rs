@@ -55,6 +55,12 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ApiSinkE
     kube::Client::try_from(config).map_err(|e| ApiSinkError::Config(e.to_string()))
 }
 
+/// A per-node number that spreads the retries of many nodes apart.
+pub fn node_seed(node: &str) -> u64 {
+    node.bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+}
+
 /// Exponential backoff with jitter for retrying the API server: 500 ms doubling to 30 s.
 #[derive(Debug, Clone)]
 pub struct Backoff {

@@ -24,7 +24,7 @@ use crate::daemon::{Context, Subsystem};
 use crate::doctor::service::LatestReport;
 use crate::health::transitions;
 use crate::inventory::Inventory;
-use crate::labeller::api::{Backoff, connect};
+use crate::labeller::api::{Backoff, connect, node_seed};
 
 /// The node-status subsystem for one node.
 #[derive(Debug)]
@@ -82,11 +82,7 @@ impl Subsystem for NodeStatus {
         );
         ctx.set_ready();
 
-        let seed = self
-            .node
-            .bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-        let mut backoff = Backoff::capped(seed, settings.retry_max);
+        let mut backoff = Backoff::capped(node_seed(&self.node), settings.retry_max);
         let mut outbox = Outbox::new(Instant::now().into_std());
         let mut wrote: Option<Wrote> = None;
         let mut uid: Option<String> = None;
