@@ -20,6 +20,7 @@ pub mod inventory;
 pub mod labeller;
 pub mod mig;
 pub mod multicall;
+pub mod node_status;
 pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;

@@ -8,6 +8,7 @@ mod health;
 mod inventory;
 mod labeller;
 mod mig;
+mod node_status;
 mod run;
 
 use std::ffi::OsString;
@@ -78,6 +79,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: false,
         about: "apply, assert, export and plan MIG layouts from mig-parted config files",
         run: mig::main,
+    },
+    Applet {
+        name: "node-status",
+        daemon: true,
+        about: "put GPU health on the Node: conditions, events and opt-in taints that clear on recovery",
+        run: node_status::main,
     },
     Applet {
         name: "run",

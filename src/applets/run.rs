@@ -25,6 +25,7 @@ use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
 use crate::mig::reconcile::args::ReconcileArgs;
+use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Rescanner};
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
@@ -87,6 +88,14 @@ struct Args {
     /// The MIG reconciler, off unless --mig-config-file is given.
     #[command(flatten)]
     mig: ReconcileArgs,
+    /// Keep the GPUs' health and the doctor's verdict on this node's Node object (conditions,
+    /// events, optional taints; see `gpud node-status --help`). Needs the node name and API
+    /// access (--kubeconfig or the in-cluster service account).
+    #[arg(long, env = "GPUD_NODE_STATUS")]
+    node_status: bool,
+
+    #[command(flatten)]
+    status: NodeStatusArgs,
 
     /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
     /// on the metrics port).
@@ -136,6 +145,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         let settings = args.labeller.settings(&config, sink);
         (config, sink, settings)
     };
+    let node_status = args
+        .node_status
+        .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
+        .transpose()?;
     let counters = args.exporter.counters()?;
     let nvml = args.common.start()?;
     let exporter = args.exporter.config(&counters, &nvml)?;
@@ -166,8 +179,16 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     });
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
+    let mut status = node_status.map(|node| {
+        NodeStatus::new(
+            node,
+            args.labeller.kubeconfig().map(Into::into),
+            args.status.settings(),
+        )
+    });
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
+        status = status.map(|s| s.with_doctor(latest.clone()));
         daemon.add_admin_routes(latest.routes());
         let options = crate::doctor::Options {
             host_root: args.host_root.clone(),
@@ -211,6 +232,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if let Some(reconciler) = reconciler {
         daemon.add_fixed(reconciler);
+    }
+    if let Some(status) = status {
+        daemon.add_fixed(status);
     }
     daemon.run(inventory)
 }

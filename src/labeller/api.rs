@@ -55,10 +55,17 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ApiSinkE
     kube::Client::try_from(config).map_err(|e| ApiSinkError::Config(e.to_string()))
 }
 
+/// A per-node number that spreads the retries of many nodes apart.
+pub fn node_seed(node: &str) -> u64 {
+    node.bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+}
+
 /// Exponential backoff with jitter for retrying the API server: 500 ms doubling to 30 s.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
+    max: Duration,
     seed: u64,
 }
 
@@ -70,8 +77,14 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 impl Backoff {
     /// A fresh backoff; `seed` spreads the retries of many nodes apart.
     pub fn new(seed: u64) -> Self {
+        Backoff::capped(seed, BACKOFF_MAX)
+    }
+
+    /// A fresh backoff whose delay grows to `max` (plus jitter) at most.
+    pub fn capped(seed: u64, max: Duration) -> Self {
         Backoff {
-            next: BACKOFF_START,
+            next: BACKOFF_START.min(max),
+            max,
             seed: seed | 1,
         }
     }
@@ -84,13 +97,13 @@ impl Backoff {
         self.seed ^= self.seed << 17;
         let step = self.next;
         let jitter = step.mul_f64((self.seed % 1000) as f64 / 4000.0);
-        self.next = (self.next * 2).min(BACKOFF_MAX);
+        self.next = (self.next * 2).min(self.max);
         step + jitter
     }
 
     /// Back to the first step after a success.
     pub fn reset(&mut self) {
-        self.next = BACKOFF_START;
+        self.next = BACKOFF_START.min(self.max);
     }
 }
 

@@ -117,6 +117,12 @@ impl LabellerArgs {
         )
     }
 
+    /// The kubeconfig given (`--kubeconfig`, `KUBECONFIG`; `None`: inferred, in-cluster);
+    /// shared with the node status and the MIG reconciler in `gpud run`.
+    pub fn kubeconfig(&self) -> Option<&Path> {
+        self.kubeconfig.as_deref()
+    }
+
     /// The sink `config` and `--sink` select.
     pub fn sink(&self, config: &nvidia_config::Config) -> Sink {
         Sink::chosen(self.sink, &config.flags)
@@ -238,11 +244,6 @@ impl LabellerArgs {
         self.check(&config, sink, node_name)?;
         let settings = self.settings(&config, sink);
         Ok((config, sink, settings))
-    }
-
-    /// The kubeconfig the API clients use (`None`: inferred, in-cluster).
-    pub fn kubeconfig(&self) -> Option<&Path> {
-        self.kubeconfig.as_deref()
     }
 
     /// The labeller subsystem writing to `sink`, connecting its API sink when it starts.

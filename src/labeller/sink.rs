@@ -33,8 +33,7 @@ impl ApiSink {
             ApiSink::Node(sink) => sink.node(),
             ApiSink::NodeFeature(sink) => sink.node(),
         };
-        node.bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+        super::api::node_seed(node)
     }
 
     /// One attempt at bringing the sink up to `wanted`; returns whether anything was written.

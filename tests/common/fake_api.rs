@@ -1,7 +1,9 @@
-//! A fake Kubernetes API server on loopback for the labeller's API sinks: a Node whose labels
-//! merge patches change, NodeFeature objects with optimistic concurrency, and pods. It can fail
-//! the next requests with 500, and stop and come back on the same port (an API server
-//! restart) with what it held.
+//! A fake Kubernetes API server on loopback for the labeller's API sinks and the node status:
+//! a Node whose labels and taints merge patches change (refused with 409 when the patch names
+//! an older resourceVersion), whose status conditions server-side apply patches change with
+//! per-condition field managers, NodeFeature objects with optimistic concurrency, events, and
+//! pods. It can fail the next requests with 500, and stop and come back on the same port (an
+//! API server restart) with what it held.
 
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
@@ -35,6 +37,14 @@ pub struct ApiState {
     pub writes: Vec<(String, String, Value)>,
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Value>,
+    /// Field manager of each Node condition, by condition type.
+    pub condition_managers: BTreeMap<String, String>,
+    /// (when, field manager, body) of every server-side apply to nodes/status.
+    pub status_applies: Vec<(Instant, String, Value)>,
+    /// The Node after every write that changed it.
+    pub history: Vec<Value>,
+    /// Events created, in order.
+    pub events: Vec<Value>,
     /// The Node's resourceVersion, bumped by every change.
     pub node_version: u64,
     /// Wakes Node watches on every change.
@@ -125,11 +135,14 @@ async fn patch_node(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    let wanted_version = &patch["metadata"]["resourceVersion"];
+    if !wanted_version.is_null() && *wanted_version != state.node["metadata"]["resourceVersion"] {
+        return Err(StatusCode::CONFLICT);
+    }
     let mut node = state.node.clone();
     merge(&mut node, &patch);
-    state.node = node;
-    state.node_touched();
     state.patches.push((kind, patch));
+    store_node(&mut state, node);
     Ok(axum::Json(state.node.clone()))
 }
 
@@ -177,6 +190,114 @@ async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<St
             return Ok(String::new());
         }
     }
+}
+
+/// Stores a changed Node with a new resourceVersion, as the API server does on every write.
+fn store_node(state: &mut ApiState, node: Value) {
+    state.node = node;
+    state.node_touched();
+    state.history.push(state.node.clone());
+}
+
+/// `name=value` pairs of a query string.
+fn query(uri: &axum::http::Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Server-side apply to nodes/status, for conditions (a list keyed by type): the applied
+/// conditions are set and owned by the field manager, the ones it owned and no longer applies
+/// are removed, and a condition owned by another manager is a conflict unless forced.
+async fn apply_status(
+    State(s): State<Shared>,
+    UrlPath(_): UrlPath<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let kind = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if kind != "application/apply-patch+yaml" {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+        ));
+    }
+    let applied: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    let params = query(&uri);
+    let manager = params.get("fieldManager").cloned().unwrap_or_default();
+    let force = params.get("force").is_some_and(|f| f == "true");
+    let wanted = applied["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut conditions = state.node["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for condition in &wanted {
+        let kind = condition["type"].as_str().unwrap_or_default().to_owned();
+        if let Some(owner) = state.condition_managers.get(&kind)
+            && *owner != manager
+            && !force
+        {
+            return Err(status(StatusCode::CONFLICT, "Conflict"));
+        }
+    }
+    let applied_kinds: Vec<&str> = wanted.iter().filter_map(|c| c["type"].as_str()).collect();
+    let managers = state.condition_managers.clone();
+    conditions.retain(|c| {
+        let kind = c["type"].as_str().unwrap_or_default();
+        applied_kinds.contains(&kind) || managers.get(kind) != Some(&manager)
+    });
+    for condition in &wanted {
+        let kind = condition["type"].as_str().unwrap_or_default().to_owned();
+        match conditions
+            .iter_mut()
+            .find(|c| c["type"] == condition["type"])
+        {
+            Some(existing) => *existing = condition.clone(),
+            None => conditions.push(condition.clone()),
+        }
+        state.condition_managers.insert(kind, manager.clone());
+    }
+    state
+        .condition_managers
+        .retain(|kind, owner| *owner != manager || applied_kinds.contains(&kind.as_str()));
+    let mut node = state.node.clone();
+    node["status"]["conditions"] = Value::Array(conditions);
+    state
+        .status_applies
+        .push((Instant::now(), manager, applied));
+    store_node(&mut state, node);
+    Ok(axum::Json(state.node.clone()))
+}
+
+async fn create_event(
+    State(s): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    body: Bytes,
+) -> Result<(StatusCode, axum::Json<Value>), (StatusCode, axum::Json<Value>)> {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let mut event: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    let name = event["metadata"]["name"].clone();
+    if state.events.iter().any(|e| e["metadata"]["name"] == name) {
+        return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
+    }
+    event["metadata"]["namespace"] = json!(ns);
+    state.events.push(event.clone());
+    Ok((StatusCode::CREATED, axum::Json(event)))
 }
 
 async fn get_pod(State(s): State<Shared>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
@@ -355,6 +476,38 @@ impl FakeApi {
         serde_json::from_value(node["metadata"]["annotations"].clone()).unwrap_or_default()
     }
 
+    /// Serves a Node `test-node` as `node` (its name is set here), for tests that need taints,
+    /// conditions or a cordon on it.
+    pub fn start_with_node(mut node: Value) -> FakeApi {
+        let api = FakeApi::start(json!({}));
+        node["apiVersion"] = json!("v1");
+        node["kind"] = json!("Node");
+        node["metadata"]["name"] = json!("test-node");
+        node["metadata"]["uid"] = json!("node-uid-1");
+        node["metadata"]["resourceVersion"] = json!("1");
+        api.state.lock().unwrap().node = node;
+        api
+    }
+
+    /// The Node now.
+    pub fn node(&self) -> Value {
+        self.state.lock().unwrap().node.clone()
+    }
+
+    /// The Node's condition of type `kind`, if any.
+    pub fn condition(&self, kind: &str) -> Option<Value> {
+        self.node()["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)
+            .cloned()
+    }
+
+    /// The events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.lock().unwrap().events.clone()
+    }
+
     /// The Node's labels now.
     pub fn node_labels(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
@@ -376,6 +529,14 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
     let app = Router::new()
         .route("/api/v1/nodes", get(watch_nodes))
         .route("/api/v1/nodes/{name}", get(get_node).patch(patch_node))
+        .route(
+            "/api/v1/nodes/{name}/status",
+            axum::routing::patch(apply_status),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/events",
+            axum::routing::post(create_event),
+        )
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
         .route(features, axum::routing::post(create_feature))
         .route(

@@ -30,6 +30,7 @@ VERSIONS = ["1.29.0", "1.37.0"]
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 SINKS = [None, "labeller-node", "labeller-node-feature"]
+NODE_STATUS = ["node-status", "node-status-taints"]
 TOGGLES = ["sharing-config", "servicemonitor", "prometheus-rule", "runtime-class"]
 
 
@@ -48,6 +49,11 @@ def combinations():
                         [sink] if sink else []
                     ) + chosen
                     yield overlay, components
+                # The node status, with and without taints, over each overlay and sink.
+                for status in NODE_STATUS:
+                    yield overlay, (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + [status]
 
 
 def render(overlay, components):

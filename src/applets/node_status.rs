@@ -1,0 +1,74 @@
+//! `gpud node-status`: the health watcher and the node status on their own — the GPUs' health
+//! as conditions, events and optional taints on this node's Node object.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
+use crate::daemon::{self, Daemon, Error};
+use crate::health::service::HealthWatcher;
+use crate::node_status::{NodeStatus, NodeStatusArgs};
+
+/// The admin endpoint's default port (`--health-address`).
+pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 4;
+
+/// Keep the GPUs' health on this node's Node object: the GPUHealthy condition, an event per
+/// health transition, and (when configured) taints that are removed when the GPUs recover.
+///
+/// Needs the node name (NODE_NAME) and API access: get on nodes, patch on nodes/status,
+/// create on events, and patch on nodes only when a taint is configured. The doctor's
+/// GPUStackValidated condition comes from `gpud run --node-status`, where the doctor runs.
+#[derive(Debug, Parser)]
+#[command(name = "gpud node-status", version)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(flatten)]
+    node: NodeArgs,
+
+    /// kubeconfig for the API server; without it the in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    status: NodeStatusArgs,
+
+    #[command(flatten)]
+    health: HealthArgs,
+
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// The node name the node status needs, or the usage error naming where it comes from.
+pub fn node_name(name: Option<&str>, what: &str) -> Result<String, Error> {
+    name.filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{what} needs the node name (--node-name or NODE_NAME)"
+            ))
+        })
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    let (health, _) = args.health.resolve()?;
+    let node = node_name(args.node.node_name.as_deref(), "the node status")?;
+    let nvml = args.common.start()?;
+    let inventory = nvml.inventory(&args.node.facts())?;
+    let mut daemon = Daemon::fixed("node-status");
+    daemon.add_support(HealthWatcher::required(nvml, health));
+    daemon.add_fixed(NodeStatus::new(
+        node,
+        args.kubeconfig.clone(),
+        args.status.settings(),
+    ));
+    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.run(inventory)
+}

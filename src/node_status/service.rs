@@ -1,0 +1,254 @@
+//! The `node-status` subsystem: keeps gpud's conditions, taints and events on its own Node.
+//!
+//! Level-triggered: each round works out the desired state from the latest inventory and
+//! doctor report ([`Desired`]) and, when it differs from what was last written (or the resync
+//! is due), writes all of it, from a fresh read of the Node. Nothing is queued but events, so
+//! after an API outage the Node gets the state of that moment, not a replay. A failed write
+//! is retried with a capped, jittered backoff; the health watcher and the device plugin never
+//! wait on this task.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::api::{CallError, NodeApi, Written};
+use super::args::Settings;
+use super::conditions::{Condition, Status};
+use super::events::{NodeEvent, Outbox};
+use super::state::Desired;
+use super::taints::{self, Wanted};
+use crate::daemon::{Context, Subsystem};
+use crate::doctor::service::LatestReport;
+use crate::health::transitions;
+use crate::inventory::Inventory;
+use crate::labeller::api::{Backoff, connect, node_seed};
+
+/// The node-status subsystem for one node.
+#[derive(Debug)]
+pub struct NodeStatus {
+    node: String,
+    kubeconfig: Option<PathBuf>,
+    settings: Settings,
+    doctor: Option<LatestReport>,
+}
+
+impl NodeStatus {
+    /// Publishes the GPUs' health on `node`, connecting with `kubeconfig` (else in-cluster).
+    pub fn new(node: String, kubeconfig: Option<PathBuf>, settings: Settings) -> Self {
+        NodeStatus {
+            node,
+            kubeconfig,
+            settings,
+            doctor: None,
+        }
+    }
+
+    /// Also publishes the verdict of the daemon's periodic doctor.
+    pub fn with_doctor(mut self, latest: LatestReport) -> Self {
+        self.doctor = Some(latest);
+        self
+    }
+}
+
+/// What was last written successfully.
+#[derive(Debug, Clone, PartialEq)]
+struct Wrote {
+    conditions: Vec<Condition>,
+    taints: Vec<Wanted>,
+}
+
+impl Subsystem for NodeStatus {
+    type Settings = ();
+    crate::subsystem_name!("node-status");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let client = connect(self.kubeconfig.as_deref()).await?;
+        let api = NodeApi::new(client, self.node.clone());
+        let settings = self.settings;
+        let mut updates = inventory.subscribe();
+        let mut last = updates.borrow_and_update().clone();
+        let mut reports = self.doctor.as_ref().map(LatestReport::subscribe);
+        let report = reports.as_mut().and_then(|r| r.borrow_and_update().clone());
+        let mut desired = Desired::new(
+            settings.hold,
+            settings.taints,
+            &last,
+            reports.is_some(),
+            report.as_deref(),
+            Instant::now().into_std(),
+        );
+        ctx.set_ready();
+
+        let mut backoff = Backoff::capped(node_seed(&self.node), settings.retry_max);
+        let mut outbox = Outbox::new(Instant::now().into_std());
+        let mut wrote: Option<Wrote> = None;
+        let mut uid: Option<String> = None;
+        let mut next_attempt = Instant::now();
+        let mut resync_at = Instant::now();
+        loop {
+            let now = Instant::now();
+            if let Some(changed) = desired.settle(now.into_std()) {
+                outbox.push(
+                    NodeEvent::condition(&changed, SystemTime::now()),
+                    now.into_std(),
+                );
+            }
+            let want = Wrote {
+                conditions: desired.conditions(),
+                taints: desired.taints(),
+            };
+            let due = wrote.as_ref() != Some(&want) || now >= resync_at;
+            if now >= next_attempt && (due || !outbox.is_empty()) {
+                let attempt = async {
+                    if due {
+                        uid = write(&api, &want, settings.taints.any()).await?;
+                    }
+                    send_events(&api, &mut outbox, uid.as_deref()).await
+                };
+                match attempt.await {
+                    Ok(()) => {
+                        if due {
+                            log_changes(wrote.as_ref(), &want);
+                            wrote = Some(want);
+                            resync_at = Instant::now() + settings.resync;
+                        }
+                        backoff.reset();
+                    }
+                    Err(err) => {
+                        let delay = backoff.next_delay();
+                        warn!(error = %crate::telemetry::error_chain(&err), retry_in = ?delay, "Node status not written; retrying with the state of that moment");
+                        next_attempt = Instant::now() + delay;
+                    }
+                }
+                continue;
+            }
+            let pending = due || !outbox.is_empty();
+            let wake = [
+                desired.deadline().map(Instant::from_std),
+                pending.then_some(next_attempt),
+                Some(resync_at),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| now + Duration::from_secs(3600));
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                changed = updates.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    let snapshot = updates.borrow_and_update().clone();
+                    let at = SystemTime::now();
+                    for change in transitions::between(&last, &snapshot) {
+                        outbox.push(NodeEvent::transition(&change, at), Instant::now().into_std());
+                    }
+                    desired.observe_gpus(&snapshot, Instant::now().into_std());
+                    last = snapshot;
+                }
+                changed = next_report(&mut reports) => {
+                    if changed {
+                        let report = reports.as_mut().and_then(|r| r.borrow_and_update().clone());
+                        let now = Instant::now().into_std();
+                        if let Some(condition) = desired.observe_doctor(report.as_deref(), now) {
+                            outbox.push(NodeEvent::condition(&condition, SystemTime::now()), now);
+                        }
+                    } else {
+                        reports = None;
+                    }
+                }
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// Waits for the next doctor report; `false` when the doctor is gone. Never finishes without
+/// a doctor.
+async fn next_report(
+    reports: &mut Option<
+        tokio::sync::watch::Receiver<Option<std::sync::Arc<crate::doctor::report::Report>>>,
+    >,
+) -> bool {
+    match reports {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// One write of the whole desired state from a fresh read: gpud's taints first (the read's
+/// resourceVersion guards them), then the conditions. Returns the Node's uid for events.
+async fn write(api: &NodeApi, want: &Wrote, taints_on: bool) -> Result<Option<String>, CallError> {
+    let view = api.read().await?;
+    let now = SystemTime::now();
+    if taints_on {
+        let added = Time(
+            k8s_openapi::jiff::Timestamp::try_from(now)
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        if let Some(next) = taints::plan(&view.taints, &want.taints, &added) {
+            api.replace_taints(&next, view.resource_version.as_deref())
+                .await?;
+        }
+    }
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let written: Vec<Written> = want
+        .conditions
+        .iter()
+        .map(|condition| {
+            // The transition time survives restarts: kept while the status on the Node is the
+            // one being written.
+            let kept = view
+                .conditions
+                .iter()
+                .find(|(kind, status, _)| {
+                    kind == condition.kind && Status::parse(status) == condition.status
+                })
+                .and_then(|(_, _, at)| at.clone());
+            Written {
+                condition: condition.clone(),
+                transition: kept.unwrap_or_else(|| stamp.clone()),
+                heartbeat: stamp.clone(),
+            }
+        })
+        .collect();
+    api.apply_conditions(&written).await?;
+    Ok(view.uid)
+}
+
+/// Sends the waiting events, oldest first, until one fails.
+async fn send_events(
+    api: &NodeApi,
+    outbox: &mut Outbox,
+    uid: Option<&str>,
+) -> Result<(), CallError> {
+    while let Some(event) = outbox.front() {
+        api.create_event(event, uid).await?;
+        outbox.sent();
+    }
+    Ok(())
+}
+
+/// One log line per condition or taint whose status changed on the Node.
+fn log_changes(before: Option<&Wrote>, now: &Wrote) {
+    for condition in &now.conditions {
+        let old = before.and_then(|b| b.conditions.iter().find(|c| c.kind == condition.kind));
+        if old.map(|c| c.status) != Some(condition.status) {
+            info!(condition = condition.kind, status = condition.status.as_str(), reason = condition.reason, message = %condition.message, "Node condition set");
+        }
+    }
+    for taint in &now.taints {
+        let old = before.and_then(|b| b.taints.iter().find(|t| t.key == taint.key));
+        if old.map(|t| t.present) != Some(taint.present) {
+            info!(
+                taint = taint.key,
+                effect = taint.effect.as_str(),
+                present = taint.present,
+                "Node taint updated"
+            );
+        }
+    }
+}

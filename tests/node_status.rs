@@ -1,0 +1,517 @@
+//! `gpud node-status` and `gpud run --node-status` end to end: the real binary on the
+//! simulated NVML, writing to a fake API server. Faults go in through the simulated driver's
+//! control file; every assertion is on what the API server holds or received.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+
+use std::time::{Duration, Instant};
+
+use common::{Node, Running};
+use fake_api::FakeApi;
+use serde_json::{Value, json};
+
+/// The hold time the tests run with.
+const HOLD: Duration = Duration::from_millis(300);
+const HOLD_FLAG: &str = "300ms";
+
+/// `gpud <applet> …` against `api`: fast polling, a short hold and retry ceiling, no kernel log.
+fn start(node: &Node, api: &FakeApi, applet: &[&str], extra: &[&str]) -> Running {
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let mut args = applet.to_vec();
+    args.extend_from_slice(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--health-poll-interval",
+        "20ms",
+        "--kmsg",
+        "",
+        "--node-status-retry-max",
+        "1s",
+    ]);
+    if !extra.contains(&"--node-status-hold") {
+        args.extend_from_slice(&["--node-status-hold", HOLD_FLAG]);
+    }
+    args.extend_from_slice(extra);
+    Running::spawn(node.gpud(&args))
+}
+
+fn node_status(node: &Node, api: &FakeApi, extra: &[&str]) -> Running {
+    start(node, api, &["node-status"], extra)
+}
+
+/// Polls `check` until it returns `Some`, failing after `secs` seconds with `what`.
+fn wait_for<T>(secs: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the condition `kind` satisfies `accept`, and returns it.
+fn condition_when(api: &FakeApi, kind: &str, accept: impl Fn(&Value) -> bool) -> Value {
+    wait_for(20, &format!("condition {kind}"), || {
+        api.condition(kind).filter(|c| accept(c))
+    })
+}
+
+fn status_is(status: &'static str) -> impl Fn(&Value) -> bool {
+    move |c: &Value| c["status"] == status
+}
+
+/// Injects `line` again and again until `done`: a fault injected before the watcher has
+/// registered for NVML events is one the driver never reports, so the first may be missed.
+fn inject_until<T>(node: &Node, line: &str, mut done: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        node.inject(line);
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            if let Some(value) = done() {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(Instant::now() < deadline, "{line:?} never took effect");
+    }
+}
+
+/// The UUID of the GPU in `text`'s `GPU <index> <uuid>`.
+fn uuid_in(text: &str, index: u32) -> String {
+    let prefix = format!("GPU {index} ");
+    let at = text.find(&prefix).unwrap() + prefix.len();
+    let uuid: String = text[at..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && *c != ':')
+        .collect();
+    assert!(uuid.starts_with("GPU-"), "{text}");
+    uuid
+}
+
+/// The (reason, message) of every event, in order.
+fn events(api: &FakeApi) -> Vec<(String, String)> {
+    api.events()
+        .iter()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap().to_owned(),
+                e["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The GPUHealthy status of every apply, with consecutive repeats folded.
+fn gpu_status_changes(api: &FakeApi) -> Vec<(Instant, String)> {
+    let state = api.state.lock().unwrap();
+    let mut out: Vec<(Instant, String)> = Vec::new();
+    for (at, manager, body) in &state.status_applies {
+        assert_eq!(manager, "gpud");
+        let status = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "GPUHealthy")
+            .unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if out.last().map(|(_, s)| s) != Some(&status) {
+            out.push((*at, status));
+        }
+    }
+    out
+}
+
+const HEALTHY: &str = "8 GPUs: 8 healthy, 0 degraded, 0 unhealthy";
+
+#[test]
+fn a_fatal_xid_sets_the_condition_false_once_and_recovery_waits_for_the_hold() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let _gpud = node_status(&node, &api, &[]);
+    let first = condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(
+        (&first["reason"], &first["message"]),
+        (&json!("AllGPUsHealthy"), &json!(HEALTHY))
+    );
+    assert!(api.events().is_empty(), "{:?}", api.events());
+
+    let failed = inject_until(&node, "xid 3 79", || {
+        api.condition("GPUHealthy").filter(status_is("False"))
+    });
+    let message = failed["message"].as_str().unwrap();
+    let uuid = uuid_in(message, 3);
+    assert_eq!(failed["reason"], "GPUXIDError");
+    assert_eq!(
+        message,
+        format!(
+            "8 GPUs: 7 healthy, 0 degraded, 1 unhealthy. GPU 3 {uuid}: unhealthy: XID 79: GPU has \
+             fallen off the bus — drain and reboot the node"
+        )
+    );
+    let event = wait_for(10, "the event", || api.events().first().cloned());
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "GPUUnhealthy");
+    assert_eq!(
+        event["message"],
+        format!(
+            "GPU 3 {uuid} healthy -> unhealthy: XID 79: GPU has fallen off the bus — drain and \
+             reboot the node"
+        )
+    );
+    assert_eq!(
+        event["involvedObject"],
+        json!({"apiVersion": "v1", "kind": "Node", "name": "test-node", "uid": "node-uid-1"})
+    );
+    assert_eq!(event["source"]["component"], "gpud");
+    // The repeated injections are one transition: one event.
+    assert_eq!(api.events().len(), 1, "{:?}", events(&api));
+
+    // A reset (the GPU drops off the bus and comes back) clears the XID.
+    node.inject("lost 3");
+    condition_when(&api, "GPUHealthy", |c| {
+        c["status"] == "False" && c["message"].as_str().unwrap().contains("GPU is lost")
+    });
+    let recovered_at = Instant::now();
+    node.inject("recover 3");
+    let back = condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(back["message"], HEALTHY);
+    let changes = gpu_status_changes(&api);
+    let statuses: Vec<&str> = changes.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(statuses, ["True", "False", "True"]);
+    let waited = changes[2].0 - recovered_at;
+    println!("recovery shown {waited:?} after the GPU came back (hold {HOLD:?})");
+    assert!(
+        waited >= HOLD,
+        "recovery shown after {waited:?}, before the hold"
+    );
+    let reasons: Vec<String> = wait_for(10, "the recovery event", || {
+        let all = events(&api);
+        (all.len() == 3).then_some(all)
+    })
+    .into_iter()
+    .map(|(reason, _)| reason)
+    .collect();
+    assert_eq!(reasons, ["GPUUnhealthy", "GPUUnhealthy", "GPURecovered"]);
+}
+
+#[test]
+fn a_flapping_gpu_changes_the_condition_once_per_hold() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let _gpud = node_status(&node, &api, &["--node-status-hold", "1s"]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    // Ten failures and recoveries 150 ms apart: never healthy for a whole hold.
+    for _ in 0..10 {
+        node.inject("lost 5");
+        std::thread::sleep(Duration::from_millis(150));
+        node.inject("recover 5");
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let flapping_ended = Instant::now();
+    condition_when(&api, "GPUHealthy", |c| {
+        c["status"] == "True" && c["message"] == HEALTHY
+    });
+    let changes = gpu_status_changes(&api);
+    let statuses: Vec<&str> = changes.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(statuses, ["True", "False", "True"]);
+    assert!(changes[2].0 - flapping_ended >= Duration::from_millis(850));
+    // One failure and one recovery event: the repeats are de-duplicated.
+    let reasons: Vec<String> = events(&api).into_iter().map(|(r, _)| r).collect();
+    assert_eq!(reasons, ["GPUUnhealthy", "GPURecovered"]);
+}
+
+/// A Node as a cluster leaves it: cordoned by someone else, with another controller's taint
+/// and condition.
+fn busy_node() -> FakeApi {
+    let api = FakeApi::start_with_node(json!({
+        "spec": {
+            "unschedulable": true,
+            "taints": [{"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}],
+        },
+        "status": {"conditions": [
+            {"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock",
+             "message": "kernel has no deadlock", "lastTransitionTime": "2025-01-01T00:00:00Z"},
+        ]},
+    }));
+    api.state
+        .lock()
+        .unwrap()
+        .condition_managers
+        .insert("KernelDeadlock".into(), "node-problem-detector".into());
+    api
+}
+
+/// Asserts that every version of the Node kept the other controller's taint, condition and
+/// cordon.
+fn others_survived(api: &FakeApi) {
+    let state = api.state.lock().unwrap();
+    assert!(!state.history.is_empty());
+    for node in &state.history {
+        assert_eq!(node["spec"]["unschedulable"], true, "{node}");
+        let taints = node["spec"]["taints"].as_array().unwrap();
+        assert_eq!(
+            taints[0],
+            json!({"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}),
+            "{node}"
+        );
+        let conditions = node["status"]["conditions"].as_array().unwrap();
+        assert!(
+            conditions
+                .iter()
+                .any(|c| c["type"] == "KernelDeadlock" && c["message"] == "kernel has no deadlock"),
+            "{node}"
+        );
+    }
+    assert_eq!(
+        state
+            .condition_managers
+            .get("KernelDeadlock")
+            .map(String::as_str),
+        Some("node-problem-detector")
+    );
+}
+
+fn taint_keys(api: &FakeApi) -> Vec<(String, String)> {
+    api.node()["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["key"].as_str().unwrap().to_owned(),
+                t["effect"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn without_taint_flags_no_taint_is_written() {
+    let node = Node::new("pcie-4gpu");
+    let api = busy_node();
+    let _gpud = node_status(&node, &api, &[]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    node.inject("lost 2");
+    condition_when(&api, "GPUHealthy", status_is("False"));
+    node.inject("recover 2");
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    // Only nodes/status applies: no patch of the Node itself.
+    assert!(api.state.lock().unwrap().patches.is_empty());
+    assert_eq!(
+        taint_keys(&api),
+        [("example.com/maintenance".to_owned(), "NoExecute".to_owned())]
+    );
+    others_survived(&api);
+}
+
+#[test]
+fn configured_taints_come_and_go_and_others_are_left_alone() {
+    let node = Node::new("pcie-4gpu");
+    let api = busy_node();
+    let _gpud = node_status(
+        &node,
+        &api,
+        &[
+            "--taint-unhealthy",
+            "NoSchedule",
+            "--taint-min-healthy",
+            "4:PreferNoSchedule",
+        ],
+    );
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(taint_keys(&api).len(), 1);
+    node.inject("lost 2");
+    let tainted = wait_for(20, "gpud's taints", || {
+        let keys = taint_keys(&api);
+        (keys.len() == 3).then_some(keys)
+    });
+    let owned = |k: &str, e: &str| (k.to_owned(), e.to_owned());
+    assert_eq!(
+        tainted,
+        [
+            owned("example.com/maintenance", "NoExecute"),
+            owned("gpud.io/gpu-too-few-healthy", "PreferNoSchedule"),
+            owned("gpud.io/gpu-unhealthy", "NoSchedule"),
+        ]
+    );
+    let ours = &api.node()["spec"]["taints"][2];
+    assert_eq!(ours["value"], "true");
+    assert!(ours["timeAdded"].is_string(), "{ours}");
+    node.inject("recover 2");
+    wait_for(20, "gpud's taints removed", || {
+        (taint_keys(&api).len() == 1).then_some(())
+    });
+    assert_eq!(
+        taint_keys(&api),
+        [owned("example.com/maintenance", "NoExecute")]
+    );
+    others_survived(&api);
+    // Every taint write named the resourceVersion it was computed from.
+    for (kind, patch) in &api.state.lock().unwrap().patches {
+        assert_eq!(kind, "application/merge-patch+json");
+        assert!(patch["metadata"]["resourceVersion"].is_string(), "{patch}");
+    }
+}
+
+#[test]
+fn after_30s_without_the_api_server_the_node_gets_the_current_state_and_no_duplicate_events() {
+    let node = Node::new("dgx-h100");
+    let mut api = FakeApi::start_with_node(json!({}));
+    let _gpud = node_status(&node, &api, &[]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    let applies_before = api.state.lock().unwrap().status_applies.len();
+    api.stop();
+    // While the API server is away: GPU 3 fails and recovers, GPU 5 fails.
+    let down_at = Instant::now();
+    node.inject("lost 3");
+    node.inject("lost 5");
+    std::thread::sleep(Duration::from_millis(500));
+    node.inject("recover 3");
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(down_at.elapsed()));
+    api.restart();
+    let current = condition_when(&api, "GPUHealthy", status_is("False"));
+    let message = current["message"].as_str().unwrap();
+    let uuid5 = uuid_in(message, 5);
+    assert!(
+        message.starts_with(&format!(
+            "8 GPUs: 7 healthy, 0 degraded, 1 unhealthy. GPU 5 {uuid5}: unhealthy: GPU is lost"
+        )),
+        "{message}"
+    );
+    // The first write after the outage was already the current state: no replay.
+    let state = api.state.lock().unwrap();
+    let after: Vec<&Value> = state.status_applies[applies_before..]
+        .iter()
+        .map(|(_, _, body)| &body["status"]["conditions"][0])
+        .collect();
+    assert!(!after.is_empty());
+    for condition in after {
+        assert_eq!(condition["message"], current["message"]);
+    }
+    drop(state);
+    // Each transition once, whatever the retries.
+    let all = wait_for(20, "the outage's events", || {
+        let all = events(&api);
+        (all.len() >= 3).then_some(all)
+    });
+    let mut reasons: Vec<(String, u32)> = all
+        .iter()
+        .map(|(reason, message)| {
+            let gpu = message.split(' ').nth(1).unwrap().parse().unwrap();
+            (reason.clone(), gpu)
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            ("GPURecovered".to_owned(), 3),
+            ("GPUUnhealthy".to_owned(), 3),
+            ("GPUUnhealthy".to_owned(), 5)
+        ]
+    );
+    let mut names: Vec<Value> = api
+        .events()
+        .iter()
+        .map(|e| e["metadata"]["name"].clone())
+        .collect();
+    names.dedup();
+    assert_eq!(names.len(), 3);
+}
+
+#[test]
+fn the_doctor_verdict_follows_an_injected_failure() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let host = tempfile::tempdir().unwrap();
+    let _gpud = start(
+        &node,
+        &api,
+        &["run", "--node-status"],
+        &[
+            "--disable",
+            "device-plugin,labeller,exporter",
+            "--doctor-interval",
+            "200ms",
+            "--host-root",
+            host.path().to_str().unwrap(),
+        ],
+    );
+    let lost_check = "gpu.present: GPU 3 fell off the bus (NVML_ERROR_GPU_IS_LOST)";
+    let before = condition_when(&api, "GPUStackValidated", |c| c["status"] != "Unknown");
+    // A bare host root fails the driver checks, but every GPU answers.
+    assert_eq!(before["status"], "False");
+    assert_eq!(before["reason"], "DoctorChecksFailed");
+    assert!(!before["message"].as_str().unwrap().contains(lost_check));
+    node.inject("lost 3");
+    let failed = condition_when(&api, "GPUStackValidated", |c| {
+        c["message"].as_str().unwrap().contains(lost_check)
+    });
+    assert_eq!(failed["status"], "False");
+    assert_eq!(
+        api.condition("GPUHealthy").unwrap()["status"],
+        "False",
+        "both conditions on the Node"
+    );
+    node.inject("recover 3");
+    condition_when(&api, "GPUStackValidated", |c| {
+        !c["message"].as_str().unwrap().contains(lost_check)
+    });
+    condition_when(&api, "GPUHealthy", status_is("True"));
+}
+
+#[test]
+fn node_status_needs_the_node_name() {
+    let node = Node::new("dgx-h100");
+    let out = node
+        .gpud(&["node-status", "--check-config"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpud: the node status needs the node name (--node-name or NODE_NAME)\n"
+    );
+    let ok = node
+        .gpud(&[
+            "node-status",
+            "--check-config",
+            "--taint-min-healthy",
+            "7:NoExecute",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let bad = node
+        .gpud(&[
+            "node-status",
+            "--check-config",
+            "--taint-unhealthy",
+            "Never",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains(
+            "\"Never\" is not a taint effect (NoSchedule, PreferNoSchedule or NoExecute)"
+        ),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
