@@ -356,9 +356,13 @@ async fn each_reload_outcome_is_one_log_line() {
         .filter(|l| l.to_lowercase().contains("reload") || l.contains("sometimes"))
         .collect();
     assert_eq!(about_reload.len(), 2, "{about_reload:#?}");
-    assert!(about_reload[0].contains(" INFO Configuration reloaded"));
+    assert!(
+        about_reload[0].contains(" INFO Configuration reloaded trigger=\"SIGHUP\""),
+        "{}",
+        about_reload[0]
+    );
     assert!(about_reload[1].contains(
-        " WARN Configuration not reloaded; keeping the running one error=\
+        " WARN Configuration not reloaded; keeping the running one trigger=\"SIGHUP\" error=\
          "
     ));
     assert!(about_reload[1].ends_with(
