@@ -107,6 +107,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                     capable: g["mig"]["capable"].as_bool().unwrap(),
                     enabled: g["mig"]["enabled"].as_bool().unwrap(),
                     pending_enabled: g["mig"]["pending_enabled"].as_bool().unwrap(),
+                    reconfiguring: false,
                     devices: g["mig"]["devices"]
                         .as_array()
                         .unwrap()

@@ -168,8 +168,19 @@ fn a_reconciler_killed_in_pending_resumes_on_restart() {
     assert_eq!(states(&api), ["pending", "pending", "success"]);
 }
 
+/// NVML calls that change the MIG layout; hung in the simulated driver, they hold the apply
+/// just before its first change.
+const MIG_CHANGES: [&str; 4] = [
+    "nvmlComputeInstanceDestroy",
+    "nvmlGpuInstanceDestroy",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceCreateComputeInstance",
+];
+
 /// In `gpud run` the reconciler's apply reaches the kubelet with no restart and no periodic
-/// rescan (it is an hour here): the new MIG devices are advertised and the old ones withdrawn.
+/// rescan (it is an hour here): the GPU is withdrawn (its MIG devices reported unhealthy)
+/// before the first NVML change, then the new MIG devices are advertised and the old ones
+/// withdrawn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
     let node = Node::new("a100-mig");
@@ -225,7 +236,30 @@ async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
         1
     );
 
+    for function in MIG_CHANGES {
+        node.inject(&format!("hang {function}"));
+    }
     api.set_label(CONFIG_LABEL, Some("all-1g.10gb"));
+    // The apply is held before its first change, and the kubelet already sees the GPU gone.
+    let withdrawn = fake_kubelet::next_list(&mut one, 20).await;
+    let health: Vec<&str> = withdrawn
+        .devices
+        .iter()
+        .map(|d| d.health.as_str())
+        .collect();
+    assert_eq!(health, ["Unhealthy"]);
+    let withdrawn = fake_kubelet::next_list(&mut three, 5).await;
+    let health: Vec<&str> = withdrawn
+        .devices
+        .iter()
+        .map(|d| d.health.as_str())
+        .collect();
+    assert_eq!(health, ["Unhealthy"]);
+    assert_eq!(state(&api).as_deref(), Some("pending"));
+    assert!(!asserts(&node, "all-1g.10gb"));
+    for function in MIG_CHANGES {
+        node.inject(&format!("unhang {function}"));
+    }
     let list = fake_kubelet::next_list(&mut one, 20).await;
     assert_eq!(list.devices.len(), 7);
     assert!(list.devices.iter().all(|d| d.health == "Healthy"));

@@ -183,7 +183,8 @@ fn full_gpu(gpu: &Gpu, settings: &Settings) -> PluginDevice {
         gpu: gpu.index,
         minor: gpu.minor_number,
         mig: None,
-        healthy: !matches!(gpu.health.state, crate::inventory::HealthState::Unhealthy),
+        healthy: !gpu.mig.reconfiguring
+            && !matches!(gpu.health.state, crate::inventory::HealthState::Unhealthy),
         numa: gpu.numa_node,
         replica: None,
     }
@@ -204,7 +205,9 @@ fn mig_device(gpu: &Gpu, mig: &MigDevice, settings: &Settings) -> PluginDevice {
             compute_instance_id: mig.compute_instance_id,
             index: mig.index,
         }),
-        healthy: !matches!(mig.health.state, crate::inventory::HealthState::Unhealthy),
+        // A GPU being repartitioned is withdrawn with all its MIG devices.
+        healthy: !gpu.mig.reconfiguring
+            && !matches!(mig.health.state, crate::inventory::HealthState::Unhealthy),
         numa: gpu.numa_node,
         replica: None,
     }
@@ -362,6 +365,37 @@ mod tests {
         assert_eq!(
             (out[0].name.as_str(), ids(&out[0])),
             ("nvidia.com/gpu", vec!["MIG-0-0", "MIG-1-0"])
+        );
+    }
+
+    #[test]
+    fn a_gpu_being_repartitioned_is_withdrawn_with_its_mig_devices() {
+        let settings = Settings {
+            mig_strategy: MigStrategy::Mixed,
+            ..Settings::default()
+        };
+        let mut snap = snapshot(vec![gpu(0, &[]), gpu(1, &[("3g.40gb", 3, 3)]), gpu(2, &[])]);
+        snap.set_reconfiguring(&[1, 2]);
+        let health: Vec<(String, Vec<(String, bool)>)> = resources(&snap, &settings)
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let devices = r.devices.iter().map(|d| (d.id.clone(), d.healthy));
+                (r.name.clone(), devices.collect())
+            })
+            .collect();
+        assert_eq!(
+            health,
+            [
+                (
+                    "nvidia.com/gpu".to_owned(),
+                    vec![("GPU-0".to_owned(), true), ("GPU-2".to_owned(), false)]
+                ),
+                (
+                    "nvidia.com/mig-3g.40gb".to_owned(),
+                    vec![("MIG-1-0".to_owned(), false)]
+                )
+            ]
         );
     }
 

@@ -115,14 +115,16 @@ fn run(
 }
 
 /// What to sample, from the inventory: every GPU, and one MIG device per GPU instance of a
-/// MIG-enabled GPU (the instance's memory is read through it).
+/// MIG-enabled GPU (the instance's memory is read through it). The instances of a GPU the MIG
+/// applier is repartitioning are left out until it is done: they are being destroyed and
+/// created under the sampler.
 pub fn targets(snapshot: &Snapshot) -> Vec<GpuTarget> {
     snapshot
         .gpus
         .iter()
         .map(|gpu| {
             let mut instances: Vec<InstanceTarget> = Vec::new();
-            if gpu.mig.enabled {
+            if gpu.mig.enabled && !gpu.mig.reconfiguring {
                 for mig in &gpu.mig.devices {
                     if !instances
                         .iter()
@@ -186,6 +188,33 @@ pub fn throughput_mb_per_s(before_kib: u64, after_kib: u64, elapsed: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instances_of_a_gpu_being_repartitioned_are_not_sampled() {
+        use crate::inventory::model::Node;
+        use crate::inventory::test_support::{gpu, mig, with_migs};
+        let a100 = |i: u32, uuid: &str| gpu(i, uuid, "NVIDIA A100-SXM4-80GB", 81920);
+        let mut snapshot = Snapshot {
+            node: Node {
+                hostname: "node-a".into(),
+                driver_version: "570.133.20".into(),
+                cuda_driver_version: None,
+                nvml_version: None,
+                machine_type: None,
+            },
+            gpus: vec![
+                with_migs(a100(0, "GPU-0"), vec![mig(0, "MIG-0", 1, 0)]),
+                with_migs(a100(1, "GPU-1"), vec![mig(0, "MIG-1", 2, 0)]),
+            ],
+            topology: Vec::new(),
+        };
+        snapshot.set_reconfiguring(&[1]);
+        let sampled: Vec<(u32, usize)> = targets(&snapshot)
+            .iter()
+            .map(|t| (t.index, t.instances.len()))
+            .collect();
+        assert_eq!(sampled, [(0, 1), (1, 0)]);
+    }
 
     #[test]
     fn throughput_from_counters() {

@@ -50,8 +50,16 @@ impl Inventory {
     /// of the watcher, the identity of a GPU that fell off the bus). Returns whether anything
     /// changed.
     pub fn publish_rescan(&self, fresh: Snapshot) -> bool {
+        self.publish_rescan_with(fresh, |_| {})
+    }
+
+    /// As [`Inventory::publish_rescan`], then applies `change` to the merged snapshot, all in
+    /// one publish: the MIG applier clears its marks together with the new layout, so no
+    /// subscriber sees the new MIG devices still withdrawn.
+    pub fn publish_rescan_with(&self, fresh: Snapshot, change: impl FnOnce(&mut Snapshot)) -> bool {
         self.tx.send_if_modified(|current| {
-            let merged = rescan::merge(current, fresh);
+            let mut merged = rescan::merge(current, fresh);
+            change(&mut merged);
             if merged == **current {
                 return false;
             }

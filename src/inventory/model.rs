@@ -142,6 +142,12 @@ pub struct Mig {
     pub pending_enabled: bool,
     /// The MIG devices (compute instances) that exist now.
     pub devices: Vec<MigDevice>,
+    /// The MIG applier is about to repartition this GPU or is doing so: consumers withdraw
+    /// it (the device plugin reports it and its MIG devices unhealthy, the exporter stops
+    /// sampling it) until the applier's rescan after the change clears the mark. Omitted
+    /// from the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reconfiguring: bool,
 }
 
 /// One MIG device: a compute instance inside a GPU instance.
@@ -262,6 +268,14 @@ impl PcieLevel {
 }
 
 impl Snapshot {
+    /// Marks exactly the GPUs in `indices` as being reconfigured (see [`Mig::reconfiguring`]);
+    /// an empty list clears every mark.
+    pub fn set_reconfiguring(&mut self, indices: &[u32]) {
+        for gpu in &mut self.gpus {
+            gpu.mig.reconfiguring = indices.contains(&gpu.index);
+        }
+    }
+
     /// The GPU with this NVML index.
     pub fn gpu(&self, index: u32) -> Option<&Gpu> {
         self.gpus.iter().find(|gpu| gpu.index == index)

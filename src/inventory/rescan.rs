@@ -30,6 +30,9 @@ pub fn merge(previous: &Snapshot, mut fresh: Snapshot) -> Snapshot {
         }
         if gpu.uuid == before.uuid {
             gpu.health = merge_health(&before.health, &gpu.health);
+            // Only the MIG applier sets and clears its mark; a rescan during the change
+            // keeps the GPU withdrawn.
+            gpu.mig.reconfiguring = before.mig.reconfiguring;
             merge_mig_health(&mut gpu.mig.devices, &before.mig.devices);
         }
     }
@@ -114,6 +117,33 @@ mod tests {
         assert_eq!(merge_health(&lost, &Health::healthy()), Health::healthy());
         let xid = watcher_unhealthy();
         assert_eq!(merge_health(&xid, &Health::healthy()), xid);
+    }
+
+    #[test]
+    fn a_rescan_keeps_the_mig_appliers_mark() {
+        use crate::inventory::model::Node;
+        use crate::inventory::test_support::gpu;
+        let node = Node {
+            hostname: "n".into(),
+            driver_version: "570.133.20".into(),
+            cuda_driver_version: None,
+            nvml_version: None,
+            machine_type: None,
+        };
+        let gpus = vec![
+            gpu(0, "GPU-0", "A100", 81920),
+            gpu(1, "GPU-1", "A100", 81920),
+        ];
+        let fresh = Snapshot {
+            node,
+            gpus,
+            topology: Vec::new(),
+        };
+        let mut before = fresh.clone();
+        before.set_reconfiguring(&[1]);
+        let merged = merge(&before, fresh);
+        let marks: Vec<bool> = merged.gpus.iter().map(|g| g.mig.reconfiguring).collect();
+        assert_eq!(marks, [false, true]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub fn gpu(index: u32, uuid: &str, name: &str, memory_mib: u64) -> Gpu {
             capable: true,
             enabled: false,
             pending_enabled: false,
+            reconfiguring: false,
             devices: Vec::new(),
         },
         nvlinks: Vec::new(),
@@ -46,6 +47,7 @@ pub fn with_migs(gpu: Gpu, devices: Vec<MigDevice>) -> Gpu {
             capable: true,
             enabled,
             pending_enabled: enabled,
+            reconfiguring: false,
             devices,
         },
         ..gpu

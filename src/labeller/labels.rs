@@ -624,6 +624,7 @@ mod tests {
                     capable: g["mig"]["capable"].as_bool().unwrap(),
                     enabled: g["mig"]["enabled"].as_bool().unwrap(),
                     pending_enabled: g["mig"]["pending_enabled"].as_bool().unwrap(),
+                    reconfiguring: false,
                     devices: g["mig"]["devices"]
                         .as_array()
                         .unwrap()

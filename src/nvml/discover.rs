@@ -170,6 +170,7 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
             capable: true,
             enabled: mode.current == 1,
             pending_enabled: mode.pending == 1,
+            reconfiguring: false,
             devices: if mode.current == 1 {
                 read_mig_devices(lib, device, total_bytes, &mut probe)
             } else {
@@ -180,6 +181,7 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
             capable: false,
             enabled: false,
             pending_enabled: false,
+            reconfiguring: false,
             devices: Vec::new(),
         },
     };
@@ -255,6 +257,7 @@ fn unreachable_gpu(index: u32, err: &E, now: SystemTime) -> Gpu {
             capable: false,
             enabled: false,
             pending_enabled: false,
+            reconfiguring: false,
             devices: Vec::new(),
         },
         nvlinks: Vec::new(),

@@ -41,6 +41,15 @@ impl Rescanner {
     /// Re-reads the node on a blocking thread and publishes it; returns whether anything
     /// changed.
     pub async fn rescan(&self, inventory: &Inventory) -> Result<bool, NvmlError> {
+        self.rescan_with(inventory, |_| {}).await
+    }
+
+    /// As [`Rescanner::rescan`], applying `change` to the merged snapshot in the same publish.
+    pub async fn rescan_with(
+        &self,
+        inventory: &Inventory,
+        change: impl FnOnce(&mut crate::inventory::Snapshot),
+    ) -> Result<bool, NvmlError> {
         let (nvml, facts) = (self.nvml.clone(), Arc::clone(&self.facts));
         let fresh = tokio::task::spawn_blocking(move || nvml.discover(&facts))
             .await
@@ -48,7 +57,7 @@ impl Rescanner {
                 what: "discovery",
                 source: std::io::Error::other(join.to_string()),
             })??;
-        Ok(inventory.publish_rescan(fresh))
+        Ok(inventory.publish_rescan_with(fresh, change))
     }
 
     /// Rescans every interval until `cancel` fires; failures are logged, never fatal.

@@ -41,15 +41,24 @@ impl Job {
         Ok((entries.to_vec(), hooks))
     }
 
-    /// Whether `label`'s config is what the GPUs are now; `Err` when it cannot be told (a
-    /// config that does not load, a label not in it, a driver that does not answer).
-    pub fn check(&self, admin: &MigAdmin, label: &str) -> Result<bool, String> {
+    /// The indices of the GPUs that `label`'s config would change (empty: it is in effect);
+    /// `Err` when it cannot be told (a config that does not load, a label not in it, a driver
+    /// that does not answer).
+    pub fn check(&self, admin: &MigAdmin, label: &str) -> Result<Vec<u32>, String> {
         let (entries, _) = self.load(label)?;
         let gpus = admin
             .gpus()
             .map_err(|e| format!("reading the GPUs: {}", crate::telemetry::error_chain(&e)))?;
         let targets = select::targets(&entries, &gpus);
-        Ok(assert::check(&gpus, &targets, Scope::Full).is_ok())
+        Ok(gpus
+            .iter()
+            .zip(&targets)
+            .filter(|(gpu, target)| {
+                let (one, wanted) = (std::slice::from_ref(*gpu), std::slice::from_ref(*target));
+                assert::check(one, wanted, Scope::Full).is_err()
+            })
+            .map(|(gpu, _)| gpu.index)
+            .collect())
     }
 
     /// Applies `label`'s config, resetting GPUs for a mode change.

@@ -163,18 +163,21 @@ impl Reconciler {
             () = cancel.cancelled() => return Step::Stopped,
             checked = blocking(move || job.check(&admin, &owned)) => checked.and_then(|c| c),
         };
-        match checked {
+        let changing = match checked {
             Err(reason) => return self.failed(client, label, reason, cancel).await,
-            Ok(true) => {
+            Ok(changing) if changing.is_empty() => {
                 info!(config = label, "MIG config already in effect");
                 return self.success(client, view, cancel).await;
             }
-            Ok(false) => {}
-        }
+            Ok(changing) => changing,
+        };
         if !self.report(client, State::Pending, None, cancel).await {
             return Step::Stopped;
         }
-        info!(config = label, "Applying MIG config");
+        // Withdraw the GPUs from the device plugin and the exporter before the first change;
+        // the rescan after the apply clears the mark in the same publish as the new layout.
+        inventory.update(|snapshot| snapshot.set_reconfiguring(&changing));
+        info!(config = label, gpus = ?changing, "Applying MIG config");
         let (job, admin, owned) = (self.job.clone(), self.admin, label.to_owned());
         let applied = tokio::select! {
             () = cancel.cancelled() => {
@@ -185,9 +188,11 @@ impl Reconciler {
             }
             applied = blocking(move || job.apply(&admin, &owned)) => applied.map_err(ApplyError::Failed).and_then(|a| a),
         };
-        match self.rescanner.rescan(inventory).await {
+        let settled = |snapshot: &mut crate::inventory::Snapshot| snapshot.set_reconfiguring(&[]);
+        match self.rescanner.rescan_with(inventory, settled).await {
             Ok(changed) => info!(changed, "Inventory rescanned after the MIG apply"),
             Err(err) => {
+                inventory.update(settled);
                 warn!(error = %crate::telemetry::error_chain(&err), "Rescan after the MIG apply failed; the periodic rescan will catch up")
             }
         }
