@@ -190,6 +190,8 @@ async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
     let features = node.dir.path().join("features.d-gfd");
     let state_dir = node.dir.path().join("mig-state");
     let socket = kubelet.socket();
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
     let child = node
         .gpud(&[
             "run",
@@ -201,10 +203,10 @@ async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
             socket.to_str().unwrap(),
             "--kmsg",
             "",
-            "--disable",
-            "exporter",
-            "--health-address",
-            "",
+            "-a",
+            &address,
+            "-c",
+            "100",
             "--rescan-interval",
             "1h",
             "--node-name",
@@ -269,4 +271,30 @@ async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
         .expect("the 3g.40gb stream stays open");
     assert!(matches!(withdrawn, Ok(None)), "{withdrawn:?}");
     wait_until(10, "success", || state(&api).as_deref() == Some("success"));
+
+    // The exporter of the same process counts the apply and shows the state.
+    let body = tokio::task::block_in_place(|| {
+        common::http::wait_for(port, "/metrics", 10, |a| {
+            a.body
+                .contains("gpud_mig_config_state{state=\"success\"} 1")
+        })
+        .body
+    });
+    let mig: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("gpud_mig_") && !l.contains("_bucket{") && !l.contains("_sum "))
+        .collect();
+    assert_eq!(
+        mig,
+        [
+            "gpud_mig_apply_total{result=\"success\"} 1",
+            "gpud_mig_apply_total{result=\"failed\"} 0",
+            "gpud_mig_apply_duration_seconds_count 1",
+            "gpud_mig_config_state{state=\"pending\"} 0",
+            "gpud_mig_config_state{state=\"success\"} 1",
+            "gpud_mig_config_state{state=\"failed\"} 0",
+            "gpud_mig_config_state{state=\"rebooting\"} 0",
+        ]
+    );
+    assert!(body.contains("gpud_mig_apply_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
 }

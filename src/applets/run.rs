@@ -151,7 +151,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .transpose()?;
     let counters = args.exporter.counters()?;
     let nvml = args.common.start()?;
-    let exporter = args.exporter.config(&counters, &nvml)?;
+    let mut exporter = args.exporter.config(&counters, &nvml)?;
     let facts = NodeFacts {
         node_name: args.node_name.clone(),
         machine_type_file: gfd.flags.gfd.machine_type_file.clone(),
@@ -164,6 +164,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         &nvml,
         rescanner.clone(),
     )?;
+    // The exporter reports the reconciler's applies and state.
+    exporter.mig = reconciler.as_ref().map(|r| r.metrics.clone());
 
     let initial = Reloadable {
         plugin: Arc::new(plugin),

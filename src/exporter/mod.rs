@@ -71,6 +71,8 @@ pub struct ExporterConfig {
     pub xid_window: Duration,
     /// Bounds on the HTTP connections.
     pub http: http::Limits,
+    /// The MIG reconciler's counters, when it runs in the same process (`gpud run`).
+    pub mig: Option<crate::mig::reconcile::metrics::Metrics>,
 }
 
 /// What stops the exporter from starting.
@@ -210,6 +212,7 @@ async fn render_loop(
             last_sample_seconds: sample.duration.as_secs_f64(),
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
             http: Some(publisher.http_stats.snapshot()),
+            mig: config.mig.as_ref().map(|m| m.read()),
         };
         let frame = Frame {
             selection: &config.selection,

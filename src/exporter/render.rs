@@ -24,6 +24,7 @@ use crate::health::xid_counts::{DropSource, XidCounts};
 use crate::http::StatsSnapshot;
 use crate::inventory::model::{Gpu, MigDevice};
 use crate::inventory::{HealthState, Snapshot};
+use crate::mig::reconcile::metrics::{DURATION_BUCKETS, Reading as MigReading, STATES};
 use crate::nvml::telemetry::{
     GpuTelemetry, InstanceTelemetry, NodeTelemetry, SampleStatus, gpm_per_instance,
 };
@@ -58,6 +59,8 @@ pub struct OwnStats {
     pub pod_resources_up: Option<bool>,
     /// The HTTP server's connection counters when the body was rendered.
     pub http: Option<StatsSnapshot>,
+    /// The MIG reconciler's counters; `None` when it does not run in this process.
+    pub mig: Option<MigReading>,
 }
 
 /// Everything one body is rendered from.
@@ -554,6 +557,55 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
     if let Some(http) = &frame.own.http {
         http_families(http, out);
     }
+    if let Some(mig) = &frame.own.mig {
+        mig_families(mig, out);
+    }
+}
+
+/// The MIG reconciler's applies, their duration and the Node's `nvidia.com/mig.config.state`.
+fn mig_families(mig: &MigReading, out: &mut String) {
+    header(
+        out,
+        "gpud_mig_apply_total",
+        "MIG config applies by the reconciler, by result: success (the layout was reached) or failed (refused, failed, or a reset or reboot still needed).",
+        "counter",
+    );
+    for (result, count) in [("success", mig.succeeded), ("failed", mig.failed)] {
+        let _ = writeln!(out, "gpud_mig_apply_total{{result=\"{result}\"}} {count}");
+    }
+    header(
+        out,
+        "gpud_mig_apply_duration_seconds",
+        "Wall time of the reconciler's MIG config applies, hooks and GPU resets included, in seconds.",
+        "histogram",
+    );
+    for (bound, count) in DURATION_BUCKETS.iter().zip(mig.buckets) {
+        let _ = writeln!(
+            out,
+            "gpud_mig_apply_duration_seconds_bucket{{le=\"{bound}\"}} {count}"
+        );
+    }
+    let applies = mig.applies();
+    let _ = writeln!(
+        out,
+        "gpud_mig_apply_duration_seconds_bucket{{le=\"+Inf\"}} {applies}"
+    );
+    let _ = writeln!(out, "gpud_mig_apply_duration_seconds_sum {}", mig.seconds);
+    let _ = writeln!(out, "gpud_mig_apply_duration_seconds_count {applies}");
+    header(
+        out,
+        "gpud_mig_config_state",
+        "The nvidia.com/mig.config.state the reconciler last wrote or confirmed on the Node: 1 for that state, 0 for the others (all 0 before the first).",
+        "gauge",
+    );
+    for state in STATES {
+        let _ = writeln!(
+            out,
+            "gpud_mig_config_state{{state=\"{}\"}} {}",
+            state.as_str(),
+            u8::from(mig.state == Some(state))
+        );
+    }
 }
 
 /// The HTTP server's connection counters.
@@ -895,6 +947,7 @@ mod tests {
                 header_timeouts: 5,
                 idle_timeouts: 6,
             }),
+            mig: None,
         };
         let frame = Frame {
             selection: &case.selection,
@@ -951,6 +1004,42 @@ mod tests {
                 "gpud_http_connections_timed_out_total{phase=\"idle\"} 6".to_owned(),
             ]
         );
+    }
+
+    #[test]
+    fn mig_families_count_applies_and_set_the_state() {
+        use crate::mig::reconcile::metrics::Metrics;
+        use crate::mig::reconcile::node::State;
+        let metrics = Metrics::default();
+        metrics.applied(true, Duration::from_millis(2500));
+        metrics.applied(false, Duration::from_secs(700));
+        metrics.state(State::Failed);
+        let mut body = String::new();
+        mig_families(&metrics.read(), &mut body);
+        let samples: Vec<&str> = body.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            samples,
+            [
+                "gpud_mig_apply_total{result=\"success\"} 1",
+                "gpud_mig_apply_total{result=\"failed\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"1\"} 0",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"5\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"10\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"30\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"60\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"120\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"300\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"600\"} 1",
+                "gpud_mig_apply_duration_seconds_bucket{le=\"+Inf\"} 2",
+                "gpud_mig_apply_duration_seconds_sum 702.5",
+                "gpud_mig_apply_duration_seconds_count 2",
+                "gpud_mig_config_state{state=\"pending\"} 0",
+                "gpud_mig_config_state{state=\"success\"} 0",
+                "gpud_mig_config_state{state=\"failed\"} 1",
+                "gpud_mig_config_state{state=\"rebooting\"} 0",
+            ]
+        );
+        assert!(body.contains("# TYPE gpud_mig_apply_duration_seconds histogram\n"));
     }
 
     #[test]

@@ -117,6 +117,7 @@ impl ReconcileArgs {
             retry: self.mig_retry_interval,
             admin: nvml.mig_admin(),
             rescanner,
+            metrics: Default::default(),
         }))
     }
 }

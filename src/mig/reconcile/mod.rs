@@ -5,7 +5,8 @@
 //! - [`node`]: reading and watching the Node, writing the state label and the reason;
 //! - [`attempt`]: one check-then-apply of a label's config, on a blocking thread;
 //! - [`marker`]: the on-disk record that a reboot was requested for a config;
-//! - [`service`]: the loop (a daemon subsystem); [`args`]: its flags.
+//! - [`service`]: the loop (a daemon subsystem); [`args`]: its flags;
+//! - [`metrics`]: applies, their duration and the state, for the exporter of `gpud run`.
 //!
 //! Unlike mig-manager, a failed config is retried with backoff (no label change needed), every
 //! start re-checks the label's config (so a restart in `pending` or `rebooting` resumes), and
@@ -14,5 +15,6 @@
 pub mod args;
 pub mod attempt;
 pub mod marker;
+pub mod metrics;
 pub mod node;
 pub mod service;

@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use super::attempt::Job;
 use super::marker::Marker;
+use super::metrics::Metrics;
 use super::node::{NodeClient, State, View};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
@@ -53,6 +54,8 @@ pub struct Reconciler {
     pub admin: MigAdmin,
     /// Re-reads the node into the shared inventory after an apply.
     pub rescanner: Rescanner,
+    /// Applies and states, for the exporter of the same process.
+    pub metrics: Metrics,
 }
 
 /// How an attempt ended.
@@ -99,6 +102,7 @@ impl Reconciler {
             };
             match written {
                 Ok(()) => {
+                    self.metrics.state(state);
                     info!(
                         state = state.as_str(),
                         reason = reason.unwrap_or(""),
@@ -140,9 +144,10 @@ impl Reconciler {
         if let Err(err) = self.marker.clear() {
             warn!(error = %err, "Cannot remove the reboot marker");
         }
-        if view.says(State::Success, None)
-            || self.report(client, State::Success, None, cancel).await
-        {
+        if view.says(State::Success, None) {
+            self.metrics.state(State::Success);
+            Step::Done
+        } else if self.report(client, State::Success, None, cancel).await {
             Step::Done
         } else {
             Step::Stopped
@@ -179,6 +184,7 @@ impl Reconciler {
         inventory.update(|snapshot| snapshot.set_reconfiguring(&changing));
         info!(config = label, gpus = ?changing, "Applying MIG config");
         let (job, admin, owned) = (self.job.clone(), self.admin, label.to_owned());
+        let started = Instant::now();
         let applied = tokio::select! {
             () = cancel.cancelled() => {
                 // The apply thread is cut off with the process; the next start resumes it.
@@ -188,6 +194,8 @@ impl Reconciler {
             }
             applied = blocking(move || job.apply(&admin, &owned)) => applied.map_err(ApplyError::Failed).and_then(|a| a),
         };
+        let reached = matches!(applied, Ok(Outcome::Applied | Outcome::AlreadyApplied));
+        self.metrics.applied(reached, started.elapsed());
         let settled = |snapshot: &mut crate::inventory::Snapshot| snapshot.set_reconfiguring(&[]);
         match self.rescanner.rescan_with(inventory, settled).await {
             Ok(changed) => info!(changed, "Inventory rescanned after the MIG apply"),
