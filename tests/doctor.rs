@@ -208,7 +208,7 @@ fn healthy_dgx_h100_is_clean() {
     let run = doctor(&node, &host, &[]);
     assert_eq!(run.problems(), Vec::<String>::new());
     assert_eq!(run.code, 0);
-    assert_eq!(run.checks.len(), 30);
+    assert_eq!(run.checks.len(), 31);
     assert_eq!(
         run.found("driver.version"),
         "driver 570.133.20, CUDA 12.8; kernel module 570.133.20"
@@ -1011,4 +1011,73 @@ fn run_serves_the_latest_report_at_doctor() {
     let report: Value = serde_json::from_str(&answer.body).unwrap();
     assert_eq!(report["schema"], "gpud.doctor/v1");
     assert_eq!(report["summary"]["fail"], 0, "{}", answer.body);
+}
+
+#[test]
+fn mig_config_in_effect_or_the_reconcilers_reason() {
+    let node = Node::new("a100-mig");
+    let host = Host::healthy(&node);
+    let config = host.path("mig.yaml");
+    std::fs::write(
+        &config,
+        "version: v1\nmig-configs:\n  current:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 1, 2g.20gb: 1, 3g.40gb: 1}\n  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 7}\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let state_dir = host.path("mig-state");
+    let state = state_dir.to_str().unwrap();
+    let base = [
+        "--only",
+        "mig.config",
+        "--mig-config-file",
+        config,
+        "--mig-state-dir",
+        state,
+    ];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        doctor(&node, &host, &args)
+    };
+    let run = with(&["--mig-selected-config", "current"]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(
+        run.found("mig.config"),
+        format!("config current of {config} is in effect")
+    );
+    let apply = "apply it (gpud mig apply -f <file> -c <config>), or let the reconciler do it: see its log and gpud_mig_config_state";
+    let differs = "GPU 0: MIG devices are {1g.10gb: 1, 2g.20gb: 1, 3g.40gb: 1}, the config wants {1g.10gb: 7}";
+    with(&["--mig-selected-config", "all-1g.10gb"]).only_problem(
+        "mig.config",
+        "fail",
+        &format!("config all-1g.10gb is not in effect: {differs}"),
+        apply,
+    );
+    // Without a selected config, the one the reconciler last followed, with its reason.
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let record = state_dir.join("last-state.json");
+    std::fs::write(
+        &record,
+        r#"{"config":"all-1g.10gb","state":"failed","reason":"GPU 0: creating GPU instance 1g.10gb at slice 0 failed"}"#,
+    )
+    .unwrap();
+    with(&[]).only_problem(
+        "mig.config",
+        "fail",
+        &format!("config all-1g.10gb is not in effect: {differs}; the reconciler reported failed: GPU 0: creating GPU instance 1g.10gb at slice 0 failed"),
+        apply,
+    );
+    std::fs::write(&record, r#"{"config":"all-1g.10gb","state":"pending"}"#).unwrap();
+    with(&[]).only_problem(
+        "mig.config",
+        "warn",
+        &format!("config all-1g.10gb is being applied: {differs}"),
+        "wait for nvidia.com/mig.config.state=success",
+    );
+    let run = doctor(&node, &host, &["--only", "mig.config"]);
+    assert_eq!(run.status("mig.config"), "skip");
+    assert_eq!(
+        run.found("mig.config"),
+        "no MIG config file given (--mig-config-file)"
+    );
 }

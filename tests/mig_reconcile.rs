@@ -130,6 +130,17 @@ fn an_nvml_failure_is_reported_and_retried_until_it_succeeds() {
     let _reconciler = start(&node, &api);
     wait_until(60, "failed", || state(&api).as_deref() == Some("failed"));
     let reason = api.node_annotations()[REASON].clone();
+    // The same reason is recorded on disk for gpud doctor.
+    let path = node.dir.path().join("mig-state/last-state.json");
+    let record = || -> serde_json::Value {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_default()
+    };
+    wait_until(10, "the recorded failure", || record()["state"] == "failed");
+    assert_eq!(
+        record(),
+        json!({"config": "all-1g.10gb", "state": "failed", "reason": reason})
+    );
     assert!(
         reason.starts_with("GPU 0: creating GPU instance 1g.10gb at slice ")
             && reason.ends_with(" failed: an internal driver error occurred"),

@@ -48,6 +48,21 @@ struct Args {
     #[arg(long, value_name = "PATH", env = "CONFIG_FILE")]
     nvidia_config: Option<PathBuf>,
 
+    /// mig-parted config file the node follows; mig.config checks that its selected config
+    /// is in effect.
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_CONFIG_FILE")]
+    mig_config_file: Option<PathBuf>,
+
+    /// The config of --mig-config-file to check [default: the one the reconciler last
+    /// followed, else the file's only one].
+    #[arg(long, value_name = "LABEL", env = "MIG_PARTED_SELECTED_CONFIG")]
+    mig_selected_config: Option<String>,
+
+    /// The MIG reconciler's state directory, where it records its last state and reason.
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_STATE_DIR",
+          default_value = crate::mig::reconcile::args::DEFAULT_STATE_DIR)]
+    mig_state_dir: PathBuf,
+
     /// Print the report as JSON (schema gpud.doctor/v1, see docs/doctor.md).
     #[arg(long)]
     json: bool,
@@ -102,6 +117,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         gpud_config: args.config.clone(),
         nvidia_config: args.nvidia_config.clone(),
         timeout: args.timeout,
+        mig_config: args.mig_config_file.clone(),
+        mig_selected: args.mig_selected_config.clone(),
+        mig_state_dir: args.mig_state_dir.clone(),
     };
     let (report, driver) = runner::run(options.clone(), &selection, None);
     let text = if args.json {

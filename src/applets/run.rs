@@ -202,6 +202,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
                 .map(Into::into),
             gpud_config: args.health.config.clone(),
             nvidia_config: args.plugin.config_file.clone(),
+            mig_config: args.mig.mig_config_file.clone(),
+            mig_state_dir: args.mig.mig_state_dir.clone(),
             ..crate::doctor::Options::default()
         };
         daemon.add_support(PeriodicDoctor::new(

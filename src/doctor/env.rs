@@ -8,6 +8,7 @@ use super::host::HostRoot;
 use super::report::Verdict;
 use crate::inventory::Snapshot;
 use crate::nvml::GpuPreflight;
+use crate::nvml::mig_admin::MigGpu;
 
 /// The default per-check deadline.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,6 +28,13 @@ pub struct Options {
     pub nvidia_config: Option<PathBuf>,
     /// Per-check deadline.
     pub timeout: Duration,
+    /// mig-parted config file the node follows (`mig.config`); NVML's MIG layout is read only
+    /// when it is given.
+    pub mig_config: Option<PathBuf>,
+    /// The config label selected in it; without it, the one the reconciler last followed.
+    pub mig_selected: Option<String>,
+    /// The reconciler's state directory (its last state and reason).
+    pub mig_state_dir: PathBuf,
 }
 
 impl Default for Options {
@@ -38,6 +46,9 @@ impl Default for Options {
             gpud_config: None,
             nvidia_config: None,
             timeout: DEFAULT_TIMEOUT,
+            mig_config: None,
+            mig_selected: None,
+            mig_state_dir: PathBuf::from(crate::mig::reconcile::args::DEFAULT_STATE_DIR),
         }
     }
 }
@@ -51,6 +62,8 @@ pub enum Driver {
         path: PathBuf,
         snapshot: Result<Arc<Snapshot>, String>,
         preflight: Result<Arc<Vec<GpuPreflight>>, String>,
+        /// The MIG layout in mig-parted's terms; read only for `mig.config`.
+        mig: Result<Arc<Vec<MigGpu>>, String>,
     },
     /// NVML did not load (or did not answer in time).
     Unavailable(String),
@@ -82,6 +95,14 @@ impl Env {
                 preflight: Ok(p), ..
             } => Some(p),
             _ => None,
+        }
+    }
+
+    /// The MIG layout, when it was read and NVML answered; `Err` says why not.
+    pub fn mig_gpus(&self) -> Result<&[MigGpu], String> {
+        match &self.driver {
+            Driver::Loaded { mig, .. } => mig.as_ref().map(|g| g.as_slice()).map_err(Clone::clone),
+            Driver::Unavailable(why) => Err(why.clone()),
         }
     }
 

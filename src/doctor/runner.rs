@@ -109,16 +109,31 @@ pub fn gather(options: &Options, nvml: Option<Nvml>, busy: &Busy) -> Driver {
         let nvml = nvml.clone();
         move || nvml.preflight()
     });
+    let mig = options.mig_config.is_some().then(|| {
+        let admin = nvml.mig_admin();
+        start(busy, "nvml.mig", move || {
+            admin
+                .gpus()
+                .map_err(|err| crate::telemetry::error_chain(&err))
+        })
+    });
     let snapshot = wait(discovered, deadline, timeout)
         .unwrap_or_else(|missing| Err(format!("NVML discovery {}", missing.describe())))
         .map(Arc::new);
     let preflight = wait(preflight, deadline, timeout)
         .map(Arc::new)
         .map_err(|missing| format!("NVML health queries {}", missing.describe()));
+    let mig = match mig {
+        None => Err("no MIG config file given".to_owned()),
+        Some(started) => wait(started, deadline, timeout)
+            .unwrap_or_else(|missing| Err(format!("NVML MIG queries {}", missing.describe())))
+            .map(Arc::new),
+    };
     Driver::Loaded {
         path: nvml.library_path().to_path_buf(),
         snapshot,
         preflight,
+        mig,
     }
 }
 

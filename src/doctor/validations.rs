@@ -132,6 +132,7 @@ mod tests {
             path: PathBuf::from("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
             snapshot: Err(String::new()),
             preflight: Err(String::new()),
+            mig: Err(String::new()),
         };
         assert_eq!(
             driver_variables(&host, Path::new("/host")),
@@ -141,6 +142,7 @@ mod tests {
             path: PathBuf::from("/run/nvidia/driver/usr/lib64/libnvidia-ml.so.1"),
             snapshot: Err(String::new()),
             preflight: Err(String::new()),
+            mig: Err(String::new()),
         };
         assert_eq!(
             driver_variables(&ctr, Path::new("/")),

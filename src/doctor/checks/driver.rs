@@ -20,6 +20,7 @@ pub fn nvml(env: &Env) -> Verdict {
             path,
             preflight: Err(why),
             snapshot: Ok(_),
+            ..
         } => Verdict::fail(
             format!(
                 "NVML loaded from {} but cannot read the GPUs' health: {why}",

@@ -1,5 +1,6 @@
-//! MIG: a mode change waiting for a reset, and `nvidia_drm`, which holds the GPUs open and so
-//! blocks the reset a MIG change needs.
+//! MIG: a mode change waiting for a reset, `nvidia_drm`, which holds the GPUs open and so
+//! blocks the reset a MIG change needs, and whether the selected mig-parted config is in
+//! effect (with the reconciler's reason when it failed).
 
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
@@ -76,5 +77,70 @@ pub fn nvidia_drm(env: &Env) -> Verdict {
         )
     } else {
         Verdict::ok("nvidia_drm not loaded")
+    }
+}
+
+const APPLY: &str = "apply it (gpud mig apply -f <file> -c <config>), or let the reconciler do it: see its log and gpud_mig_config_state";
+
+/// `mig.config`
+pub fn config(env: &Env) -> Verdict {
+    use crate::mig::reconcile::record;
+    let Some(path) = &env.options.mig_config else {
+        return Verdict::skip("no MIG config file given (--mig-config-file)");
+    };
+    let spec = match crate::mig::load(path) {
+        Ok(spec) => spec,
+        Err(err) => {
+            return Verdict::fail(
+                err.to_string(),
+                "correct the field named above: the reconciler refuses this file",
+            );
+        }
+    };
+    let last = match record::read(&env.options.mig_state_dir) {
+        Ok(last) => last,
+        Err(why) => {
+            return Verdict::fail(
+                format!("cannot read the reconciler's last state: {why}"),
+                "remove the file; the reconciler writes it again at its next attempt",
+            );
+        }
+    };
+    let wanted = env
+        .options
+        .mig_selected
+        .clone()
+        .or_else(|| last.as_ref().map(|r| r.config.clone()));
+    let (label, entries) = match spec.select(wanted.as_deref()) {
+        Ok(selected) => selected,
+        Err(why) => {
+            return Verdict::fail(
+                format!("{}: {why}", path.display()),
+                "select a config of the file (--mig-selected-config or MIG_PARTED_SELECTED_CONFIG)",
+            );
+        }
+    };
+    let gpus = match env.mig_gpus() {
+        Ok(gpus) => gpus,
+        Err(why) => return Verdict::skip(format!("needs NVML's MIG layout, which failed: {why}")),
+    };
+    let targets = crate::mig::select::targets(entries, gpus);
+    let differs = crate::mig::assert::check(gpus, &targets, crate::mig::assert::Scope::Full);
+    let last = last.filter(|r| r.config == label);
+    match (differs, last) {
+        (Ok(()), _) => Verdict::ok(format!("config {label} of {} is in effect", path.display())),
+        (Err(diff), Some(r)) if r.state == "pending" => Verdict::warn(
+            format!("config {label} is being applied: {diff}"),
+            "wait for nvidia.com/mig.config.state=success",
+        ),
+        (Err(diff), Some(r)) if r.reason.is_some() => Verdict::fail(
+            format!(
+                "config {label} is not in effect: {diff}; the reconciler reported {}: {}",
+                r.state,
+                r.reason.as_deref().unwrap_or_default()
+            ),
+            APPLY,
+        ),
+        (Err(diff), _) => Verdict::fail(format!("config {label} is not in effect: {diff}"), APPLY),
     }
 }

@@ -164,6 +164,12 @@ pub static CATALOG: &[Check] = &[
         "nvidia_drm is not loaded on a MIG node"
     ),
     check!(
+        "mig.config",
+        true,
+        mig::config,
+        "the selected mig-parted config is in effect; the reconciler's reason when it failed"
+    ),
+    check!(
         "fabric.state",
         true,
         fabric::state,

@@ -113,6 +113,7 @@ impl ReconcileArgs {
             node: node.to_owned(),
             kubeconfig: kubeconfig.map(Path::to_path_buf),
             marker: Marker::new(&self.mig_state_dir),
+            state_dir: self.mig_state_dir.clone(),
             reboot_command: words(&self.mig_reboot_command),
             retry: self.mig_retry_interval,
             admin: nvml.mig_admin(),

@@ -5,6 +5,7 @@
 //! - [`node`]: reading and watching the Node, writing the state label and the reason;
 //! - [`attempt`]: one check-then-apply of a label's config, on a blocking thread;
 //! - [`marker`]: the on-disk record that a reboot was requested for a config;
+//! - [`record`]: the last state and its reason on disk, for `gpud doctor`;
 //! - [`service`]: the loop (a daemon subsystem); [`args`]: its flags;
 //! - [`metrics`]: applies, their duration and the state, for the exporter of `gpud run`.
 //!
@@ -17,4 +18,5 @@ pub mod attempt;
 pub mod marker;
 pub mod metrics;
 pub mod node;
+pub mod record;
 pub mod service;

@@ -22,6 +22,7 @@ use super::attempt::Job;
 use super::marker::Marker;
 use super::metrics::Metrics;
 use super::node::{NodeClient, State, View};
+use super::record::{self, Record};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
 use crate::labeller::api::{Backoff, connect};
@@ -45,6 +46,8 @@ pub struct Reconciler {
     pub kubeconfig: Option<PathBuf>,
     /// The reboot-once guard.
     pub marker: Marker,
+    /// Where the last state is recorded for `gpud doctor` (`--mig-state-dir`).
+    pub state_dir: PathBuf,
     /// Program and arguments that reboot the node; empty: report `rebooting` and leave the
     /// reboot to the operator.
     pub reboot_command: Vec<String>,
@@ -90,6 +93,7 @@ impl Reconciler {
     async fn report(
         &self,
         client: &NodeClient,
+        label: &str,
         state: State,
         reason: Option<&str>,
         cancel: &CancellationToken,
@@ -102,7 +106,7 @@ impl Reconciler {
             };
             match written {
                 Ok(()) => {
-                    self.metrics.state(state);
+                    self.noted(label, state, reason);
                     info!(
                         state = state.as_str(),
                         reason = reason.unwrap_or(""),
@@ -122,6 +126,19 @@ impl Reconciler {
         }
     }
 
+    /// Keeps the state the Node now says for the exporter and for `gpud doctor`.
+    fn noted(&self, label: &str, state: State, reason: Option<&str>) {
+        self.metrics.state(state);
+        let record = Record {
+            config: label.to_owned(),
+            state: state.as_str().to_owned(),
+            reason: reason.map(str::to_owned),
+        };
+        if let Err(err) = record::write(&self.state_dir, &record) {
+            warn!(error = %err, "Cannot record the MIG state for gpud doctor");
+        }
+    }
+
     async fn failed(
         &self,
         client: &NodeClient,
@@ -131,7 +148,7 @@ impl Reconciler {
     ) -> Step {
         warn!(config = label, reason = %reason, "MIG config failed; it will be retried");
         if self
-            .report(client, State::Failed, Some(&reason), cancel)
+            .report(client, label, State::Failed, Some(&reason), cancel)
             .await
         {
             Step::Retry
@@ -140,14 +157,23 @@ impl Reconciler {
         }
     }
 
-    async fn success(&self, client: &NodeClient, view: &View, cancel: &CancellationToken) -> Step {
+    async fn success(
+        &self,
+        client: &NodeClient,
+        label: &str,
+        view: &View,
+        cancel: &CancellationToken,
+    ) -> Step {
         if let Err(err) = self.marker.clear() {
             warn!(error = %err, "Cannot remove the reboot marker");
         }
         if view.says(State::Success, None) {
-            self.metrics.state(State::Success);
+            self.noted(label, State::Success, None);
             Step::Done
-        } else if self.report(client, State::Success, None, cancel).await {
+        } else if self
+            .report(client, label, State::Success, None, cancel)
+            .await
+        {
             Step::Done
         } else {
             Step::Stopped
@@ -172,11 +198,14 @@ impl Reconciler {
             Err(reason) => return self.failed(client, label, reason, cancel).await,
             Ok(changing) if changing.is_empty() => {
                 info!(config = label, "MIG config already in effect");
-                return self.success(client, view, cancel).await;
+                return self.success(client, label, view, cancel).await;
             }
             Ok(changing) => changing,
         };
-        if !self.report(client, State::Pending, None, cancel).await {
+        if !self
+            .report(client, label, State::Pending, None, cancel)
+            .await
+        {
             return Step::Stopped;
         }
         // Withdraw the GPUs from the device plugin and the exporter before the first change;
@@ -190,6 +219,7 @@ impl Reconciler {
                 // The apply thread is cut off with the process; the next start resumes it.
                 let why = "gpud stopped during the apply; the next start resumes it";
                 let _ = tokio::time::timeout(Duration::from_secs(5), client.report(State::Failed, Some(why))).await;
+                self.noted(label, State::Failed, Some(why));
                 return Step::Stopped;
             }
             applied = blocking(move || job.apply(&admin, &owned)) => applied.map_err(ApplyError::Failed).and_then(|a| a),
@@ -207,7 +237,7 @@ impl Reconciler {
         match applied {
             Ok(Outcome::Applied | Outcome::AlreadyApplied) => {
                 info!(config = label, "MIG config applied");
-                self.success(client, &View::default(), cancel).await
+                self.success(client, label, &View::default(), cancel).await
             }
             Ok(Outcome::ResetPending(_)) => {
                 let why = "the MIG mode change waits for a GPU reset".to_owned();
@@ -245,7 +275,7 @@ impl Reconciler {
             let reason =
                 format!("{why}; reboot the node to apply it (no reboot command configured)");
             return if self
-                .report(client, State::Rebooting, Some(&reason), cancel)
+                .report(client, label, State::Rebooting, Some(&reason), cancel)
                 .await
             {
                 Step::Done
@@ -254,7 +284,7 @@ impl Reconciler {
             };
         };
         if !self
-            .report(client, State::Rebooting, Some(&why), cancel)
+            .report(client, label, State::Rebooting, Some(&why), cancel)
             .await
         {
             return Step::Stopped;
