@@ -309,3 +309,32 @@ async fn in_gpud_run_the_kubelet_sees_the_new_mig_devices_at_once() {
     );
     assert!(body.contains("gpud_mig_apply_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
 }
+
+/// `--check-config` loads the reconciler's config file (the manifests test relies on it), in
+/// `gpud mig reconcile` and in `gpud run`.
+#[test]
+fn check_config_loads_the_mig_config_file() {
+    let node = Node::new("a100-mig");
+    let bad = node.dir.path().join("bad-mig.yaml");
+    std::fs::write(&bad, "version: v2\n").unwrap();
+    for applet in [&["mig", "reconcile"][..], &["run", "--kmsg", ""][..]] {
+        let mut args = applet.to_vec();
+        args.push("--check-config");
+        let good = node
+            .gpud(&args)
+            .env("NODE_NAME", "test-node")
+            .env("GPUD_MIG_CONFIG_FILE", default_config())
+            .output()
+            .unwrap();
+        assert_eq!(good.status.code(), Some(0), "{applet:?}");
+        let out = node
+            .gpud(&args)
+            .env("NODE_NAME", "test-node")
+            .env("GPUD_MIG_CONFIG_FILE", &bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(65), "{applet:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(bad.to_str().unwrap()), "{stderr}");
+    }
+}

@@ -338,6 +338,7 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
             "gpud mig reconcile needs --mig-config-file (or GPUD_MIG_CONFIG_FILE)".into(),
         ));
     }
+    args.reconcile.validate(args.node_name.as_deref())?;
     let nvml = args.common.start()?;
     let facts = NodeFacts {
         node_name: args.node_name.clone(),

@@ -150,6 +150,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
         .transpose()?;
     let counters = args.exporter.counters()?;
+    args.mig.validate(args.node_name.as_deref())?;
     let nvml = args.common.start()?;
     let mut exporter = args.exporter.config(&counters, &nvml)?;
     let facts = NodeFacts {

@@ -32,6 +32,10 @@ CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 SINKS = [None, "labeller-node", "labeller-node-feature"]
 NODE_STATUS = ["node-status", "node-status-taints"]
 TOGGLES = ["sharing-config", "servicemonitor", "prometheus-rule", "runtime-class"]
+# The MIG reconciler: its own container beside the applets, or inside `gpud run`.
+MIG = {"base": "mig-manager", "all-in-one": "mig-manager-run"}
+# The one container that may run privileged: the one running the MIG reconciler.
+MIG_CONTAINER = {"mig-manager": "mig-manager", "mig-manager-run": "gpud"}
 
 
 def combinations():
@@ -54,6 +58,11 @@ def combinations():
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
                         [sink] if sink else []
                     ) + [status]
+                # The MIG reconciler, alone and next to the node status (distinct ports).
+                for extra in [[], ["node-status"]]:
+                    yield overlay, (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + [MIG[overlay]] + extra
 
 
 def render(overlay, components):
@@ -96,6 +105,14 @@ def container_env(container, objects, files_dir):
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = var["value"]
+        elif "configMapKeyRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["configMapKeyRef"]
+            if ref["key"] not in config_maps.get(ref["name"], {}):
+                raise SystemExit(
+                    f"container {container['name']}: {var['name']} names missing key "
+                    f"{ref['key']} of ConfigMap {ref['name']}"
+                )
+            env[var["name"]] = config_maps[ref["name"]][ref["key"]]
         else:
             env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
     return env
@@ -153,14 +170,18 @@ def check_command(gpud, pod, container, objects, cache):
             )
 
 
-def check_security(container):
+def check_security(container, privileged_ok):
     ctx = container.get("securityContext", {})
     name = container["name"]
-    assert ctx.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
     assert ctx.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem"
-    assert not ctx.get("privileged"), f"{name}: privileged"
-    assert ctx.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities.drop"
-    assert set(ctx["capabilities"].get("add", [])) <= {"SYSLOG"}, f"{name}: capabilities.add"
+    if privileged_ok:
+        # MIG changes need the driver's capability devices and a GPU reset (docs/mig.md).
+        assert ctx.get("privileged") is True, f"{name}: the MIG reconciler runs privileged"
+    else:
+        assert ctx.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
+        assert not ctx.get("privileged"), f"{name}: privileged"
+        assert ctx.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities.drop"
+        assert set(ctx["capabilities"].get("add", [])) <= {"SYSLOG"}, f"{name}: capabilities.add"
     ports = {p["name"] for p in container.get("ports", [])}
     for probe in ["livenessProbe", "readinessProbe"]:
         get = container[probe]["httpGet"]
@@ -171,7 +192,7 @@ def check_security(container):
     assert resources["requests"]["memory"] and resources["limits"]["memory"], f"{name}: memory"
 
 
-def check_objects(objects, gpud, cache, version):
+def check_objects(objects, gpud, cache, version, components):
     kinds = [o["kind"] for o in objects]
     daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
     assert len(daemonsets) == 1, kinds
@@ -180,13 +201,22 @@ def check_objects(objects, gpud, cache, version):
     assert daemonsets[0]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"], "a node selector on GPU nodes"
+    privileged = {MIG_CONTAINER[c] for c in components if c in MIG_CONTAINER}
+    ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
+    assert len(ports) == len(set(ports)), f"containers share a port: {sorted(ports)}"
     for container in pod["containers"]:
         assert container["image"] == f"gpud:{version}", container["image"]
-        check_security(container)
+        check_security(container, container["name"] in privileged)
         check_command(gpud, pod, container, objects, cache)
     for obj in objects:
         if obj["kind"] != "Namespace" and not obj["kind"].startswith("Cluster"):
             assert obj["metadata"].get("namespace") == "gpud", (obj["kind"], obj["metadata"])
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "gpud-mig-config":
+            default = (ROOT / "packaging/mig/config-default.yaml").read_text()
+            assert obj["data"] == {"config.yaml": default}, (
+                "components/mig-manager/config-default.yaml differs from "
+                "packaging/mig/config-default.yaml: copy it over"
+            )
         if obj["kind"] == "PrometheusRule":
             alerts = yaml.safe_load((ROOT / "packaging/prometheus/gpud-alerts.yaml").read_text())
             assert obj["spec"] == alerts, (
@@ -225,7 +255,7 @@ def main():
     for overlay, components in combos:
         objects = render(overlay, components)
         try:
-            check_objects(objects, gpud, cache, version)
+            check_objects(objects, gpud, cache, version, components)
         except AssertionError as err:
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)

@@ -85,13 +85,12 @@ impl ReconcileArgs {
 
     /// The reconciler, checked at start: a node name is needed (64) and the config file and
     /// hooks file must load (65). `None` without `--mig-config-file`.
-    pub fn reconciler(
-        &self,
-        node_name: Option<&str>,
-        kubeconfig: Option<&Path>,
-        nvml: &Nvml,
-        rescanner: Rescanner,
-    ) -> Result<Option<Reconciler>, Error> {
+    /// Checks the node name, the config file and the hooks file without touching NVML (so
+    /// `--check-config` covers them); `None` when the reconciler is off.
+    pub fn validate<'a>(
+        &'a self,
+        node_name: Option<&'a str>,
+    ) -> Result<Option<(&'a PathBuf, &'a str)>, Error> {
         let Some(config_file) = &self.mig_config_file else {
             return Ok(None);
         };
@@ -102,6 +101,19 @@ impl ReconcileArgs {
         if let Some(hooks) = &self.mig_hooks_file {
             crate::mig::hooks::Hooks::load(hooks).map_err(Error::Config)?;
         }
+        Ok(Some((config_file, node)))
+    }
+
+    pub fn reconciler(
+        &self,
+        node_name: Option<&str>,
+        kubeconfig: Option<&Path>,
+        nvml: &Nvml,
+        rescanner: Rescanner,
+    ) -> Result<Option<Reconciler>, Error> {
+        let Some((config_file, node)) = self.validate(node_name)? else {
+            return Ok(None);
+        };
         Ok(Some(Reconciler {
             job: Job {
                 config_file: config_file.clone(),
