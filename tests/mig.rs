@@ -394,3 +394,73 @@ fn a_busy_gpu_is_refused_with_its_pids_unless_forced() {
     let out = mig(&node, &["apply", "-f", &cfg, "-c", "all-disabled"]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// `generate-config` writes the all-* configs from the GPUs' own profile tables: the file
+/// validates, every config applies and asserts, and each all-<profile> config fills the GPU
+/// exactly as NVIDIA's default set does.
+#[test]
+fn generated_configs_validate_and_apply() {
+    for fixture in ["a100-mig", "h100-mig"] {
+        let node = Node::new(fixture);
+        let text = stdout_ok(&mig(&node, &["generate-config"]));
+        let path = write(&node, "generated.yaml", &text);
+        let spec: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+        let labels: Vec<String> = spec["mig-configs"]
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "all-1g.10gb",
+                "all-1g.10gb.me",
+                "all-1g.20gb",
+                "all-2g.20gb",
+                "all-3g.40gb",
+                "all-4g.40gb",
+                "all-7g.80gb",
+                "all-disabled",
+                "all-enabled"
+            ],
+            "{fixture}"
+        );
+        let json = stdout_ok(&mig(&node, &["generate-config", "-o", "json"]));
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            json["mig-configs"]["all-1g.10gb"][0]["mig-devices"],
+            serde_json::json!({"1g.10gb": 7}),
+            "{fixture}"
+        );
+        let defaults = std::fs::read_to_string(default_config()).unwrap();
+        let defaults: serde_yaml_ng::Value = serde_yaml_ng::from_str(&defaults).unwrap();
+        for label in &labels {
+            let out = mig(&node, &["assert", "-a", "-f", &path, "-c", label]);
+            assert!(out.status.success(), "{fixture} {label}: {}", stderr(&out));
+            let out = mig(&node, &["apply", "-f", &path, "-c", label]);
+            assert!(out.status.success(), "{fixture} {label}: {}", stderr(&out));
+            let out = mig(&node, &["assert", "-f", &path, "-c", label]);
+            assert!(out.status.success(), "{fixture} {label}: {}", stderr(&out));
+            // The same layout as the default set's config of that name for this GPU model.
+            let ours = &spec["mig-configs"][label.as_str()][0];
+            let filter = ours["device-filter"].as_str();
+            let theirs = defaults["mig-configs"][label.as_str()]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|e| {
+                    filter.is_none_or(|id| {
+                        e["device-filter"]
+                            .as_sequence()
+                            .is_some_and(|ids| ids.iter().any(|i| i.as_str() == Some(id)))
+                    })
+                })
+                .unwrap_or_else(|| panic!("{fixture} {label}: not in the default set"));
+            assert_eq!(
+                ours["mig-devices"], theirs["mig-devices"],
+                "{fixture} {label}"
+            );
+        }
+    }
+}

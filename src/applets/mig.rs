@@ -18,7 +18,7 @@ use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
 use crate::mig::reconcile::args::ReconcileArgs;
 use crate::mig::spec::{Entry, Spec};
-use crate::mig::{self as mig, assert, export, plan, select};
+use crate::mig::{self as mig, assert, export, generate, plan, select};
 use crate::nvml::mig_admin::MigAdmin;
 use crate::nvml::{NodeFacts, Rescanner};
 
@@ -43,6 +43,9 @@ enum Command {
     Export(ExportArgs),
     /// Print what apply would change on each GPU, touching nothing.
     Plan(PlanArgs),
+    /// Print the all-* configs (all-disabled, all-enabled, one all-<profile> per profile at
+    /// its maximum count) for the GPUs present, as a mig-parted config.
+    GenerateConfig(GenerateArgs),
     /// Keep the GPUs at the config the Node's nvidia.com/mig.config label names, reporting
     /// nvidia.com/mig.config.state (a daemon, mig-manager's job).
     Reconcile(ReconcileCommand),
@@ -143,6 +146,16 @@ struct ExportArgs {
 }
 
 #[derive(Debug, ClapArgs)]
+struct GenerateArgs {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
+    output_format: Format,
+
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, ClapArgs)]
 struct PlanArgs {
     #[command(flatten)]
     config: ConfigArgs,
@@ -192,6 +205,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         Command::Assert(a) => run_assert(a),
         Command::Export(a) => run_export(a),
         Command::Plan(a) => run_plan(a),
+        Command::GenerateConfig(a) => run_generate(a),
         Command::Reconcile(a) => run_reconcile(a),
     }
 }
@@ -246,12 +260,25 @@ fn run_assert(args: AssertArgs) -> Result<ExitCode, Error> {
 fn run_export(args: ExportArgs) -> Result<ExitCode, Error> {
     let admin = args.common.start()?.mig_admin();
     let gpus = read_gpus(&admin)?;
-    let spec = export::export(&gpus, &args.config_label);
-    let text = match args.output_format {
-        Format::Yaml => serde_yaml_ng::to_string(&spec)
+    print_spec(
+        &export::export(&gpus, &args.config_label),
+        args.output_format,
+    )
+}
+
+fn run_generate(args: GenerateArgs) -> Result<ExitCode, Error> {
+    let admin = args.common.start()?.mig_admin();
+    let gpus = read_gpus(&admin)?;
+    print_spec(&generate::generate(&gpus), args.output_format)
+}
+
+/// Prints a config in mig-parted's YAML or JSON shape.
+fn print_spec(spec: &Spec, format: Format) -> Result<ExitCode, Error> {
+    let text = match format {
+        Format::Yaml => serde_yaml_ng::to_string(spec)
             .map_err(|e| Error::Failure(format!("cannot render the config: {e}")))?,
         Format::Json => {
-            let mut json = serde_json::to_string_pretty(&spec)
+            let mut json = serde_json::to_string_pretty(spec)
                 .map_err(|e| Error::Failure(format!("cannot render the config: {e}")))?;
             json.push('\n');
             json

@@ -3,6 +3,7 @@
 //! - [`spec`]: the `version: v1` config schema and its validation; [`profile`]: profile names.
 //! - [`select`]: which entry applies to which GPU (device filters, indices).
 //! - [`live`]: a GPU's layout in config terms; [`export`] and [`assert`] build on it.
+//! - [`generate`]: the `all-*` configs for the GPUs present, from their profile tables.
 //! - [`placement`]: the exact placement solver; [`plan`]: per-GPU changes, touching nothing.
 //! - [`apply`]: executes plans, in mig-parted's order, with [`hooks`].
 //! - [`reconcile`]: follows the Node's `nvidia.com/mig.config` label (a daemon subsystem).
@@ -12,6 +13,7 @@
 pub mod apply;
 pub mod assert;
 pub mod export;
+pub mod generate;
 pub mod hooks;
 pub mod live;
 pub mod placement;
