@@ -464,3 +464,67 @@ fn generated_configs_validate_and_apply() {
         }
     }
 }
+
+/// A mode change the driver holds for a GPU reset (`NVML_ERROR_IN_USE`): the reset command gets
+/// the GPU's bus id, the apply waits for the mode and finishes; a reset that does not bring the
+/// mode is reported after --reset-wait and the next apply completes the change.
+#[test]
+fn a_mode_change_waits_for_the_reset_command() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new("a100-mig");
+    let cfg = default_config();
+    let cfg = cfg.to_str().unwrap();
+    let called = node.dir.path().join("reset-called");
+    // The reset as nvidia-smi -r -i <bus ids> would do it: the simulated driver applies the
+    // pending mode on a `reset <gpu>` control line.
+    let script = write(
+        &node,
+        "reset.sh",
+        &format!(
+            "#!/bin/sh\necho \"$@\" >> {}\necho \"reset 0\" >> \"$NVML_MOCK_CONTROL\"\n",
+            called.display()
+        ),
+    );
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let apply = |label: &str, reset: &str| {
+        node.gpud(&[
+            "mig",
+            "apply",
+            "-f",
+            cfg,
+            "-c",
+            label,
+            "--reset-command",
+            reset,
+            "--reset-wait",
+            "2s",
+        ])
+        .env("NVML_MOCK_MIG_IN_USE", "1")
+        .output()
+        .unwrap()
+    };
+    // A reset that does nothing: the mode stays pending and the apply says so.
+    let out = apply("all-disabled", "true");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).ends_with("gpud: GPU 0: MIG mode still pending 2s after the reset\n"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!called.exists());
+    // The real reset: called once with the GPU's bus id, and the config is in effect.
+    let out = apply("all-disabled", &script);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(&called).unwrap(),
+        "00000000:07:00.0\n"
+    );
+    let out = mig(&node, &["assert", "-f", cfg, "-c", "all-disabled"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // And back: enabling goes through the reset too, then the instances are created.
+    let out = apply("all-1g.10gb", &script);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = mig(&node, &["assert", "-f", cfg, "-c", "all-1g.10gb"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&called).unwrap().lines().count(), 2);
+}

@@ -47,6 +47,9 @@ pub struct Config {
     pub control: Option<PathBuf>,
     /// `NVML_MOCK_MIG_RESET_REQUIRED=1`: MIG mode changes wait for a `reset` control line.
     pub mig_reset_required: bool,
+    /// `NVML_MOCK_MIG_IN_USE=1`: MIG mode changes answer `NVML_ERROR_IN_USE` (clients hold the
+    /// GPU, as on bare metal) and wait for a `reset` control line.
+    pub mig_in_use: bool,
 }
 
 impl Config {
@@ -68,6 +71,7 @@ impl Config {
             state: var("NVML_MOCK_STATE").map(PathBuf::from),
             control: var("NVML_MOCK_CONTROL").map(PathBuf::from),
             mig_reset_required: var("NVML_MOCK_MIG_RESET_REQUIRED").as_deref() == Some("1"),
+            mig_in_use: var("NVML_MOCK_MIG_IN_USE").as_deref() == Some("1"),
         }
     }
 }

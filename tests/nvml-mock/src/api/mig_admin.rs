@@ -37,8 +37,9 @@ fn mig_gpu(s: &Session, rt: &mut Runtime, device: nvmlDevice_t) -> Res<(usize, &
 export! {
     /// Requests a MIG mode. It takes effect at once (`activationStatus` = success) unless
     /// `NVML_MOCK_MIG_RESET_REQUIRED=1`, in which case it stays pending
-    /// (`NVML_ERROR_RESET_REQUIRED`) until a `reset <gpu>` control line. Disabling while GPU
-    /// instances exist is refused with `NVML_ERROR_IN_USE`.
+    /// (`NVML_ERROR_RESET_REQUIRED`: a reboot applies it) until a `reset <gpu>` control line,
+    /// or `NVML_MOCK_MIG_IN_USE=1`, which answers `NVML_ERROR_IN_USE` (a GPU reset applies it)
+    /// the same way. Disabling while GPU instances exist is refused with `NVML_ERROR_IN_USE`.
     fn nvmlDeviceSetMigMode(device: nvmlDevice_t, mode: c_uint, activation_status: *mut nvmlReturn_t) {
         require!(activation_status);
         let status = driver::with(|s, rt| {
@@ -56,6 +57,8 @@ export! {
                 rc::SUCCESS
             } else if s.config.mig_reset_required {
                 rc::RESET_REQUIRED
+            } else if s.config.mig_in_use {
+                rc::IN_USE
             } else {
                 mig.current = mode;
                 mig.gpu_instances.clear();
