@@ -930,7 +930,7 @@ fn support_bundle_has_no_secrets() {
     let health = String::from_utf8(health.stdout).unwrap();
     assert_eq!(
         health.lines().nth(3).unwrap(),
-        "2    GPU-821ab636-9dc4-0696-e2eb-c98790d91e14  unhealthy  row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect — drain and reset the GPU"
+        "2   GPU-821ab636-9dc4-0696-e2eb-c98790d91e14 unhealthy  row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect — drain and reset the GPU"
     );
     let once = node.run(&["health", "--once"]);
     assert_eq!(once.status.code(), Some(2));
