@@ -5,15 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Node;
 use common::http::{self, free_port};
+use fake_api::FakeApi;
 use fake_kubelet::FakeKubelet;
 
 /// One long-running applet under test, with its stderr in a file.
@@ -50,7 +53,8 @@ impl Applet {
     /// between `execve` and `main` only the dynamic loader runs.
     fn hangup_at_once(&self) {
         let status = format!("/proc/{}/status", self.child.id());
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // Generous: six lifecycle tests poll at once on a two-core machine.
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let blocked = std::fs::read_to_string(&status)
                 .ok()
@@ -63,7 +67,8 @@ impl Applet {
                 break;
             }
             assert!(Instant::now() < deadline, "gpud never blocked SIGHUP");
-            std::hint::spin_loop();
+            // Give the core to gpud (and the other tests' gpuds) rather than spin on it.
+            std::thread::yield_now();
         }
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
@@ -119,19 +124,28 @@ impl Applet {
     }
 }
 
+/// The peers an applet talks to: the kubelet's registration socket and a kubeconfig for the
+/// API server.
+struct Peers {
+    kubelet: PathBuf,
+    kubeconfig: PathBuf,
+}
+
 /// The command line of each long-running applet on `node`, with its admin endpoint (or
 /// metrics port) on `port`.
-fn command(applet: &str, node: &Node, kubelet: &Path, port: u16) -> Command {
+fn command(applet: &str, node: &Node, peers: &Peers, port: u16) -> Command {
     let dir = node.dir.path();
     let address = format!("127.0.0.1:{port}");
     let features = dir.join("gfd");
-    let kubelet = kubelet.to_str().unwrap();
+    let kubelet = peers.kubelet.to_str().unwrap();
+    let kubeconfig = peers.kubeconfig.to_str().unwrap();
     let mut args: Vec<&str> = vec![applet, "--kmsg", "", "--health-poll-interval", "50ms"];
     match applet {
         "device-plugin" => args.extend(["--kubelet-socket", kubelet]),
         "exporter" => args.extend(["-a", &address, "-c", "100"]),
         "health" => {}
         "labeller" => args.extend(["-o", features.to_str().unwrap(), "--no-timestamp"]),
+        "node-status" => args.extend(["--kubeconfig", kubeconfig]),
         "run" => args.extend([
             "--kubelet-socket",
             kubelet,
@@ -159,6 +173,7 @@ fn subsystems(applet: &str) -> &'static [&'static str] {
         "exporter" => &["rescan", "health", "exporter"],
         "health" => &["health", "printer", "admin"],
         "labeller" => &["rescan", "health", "labeller", "admin"],
+        "node-status" => &["health", "node-status", "admin"],
         "run" => &[
             "rescan",
             "doctor",
@@ -177,11 +192,15 @@ fn subsystems(applet: &str) -> &'static [&'static str] {
 async fn lifecycle(applet: &str, rounds: usize) {
     let node = Node::new("dgx-h100");
     let kubelet = FakeKubelet::start(node.dir.path()).await;
-    let socket = kubelet.socket();
+    let api = FakeApi::start_with_node(serde_json::json!({}));
+    let peers = Peers {
+        kubelet: kubelet.socket(),
+        kubeconfig: api.kubeconfig(node.dir.path()),
+    };
     for round in 0..rounds {
         let port = free_port();
         let log = node.dir.path().join(format!("{applet}-{round}.log"));
-        let mut gpud = Applet::spawn(command(applet, &node, &socket, port), port, log);
+        let mut gpud = Applet::spawn(command(applet, &node, &peers, port), port, log);
         gpud.hangup_at_once();
         let body = tokio::task::block_in_place(|| gpud.ready());
         let mut expected: Vec<String> = subsystems(applet)
@@ -234,4 +253,9 @@ async fn labeller_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_lifecycle() {
     lifecycle("run", 50).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_status_lifecycle() {
+    lifecycle("node-status", 50).await;
 }

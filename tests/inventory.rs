@@ -91,7 +91,8 @@ fn no_driver_says_to_install_it_or_name_the_library() {
     assert_eq!(lines.len(), 2, "{stderr}");
     assert!(
         lines[0].starts_with("gpud: cannot initialise NVML: libnvidia-ml.so.1: ")
-            && lines[0].contains("; not present: /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1, "),
+            && lines[0].contains("; not present: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, ")
+            && lines[0].contains(", /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1, "),
         "{stderr}"
     );
     assert_eq!(

@@ -10,6 +10,7 @@ mod fake_api;
 
 use std::time::{Duration, Instant};
 
+use common::host::Host;
 use common::{Node, Running};
 use fake_api::FakeApi;
 use serde_json::{Value, json};
@@ -108,26 +109,31 @@ fn events(api: &FakeApi) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The GPUHealthy status of every apply, with consecutive repeats folded.
-fn gpu_status_changes(api: &FakeApi) -> Vec<(Instant, String)> {
+/// The status of the condition `kind` in every apply that carries it, with consecutive
+/// repeats folded.
+fn status_changes(api: &FakeApi, kind: &str) -> Vec<(Instant, String)> {
     let state = api.state.lock().unwrap();
     let mut out: Vec<(Instant, String)> = Vec::new();
     for (at, manager, body) in &state.status_applies {
         assert_eq!(manager, "gpud");
-        let status = body["status"]["conditions"]
+        let Some(condition) = body["status"]["conditions"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|c| c["type"] == "GPUHealthy")
-            .unwrap()["status"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+            .find(|c| c["type"] == kind)
+        else {
+            continue;
+        };
+        let status = condition["status"].as_str().unwrap().to_owned();
         if out.last().map(|(_, s)| s) != Some(&status) {
             out.push((*at, status));
         }
     }
     out
+}
+
+fn gpu_status_changes(api: &FakeApi) -> Vec<(Instant, String)> {
+    status_changes(api, "GPUHealthy")
 }
 
 const HEALTHY: &str = "8 GPUs: 8 healthy, 0 degraded, 0 unhealthy";
@@ -432,7 +438,7 @@ fn after_30s_without_the_api_server_the_node_gets_the_current_state_and_no_dupli
 fn the_doctor_verdict_follows_an_injected_failure() {
     let node = Node::new("dgx-h100");
     let api = FakeApi::start_with_node(json!({}));
-    let host = tempfile::tempdir().unwrap();
+    let host = Host::healthy(&node);
     let _gpud = start(
         &node,
         &api,
@@ -443,30 +449,45 @@ fn the_doctor_verdict_follows_an_injected_failure() {
             "--doctor-interval",
             "200ms",
             "--host-root",
-            host.path().to_str().unwrap(),
+            host.dir.path().to_str().unwrap(),
         ],
     );
     let lost_check = "gpu.present: GPU 3 fell off the bus (NVML_ERROR_GPU_IS_LOST)";
-    let before = condition_when(&api, "GPUStackValidated", |c| c["status"] != "Unknown");
-    // A bare host root fails the driver checks, but every GPU answers.
-    assert_eq!(before["status"], "False");
-    assert_eq!(before["reason"], "DoctorChecksFailed");
-    assert!(!before["message"].as_str().unwrap().contains(lost_check));
+    // A healthy host root: every check passes.
+    let passed = condition_when(&api, "GPUStackValidated", |c| c["status"] != "Unknown");
+    assert_eq!(passed["status"], "True", "{passed}");
+    assert_eq!(passed["reason"], "DoctorPassed", "{passed}");
+    assert!(
+        passed["message"]
+            .as_str()
+            .unwrap()
+            .contains(" 0 warn, 0 fail"),
+        "{passed}"
+    );
     node.inject("lost 3");
-    let failed = condition_when(&api, "GPUStackValidated", |c| {
-        c["message"].as_str().unwrap().contains(lost_check)
-    });
-    assert_eq!(failed["status"], "False");
+    let failed = condition_when(&api, "GPUStackValidated", status_is("False"));
+    assert_eq!(failed["reason"], "DoctorChecksFailed");
+    let message = failed["message"].as_str().unwrap();
+    assert!(message.contains(lost_check), "{message}");
+    assert!(
+        message.contains(" 1 fail"),
+        "the lost GPU is the only failure: {message}"
+    );
     assert_eq!(
         api.condition("GPUHealthy").unwrap()["status"],
         "False",
         "both conditions on the Node"
     );
     node.inject("recover 3");
-    condition_when(&api, "GPUStackValidated", |c| {
-        !c["message"].as_str().unwrap().contains(lost_check)
-    });
+    let recovered = condition_when(&api, "GPUStackValidated", status_is("True"));
+    assert_eq!(recovered["reason"], "DoctorPassed", "{recovered}");
     condition_when(&api, "GPUHealthy", status_is("True"));
+    let changes: Vec<String> = status_changes(&api, "GPUStackValidated")
+        .into_iter()
+        .map(|(_, status)| status)
+        .filter(|status| status != "Unknown")
+        .collect();
+    assert_eq!(changes, ["True", "False", "True"]);
 }
 
 #[test]

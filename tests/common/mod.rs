@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod host;
 pub mod http;
 
 use std::fs::OpenOptions;

@@ -6,7 +6,9 @@ the Kubernetes schemas of the oldest and the newest supported minor (kubernetes-
 strict: unknown fields are errors); every container's command line, with its environment
 (envFrom ConfigMaps, fieldRefs) and the ConfigMap files it mounts, must be accepted by the real
 binary (`--check-config`, exit 0); and every container keeps the least-privilege settings the
-docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml.
+docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml. The
+node status runs once, where the layout puts it (its own container in base, `gpud run` in
+all-in-one), with taints only from node-status-taints.
 
 Usage: check.py GPUD_BINARY   (run by `make manifests-test`, in the venv .ci/run makes)
 """
@@ -93,8 +95,12 @@ def container_env(container, objects, files_dir):
     }
     env = {}
     for source in container.get("envFrom", []):
-        name = source["configMapRef"]["name"]
+        ref = source["configMapRef"]
+        name = ref["name"]
         if name not in config_maps:
+            # An optional source is one a component may add (all-in-one's gpud-node-status).
+            if ref.get("optional"):
+                continue
             raise SystemExit(f"container {container['name']}: envFrom names missing ConfigMap {name}")
         env.update(config_maps[name])
     fields = {
@@ -225,6 +231,38 @@ def check_objects(objects, gpud, cache, version, components):
             )
 
 
+def check_node_status(overlay, components, objects):
+    """The node status runs exactly once, where the layout puts it: a gpud-node-status
+    container in the per-applet base, `gpud run` with GPUD_NODE_STATUS=true in all-in-one;
+    taints (and the permission they need) only with node-status-taints."""
+    status = any(c in NODE_STATUS for c in components)
+    taints = "node-status-taints" in components
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    envs = {name: container_env(c, objects, None) for name, c in containers.items()}
+    if overlay == "all-in-one":
+        assert list(containers) == ["gpud"], f"all-in-one containers: {list(containers)}"
+        run = envs["gpud"]
+        assert run.get("GPUD_NODE_STATUS") == ("true" if status else None), (
+            f"gpud run: GPUD_NODE_STATUS={run.get('GPUD_NODE_STATUS')!r}"
+        )
+        status_env = run
+    else:
+        assert ("node-status" in containers) == status, f"containers: {list(containers)}"
+        if status:
+            command = containers["node-status"]["command"]
+            assert command == ["/usr/bin/gpud-node-status"], command
+        status_env = envs.get("node-status", {})
+    if status:
+        assert pod["automountServiceAccountToken"] is True, "node status without its token"
+    assert ("GPUD_TAINT_UNHEALTHY" in status_env) == taints, (
+        f"GPUD_TAINT_UNHEALTHY={status_env.get('GPUD_TAINT_UNHEALTHY')!r}"
+    )
+    roles = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
+    assert ("gpud-node-status" in roles) == status, f"ClusterRoles: {sorted(roles)}"
+    assert ("gpud-node-status-taints" in roles) == taints, f"ClusterRoles: {sorted(roles)}"
+
+
 def validate(unique):
     skipped = set()
     for text in unique:
@@ -256,6 +294,7 @@ def main():
         objects = render(overlay, components)
         try:
             check_objects(objects, gpud, cache, version, components)
+            check_node_status(overlay, components, objects)
         except AssertionError as err:
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)
