@@ -184,17 +184,29 @@ pub fn stdout_ok(output: &Output) -> String {
 pub struct Running {
     pub child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
+    /// gpud's stderr, kept to be shown only when the test fails: a passing run prints none of
+    /// the warnings the tests provoke on purpose.
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Running {
-    /// Starts `cmd` with stdout captured line by line.
+    /// Starts `cmd` with stdout captured line by line and stderr kept for a failure report.
     pub fn spawn(mut cmd: Command) -> Running {
         use std::io::BufRead;
         let mut child = cmd
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn gpud");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let pipe = child.stderr.take().expect("stderr");
+        let kept = std::sync::Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                kept.lock().unwrap().push(line);
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -205,7 +217,11 @@ impl Running {
                 }
             }
         });
-        Running { child, lines }
+        Running {
+            child,
+            lines,
+            stderr,
+        }
     }
 
     /// The next line, failing the test after `secs` seconds.
@@ -238,6 +254,10 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let kept = self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default();
+            eprintln!("--- gpud's stderr ---\n{kept}");
+        }
     }
 }
 
