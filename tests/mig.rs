@@ -1,7 +1,7 @@
 //! `gpud mig` end to end on the simulated driver: every default config applies and asserts,
 //! export → apply round-trips, exact plans (mode change, repartition, infeasible), idempotent
 //! apply, hooks and their environment, and convergence after a crash or an NVML failure at
-//! each kind of step.
+//! each kind of step; and NVIDIA's Python bindings see the instances export prints.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -527,4 +527,84 @@ fn a_mode_change_waits_for_the_reset_command() {
     let out = mig(&node, &["assert", "-f", cfg, "-c", "all-1g.10gb"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&called).unwrap().lines().count(), 2);
+}
+
+/// The Python the cross-check runs: `make test`'s environment in target/py-venv, else python3.
+fn python() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
+/// The MIG devices NVIDIA's own bindings (nvidia-ml-py) see on the node, as `profile=count`
+/// words; `None` where the bindings are not installed (outside CI).
+#[allow(clippy::disallowed_methods)] // CI decides whether missing bindings fail
+fn pynvml_mig_devices(node: &Node) -> Option<String> {
+    const SCRIPT: &str = "
+import collections, pynvml as nv
+nv.nvmlInit()
+counts = collections.Counter()
+for i in range(nv.nvmlDeviceGetCount()):
+    gpu = nv.nvmlDeviceGetHandleByIndex(i)
+    if nv.nvmlDeviceGetMigMode(gpu)[0] != 1:
+        continue
+    for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
+        except nv.NVMLError_NotFound:
+            continue
+        counts[nv.nvmlDeviceGetName(mig).rsplit(' MIG ', 1)[1]] += 1
+nv.nvmlShutdown()
+print(' '.join(f'{k}={v}' for k, v in sorted(counts.items())))
+";
+    let installed = std::process::Command::new(python())
+        .args(["-c", "import pynvml"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "nvidia-ml-py is required in CI (make test installs it in target/py-venv)"
+        );
+        eprintln!("skipped: nvidia-ml-py is not installed (tests/python/venv.sh installs it)");
+        return None;
+    }
+    // pynvml loads libnvidia-ml.so.1 by name, as it loads the driver's.
+    let libs = node.dir.path().join("pylib");
+    std::fs::create_dir_all(&libs).unwrap();
+    let _ = std::os::unix::fs::symlink(common::mock_lib(), libs.join("libnvidia-ml.so.1"));
+    let mut cmd = std::process::Command::new(python());
+    node.wire(&mut cmd);
+    let out = cmd
+        .env("LD_LIBRARY_PATH", &libs)
+        .args(["-c", SCRIPT])
+        .output()
+        .unwrap();
+    Some(stdout_ok(&out).trim().to_owned())
+}
+
+/// After an apply, NVIDIA's Python bindings reading the driver see exactly the GPU and compute
+/// instances `gpud mig export` prints.
+#[test]
+fn nvidia_ml_py_sees_the_instances_export_prints() {
+    let node = Node::new("a100-mig");
+    let config = write(&node, "config.yaml", CONFIG);
+    let out = mig(&node, &["apply", "-f", &config, "-c", "repartition"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let exported: serde_yaml_ng::Value = serde_yaml_ng::from_str(&export(&node)).unwrap();
+    let devices = &exported["mig-configs"]["current"][0]["mig-devices"];
+    let mut words: Vec<String> = devices
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{}={}", k.as_str().unwrap(), v.as_u64().unwrap()))
+        .collect();
+    words.sort();
+    assert_eq!(words.join(" "), "1c.3g.40gb=3 1g.10gb=2 2g.20gb=1");
+    if let Some(seen) = pynvml_mig_devices(&node) {
+        assert_eq!(seen, words.join(" "));
+    }
 }

@@ -225,25 +225,17 @@ pub fn render(plans: &[GpuPlan]) -> String {
             (Some(now), _) => out.push_str(&format!("  mode: {} (unchanged)\n", word(now))),
             _ => {}
         }
-        for e in &p.keep {
-            out.push_str(&format!(
-                "  keep    GI {:>2} {:<11} slices {}-{}  [{}]\n",
-                e.gpu_instance,
-                e.profile,
-                e.start,
-                e.start + e.size - 1,
-                e.devices.join(", ")
-            ));
-        }
-        for e in &p.destroy {
-            out.push_str(&format!(
-                "  destroy GI {:>2} {:<11} slices {}-{}  [{}]\n",
-                e.gpu_instance,
-                e.profile,
-                e.start,
-                e.start + e.size - 1,
-                e.devices.join(", ")
-            ));
+        for (verb, existing) in [("keep   ", &p.keep), ("destroy", &p.destroy)] {
+            for e in existing {
+                out.push_str(&format!(
+                    "  {verb} GI {:>2} {:<11} slices {}-{}  [{}]\n",
+                    e.gpu_instance,
+                    e.profile,
+                    e.start,
+                    e.start + e.size - 1,
+                    e.devices.join(", ")
+                ));
+            }
         }
         for c in &p.create {
             out.push_str(&format!(
