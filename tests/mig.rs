@@ -421,6 +421,7 @@ fn generated_configs_validate_and_apply() {
                 "all-3g.40gb",
                 "all-4g.40gb",
                 "all-7g.80gb",
+                "all-balanced",
                 "all-disabled",
                 "all-enabled"
             ],
