@@ -158,7 +158,7 @@ pub fn poll<T>(what: &str, secs: u64, mut check: impl FnMut() -> Option<T>) -> T
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "the chaos suite: `make chaos`"]
+#[ignore = "drives the release binary through faults for ~25 s; `make chaos` (and CI) runs it"]
 async fn chaos() {
     let started = Instant::now();
     let rows = vec![

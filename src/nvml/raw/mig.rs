@@ -110,6 +110,16 @@ fn empty_gi_info() -> nvmlGpuInstanceInfo_t {
     }
 }
 
+fn empty_ci_info() -> nvmlComputeInstanceInfo_t {
+    nvmlComputeInstanceInfo_t {
+        device: std::ptr::null_mut(),
+        gpuInstance: std::ptr::null_mut(),
+        id: 0,
+        profileId: 0,
+        placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
+    }
+}
+
 /// The handle of GPU instance `gi_id`, valid until that instance is destroyed.
 fn gi_handle(nvml: &Nvml, device: &Device<'_>, gi_id: u32) -> Result<nvmlGpuInstance_t, NvmlError> {
     let by_id = nvml_sym(nvml.lib().nvmlDeviceGetGpuInstanceById.as_ref())?;
@@ -165,13 +175,7 @@ pub fn compute_instances(
     nvml_try(unsafe { list(gi, profile_id, handles.as_mut_ptr(), &mut count) })?;
     let mut out = Vec::with_capacity(count as usize);
     for &ci in handles.iter().take(count as usize) {
-        let mut info = nvmlComputeInstanceInfo_t {
-            device: std::ptr::null_mut(),
-            gpuInstance: std::ptr::null_mut(),
-            id: 0,
-            profileId: 0,
-            placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
-        };
+        let mut info = empty_ci_info();
         // SAFETY: `ci` was just returned by NVML; `info` is a fully initialised, writable struct.
         nvml_try(unsafe { get_info(ci, &mut info) })?;
         out.push(CiInfo {
@@ -224,13 +228,7 @@ pub fn create_compute_instance(
     let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
     // SAFETY: a live GPU-instance handle and a writable pointer slot.
     nvml_try(unsafe { create(gi, profile_id, &mut ci) })?;
-    let mut info = nvmlComputeInstanceInfo_t {
-        device: std::ptr::null_mut(),
-        gpuInstance: std::ptr::null_mut(),
-        id: 0,
-        profileId: 0,
-        placement: nvmlComputeInstancePlacement_t { start: 0, size: 0 },
-    };
+    let mut info = empty_ci_info();
     // SAFETY: `ci` was just created by NVML; `info` is writable.
     nvml_try(unsafe { get_info(ci, &mut info) })?;
     Ok(info.id)
