@@ -10,6 +10,7 @@ pub mod config;
 pub mod daemon;
 pub mod device_plugin;
 pub mod doctor;
+pub mod dra;
 pub mod exit;
 pub mod exporter;
 pub mod files;

@@ -130,6 +130,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                                 ofa: 0,
                             },
                             placement: None,
+                            gpu_instance_profile_id: None,
                             health: Health::healthy(),
                         })
                         .collect(),

@@ -175,6 +175,10 @@ pub struct MigDevice {
     pub engines: MigEngines,
     /// Where the GPU instance sits, in memory slices.
     pub placement: Option<Placement>,
+    /// NVML's id of the GPU instance's profile (`NVML_GPU_INSTANCE_PROFILE_*` resolved by the
+    /// driver, e.g. 19 for A100's `1g.5gb`): part of the device's DRA name.
+    #[serde(default)]
+    pub gpu_instance_profile_id: Option<u32>,
     /// Health of this instance (a GPU-wide fault covers every instance).
     pub health: Health,
 }

@@ -74,6 +74,7 @@ pub fn mig(index: u32, uuid: &str, gpu_instance_id: u32, compute_instance_id: u3
             ofa: 0,
         },
         placement: None,
+        gpu_instance_profile_id: None,
         health: Health::healthy(),
     }
 }

@@ -650,6 +650,7 @@ mod tests {
                                 start: p["start"].as_u64().unwrap() as u32,
                                 size: p["size"].as_u64().unwrap() as u32,
                             }),
+                            gpu_instance_profile_id: None,
                             health: health_from_json(&m["health"]),
                         })
                         .collect(),

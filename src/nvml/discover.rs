@@ -387,6 +387,7 @@ fn read_mig_device(
             jpeg: attributes.shared_jpeg_count,
             ofa: attributes.shared_ofa_count,
         },
+        gpu_instance_profile_id: gi_info.map(|(id, _)| id),
         placement: gi_info.map(|(_, p)| Placement {
             start: p.start,
             size: p.size,
