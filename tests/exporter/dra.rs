@@ -6,26 +6,14 @@
 use std::time::{Duration, Instant};
 
 use crate::common::Node;
-use crate::harness::{Exporter, family};
+use crate::harness::family;
 use crate::kubelet::{ClaimHolder, FakeKubelet, Holder, answer, with_claims};
+use crate::pods::start;
 
 /// The driver gpud attributes by default.
 const GPU: &str = "gpu.nvidia.com";
 /// The pool of this node (NODE_NAME of the test harness).
 const POOL: &str = "test-node";
-
-fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Exporter {
-    let socket = kubelet.socket.to_str().unwrap().to_owned();
-    let mut args = vec![
-        "-k",
-        "--pod-resources-kubelet-socket",
-        &socket,
-        "--pod-resources-poll-interval",
-        "100ms",
-    ];
-    args.extend_from_slice(extra);
-    Exporter::start(node, &args)
-}
 
 /// The label sets (everything before the value) of every `metric` sample, in body order.
 fn label_sets<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
