@@ -55,6 +55,10 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
         "dcgm-exporter, listed as not supported",
     ),
     ("--kubernetes-virtual-gpus", "dcgm-exporter, compared with"),
+    (
+        "--kubernetes-enable-dra",
+        "dcgm-exporter, listed as not supported",
+    ),
     ("--fresh-only", "benches/exporter.sh"),
     ("--now", "systemctl enable"),
     ("--rm", "docker run"),

@@ -179,6 +179,58 @@ async fn labels_are_the_standalone_labellers() {
     }
 }
 
+/// A sysfs tree in which every GPU of `fixture` (from its inventory golden) is an NVIDIA 3D
+/// controller, as on the machines the labeller goldens describe (`nvidia.com/gpu.mode=compute`).
+fn compute_gpus_sysfs(node: &Node, fixture: &str) -> std::path::PathBuf {
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/golden/inventory")
+        .join(format!("{fixture}.json"));
+    let inventory: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
+    let root = node.dir.path().join("sys");
+    for gpu in inventory["gpus"].as_array().unwrap() {
+        let bus = gpu["pci"]["bus_id"].as_str().unwrap();
+        let dir = root
+            .join("bus/pci/devices")
+            .join(bus[4..].to_ascii_lowercase());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("class"), "0x030200\n").unwrap();
+        std::fs::write(dir.join("vendor"), "0x10de\n").unwrap();
+    }
+    root
+}
+
+/// DRA mode: with the device plugin off (another allocation path owns the GPUs), the labeller
+/// still writes GFD's whole label set, byte for byte the standalone labeller's golden file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_device_plugin_the_labels_are_gfds_whole_set() {
+    for (fixture, strategy) in [("dgx-h100", "none"), ("a100-mig", "mixed")] {
+        let node = Node::new(fixture);
+        let sysfs = compute_gpus_sysfs(&node, fixture);
+        let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+        let _daemon = start(
+            &node,
+            &kubelet,
+            &[
+                "--disable",
+                "device-plugin",
+                "--mig-strategy",
+                strategy,
+                "--sysfs-root",
+                sysfs.to_str().unwrap(),
+            ],
+        );
+        let written = labels_when(&node, |l| !l.is_empty());
+        common::assert_golden(&format!("labeller/{fixture}.{strategy}.txt"), &written);
+        assert!(
+            written.contains("nvidia.com/gpu.product=")
+                && written.contains("nvidia.com/gpu.count="),
+            "{written}"
+        );
+        assert!(kubelet.registration_within(300).await.is_none());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_subsystems_do_not_start() {
     let node = Node::new("pcie-4gpu");

@@ -64,6 +64,12 @@ pub struct ExporterArgs {
     )]
     nvidia_resource_names: Vec<String>,
 
+    /// The DRA driver whose claimed devices (in the pod-resources answer's dynamic resources,
+    /// pool = this node) are GPUs and MIG devices.
+    #[arg(long, value_name = "NAME", env = "GPUD_KUBERNETES_DRA_DRIVER_NAME",
+          default_value = super::pods::DRA_DRIVER)]
+    kubernetes_dra_driver_name: String,
+
     /// How device IDs are spelled (uid or device-name). Accepted for compatibility: gpud
     /// understands both forms without being told.
     #[arg(long, value_name = "TYPE", env = "DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE",
@@ -177,6 +183,7 @@ impl ExporterArgs {
                         .map(|s| s.trim().to_owned())
                         .filter(|s| !s.is_empty())
                         .collect(),
+                    dra_driver: self.kubernetes_dra_driver_name.trim().to_owned(),
                 },
                 poll_interval: self.pod_resources_poll_interval,
             }),

@@ -6,7 +6,10 @@
 //! (`pods::attribute`) and cached; scrapes read the cache. When the socket is missing or the
 //! kubelet does not answer, attribution is empty (series carry no pod labels), one line is
 //! logged, and the next poll tries again; one more line is logged when it answers again.
+//! A claimed DRA device whose name the node does not have is logged once when it first shows
+//! up (and again only if it goes away and comes back), however many polls it stays.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +74,7 @@ pub async fn run(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client: Option<PodResourcesListerClient<Channel>> = None;
     let mut reported: Option<bool> = None;
+    let mut unresolved_logged: BTreeSet<String> = BTreeSet::new();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -85,8 +89,10 @@ pub async fn run(
                     );
                     reported = Some(true);
                 }
+                let attribution = pods::attribute(&answer, &config.resources, &inventory.current());
+                log_new_unresolved(&mut unresolved_logged, attribution.unresolved());
                 PodsState {
-                    attribution: pods::attribute(&answer, &config.resources, &inventory.current()),
+                    attribution,
                     up: true,
                 }
             }
@@ -111,6 +117,20 @@ pub async fn run(
             *current = Arc::new(state);
             true
         });
+    }
+}
+
+/// Logs the unresolved DRA device names not logged before, then remembers the current set,
+/// so a name is logged once while it stays and the memory is bounded by one answer.
+fn log_new_unresolved(logged: &mut BTreeSet<String>, now: &BTreeSet<String>) {
+    for name in now.difference(logged) {
+        warn!(
+            device = %name,
+            "A DRA claim holds a device this node does not have (destroyed MIG device, or not named as gpud names devices); its pod is not attributed"
+        );
+    }
+    if logged != now {
+        logged.clone_from(now);
     }
 }
 

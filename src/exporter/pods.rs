@@ -12,13 +12,27 @@
 //! | `<any of the above>::<n>` | replica `n` of a shared (time-sliced or MPS) device |
 //! | `nvidia<N>`, `nvidia<N>/gi<G>`, `nvidia<N>/vgpu<K>` | GKE's device names |
 //!
+//! Devices allocated through Dynamic Resource Allocation come in the answer's
+//! `dynamic_resources`: a claim's devices are attributed when their driver is the GPU driver
+//! (`gpu.nvidia.com` unless configured) and their pool is this node, and their device name is
+//! resolved by [`crate::dra::names::find`] to a whole GPU (`gpu-<minor>`) or a MIG device
+//! (`gpu-<minor>-mig-…`). Such a device gets the same `pod`, `namespace` and `container`
+//! labels as one from the device plugin, and no other label, so series keep their identity
+//! whichever way the GPU was allocated. A name the node does not have (a MIG device already
+//! destroyed, another driver's naming) is left out and reported in
+//! [`Attribution::unresolved`].
+//!
 //! Where dcgm-exporter keeps only the last container per device, every container that holds a
 //! device is kept: a shared GPU yields one series per pod, told apart by a `vgpu` label that
 //! carries the replica number(s) the container holds. A device ID without a replica suffix
-//! adds no `vgpu` label, so an unshared GPU looks exactly as it does with dcgm-exporter.
+//! adds no `vgpu` label, so an unshared GPU looks exactly as it does with dcgm-exporter. A DRA
+//! claim shared by several containers or pods (one claim referenced by each, or a device
+//! shared between claims) likewise gives each container its own series, without `vgpu`: the
+//! containers are told apart by their own labels.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::dra::names::{self, DraDevice};
 use crate::inventory::Snapshot;
 use crate::proto::podresources::ListPodResourcesResponse;
 
@@ -26,6 +40,9 @@ use crate::proto::podresources::ListPodResourcesResponse;
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The prefix of MIG resources in the device plugin's mixed strategy.
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// The DRA driver whose claimed devices are GPUs, unless configured: NVIDIA's driver name,
+/// which gpud's own DRA plugin also uses.
+pub const DRA_DRIVER: &str = "gpu.nvidia.com";
 
 /// A device the exporter has series for: a whole GPU or one GPU instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -50,6 +67,8 @@ pub struct PodLabels {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
     by_device: BTreeMap<DeviceKey, Vec<PodLabels>>,
+    /// DRA device names of this node's pool that name no device here.
+    unresolved: BTreeSet<String>,
 }
 
 impl Attribution {
@@ -80,14 +99,32 @@ impl Attribution {
     pub fn devices(&self) -> usize {
         self.by_device.len()
     }
+
+    /// The claimed DRA device names, of the GPU driver and this node's pool, that name no
+    /// GPU or MIG device of the node; sorted.
+    pub fn unresolved(&self) -> &BTreeSet<String> {
+        &self.unresolved
+    }
 }
 
 /// Which resources count as GPUs: `nvidia.com/gpu`, every `nvidia.com/mig-*`, and the extra
-/// names given with `--nvidia-resource-names` (renamed or shared resources).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// names given with `--nvidia-resource-names` (renamed or shared resources); and which DRA
+/// driver's claimed devices do.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceFilter {
     /// Extra resource names.
     pub extra: Vec<String>,
+    /// The DRA driver whose devices are GPUs and MIG devices.
+    pub dra_driver: String,
+}
+
+impl Default for ResourceFilter {
+    fn default() -> Self {
+        ResourceFilter {
+            extra: Vec::new(),
+            dra_driver: DRA_DRIVER.to_owned(),
+        }
+    }
 }
 
 impl ResourceFilter {
@@ -179,62 +216,114 @@ fn resolve_gke(rest: &str, snapshot: &Snapshot, replica: Option<String>) -> Opti
     Some(DeviceRef { key, replica })
 }
 
-/// Attributes every GPU resource in the kubelet's answer to the devices of this node.
+/// Attributes every GPU resource and every claimed device of the GPU driver in the kubelet's
+/// answer to the devices of this node.
 pub fn attribute(
     answer: &ListPodResourcesResponse,
     filter: &ResourceFilter,
     snapshot: &Snapshot,
 ) -> Attribution {
-    // (device, namespace, pod, container) → replicas held.
-    let mut holders: BTreeMap<(DeviceKey, &str, &str, &str), Vec<String>> = BTreeMap::new();
-    let mut shared: BTreeMap<(DeviceKey, &str, &str, &str), bool> = BTreeMap::new();
+    let mut holders = Holders::default();
+    let mut unresolved = BTreeSet::new();
     for pod in &answer.pod_resources {
         for container in &pod.containers {
+            let who = (
+                pod.namespace.as_str(),
+                pod.name.as_str(),
+                container.name.as_str(),
+            );
             for devices in &container.devices {
                 if !filter.matches(&devices.resource_name) {
                     continue;
                 }
-                for id in &devices.device_ids {
-                    let Some(device) = resolve(id, snapshot) else {
-                        continue;
-                    };
-                    let who = (
-                        device.key,
-                        pod.namespace.as_str(),
-                        pod.name.as_str(),
-                        container.name.as_str(),
-                    );
-                    let replicas = holders.entry(who).or_default();
-                    if let Some(replica) = device.replica {
-                        shared.insert(who, true);
-                        if !replicas.contains(&replica) {
-                            replicas.push(replica);
-                        }
+                for device in devices
+                    .device_ids
+                    .iter()
+                    .filter_map(|id| resolve(id, snapshot))
+                {
+                    holders.add(device, who);
+                }
+            }
+            let claimed = container
+                .dynamic_resources
+                .iter()
+                .flat_map(|claim| &claim.claim_resources)
+                .filter(|r| {
+                    r.driver_name == filter.dra_driver && r.pool_name == snapshot.node.hostname
+                });
+            for resource in claimed {
+                match names::find(snapshot, &resource.device_name) {
+                    Some(device) => holders.add(
+                        DeviceRef {
+                            key: dra_key(device),
+                            replica: None,
+                        },
+                        who,
+                    ),
+                    None => {
+                        unresolved.insert(resource.device_name.clone());
                     }
                 }
             }
         }
     }
-    let mut by_device: BTreeMap<DeviceKey, Vec<PodLabels>> = BTreeMap::new();
-    for (who, mut replicas) in holders {
-        let (key, namespace, pod, container) = who;
-        replicas.sort_by(|a, b| natural(a).cmp(&natural(b)).then_with(|| a.cmp(b)));
-        let vgpu = shared
-            .get(&who)
-            .copied()
-            .unwrap_or(false)
-            .then(|| replicas.join(","));
-        by_device.entry(key).or_default().push(PodLabels {
-            namespace: namespace.to_owned(),
-            pod: pod.to_owned(),
-            container: container.to_owned(),
-            vgpu,
-        });
+    Attribution {
+        by_device: holders.into_labels(),
+        unresolved,
     }
-    for list in by_device.values_mut() {
-        list.sort();
+}
+
+/// The series a DRA device is reported under.
+fn dra_key(device: DraDevice<'_>) -> DeviceKey {
+    DeviceKey {
+        gpu: device.gpu().index,
+        gpu_instance: match device {
+            DraDevice::Gpu(_) => None,
+            DraDevice::Mig(_, mig) => Some(mig.gpu_instance_id),
+        },
     }
-    Attribution { by_device }
+}
+
+/// (namespace, pod, container).
+type Container<'a> = (&'a str, &'a str, &'a str);
+
+/// Who holds which device, and which replicas of it, while an answer is read.
+#[derive(Default)]
+struct Holders<'a> {
+    /// (device, container) → replicas held; `None` while the container holds it unshared.
+    held: BTreeMap<(DeviceKey, Container<'a>), Option<Vec<String>>>,
+}
+
+impl<'a> Holders<'a> {
+    fn add(&mut self, device: DeviceRef, who: Container<'a>) {
+        let held = self.held.entry((device.key, who)).or_default();
+        if let Some(replica) = device.replica {
+            let replicas = held.get_or_insert_with(Vec::new);
+            if !replicas.contains(&replica) {
+                replicas.push(replica);
+            }
+        }
+    }
+
+    fn into_labels(self) -> BTreeMap<DeviceKey, Vec<PodLabels>> {
+        let mut by_device: BTreeMap<DeviceKey, Vec<PodLabels>> = BTreeMap::new();
+        for ((key, (namespace, pod, container)), replicas) in self.held {
+            let vgpu = replicas.map(|mut replicas| {
+                replicas.sort_by(|a, b| natural(a).cmp(&natural(b)).then_with(|| a.cmp(b)));
+                replicas.join(",")
+            });
+            by_device.entry(key).or_default().push(PodLabels {
+                namespace: namespace.to_owned(),
+                pod: pod.to_owned(),
+                container: container.to_owned(),
+                vgpu,
+            });
+        }
+        for list in by_device.values_mut() {
+            list.sort();
+        }
+        by_device
+    }
 }
 
 /// Sort key that orders numeric replica ids numerically.
@@ -245,15 +334,23 @@ fn natural(s: &str) -> (u64, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::model::{Gpu, Node, Pci};
+    use crate::inventory::model::{Gpu, MigDevice, Node, Pci, Placement};
     use crate::inventory::test_support;
-    use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
+    use crate::proto::podresources::{
+        ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources,
+    };
 
+    /// A GPU whose minor number is its index + 10; its 1g.10gb MIG devices (GI profile 19)
+    /// are placed at their GPU-instance id.
     fn gpu(index: u32, uuid: &str, migs: &[(u32, &str, u32)]) -> Gpu {
         let base = test_support::gpu(index, uuid, "NVIDIA A100-SXM4-80GB", 81920);
         let devices = migs
             .iter()
-            .map(|&(mig_index, uuid, gi)| test_support::mig(mig_index, uuid, gi, 0))
+            .map(|&(mig_index, uuid, gi)| MigDevice {
+                placement: Some(Placement { start: gi, size: 1 }),
+                gpu_instance_profile_id: Some(19),
+                ..test_support::mig(mig_index, uuid, gi, 0)
+            })
             .collect();
         test_support::with_migs(
             Gpu {
@@ -416,6 +513,7 @@ mod tests {
             )]),
             &ResourceFilter {
                 extra: vec!["nvidia.com/gpu.shared".into()],
+                ..ResourceFilter::default()
             },
             &node(),
         );
@@ -435,5 +533,131 @@ mod tests {
         assert_eq!(a.for_device(instance(1, 1)).count(), 1);
         assert_eq!(a.for_device(instance(1, 8)).count(), 1);
         assert_eq!(a.for_device(whole(0)).count(), 0);
+    }
+
+    /// One container per holder, each holding the named devices of one claim:
+    /// (namespace, pod, container, claim, [(driver, pool, device)]).
+    type ClaimHolder<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a [(&'a str, &'a str, &'a str)],
+    );
+
+    fn claims(holders: &[ClaimHolder<'_>]) -> ListPodResourcesResponse {
+        ListPodResourcesResponse {
+            pod_resources: holders
+                .iter()
+                .map(|(ns, pod, container, claim, devices)| PodResources {
+                    name: (*pod).into(),
+                    namespace: (*ns).into(),
+                    containers: vec![ContainerResources {
+                        name: (*container).into(),
+                        dynamic_resources: vec![DynamicResource {
+                            claim_name: (*claim).into(),
+                            claim_namespace: (*ns).into(),
+                            claim_resources: devices
+                                .iter()
+                                .map(|(driver, pool, device)| ClaimResource {
+                                    cdi_devices: Vec::new(),
+                                    driver_name: (*driver).into(),
+                                    pool_name: (*pool).into(),
+                                    device_name: (*device).into(),
+                                    share_id: None,
+                                })
+                                .collect(),
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn dra_devices_of_the_gpu_driver_and_this_pool_resolve_by_name() {
+        let mut answer = claims(&[
+            // One claim shared by two pods: each gets the series.
+            (
+                "ml",
+                "a",
+                "main",
+                "shared",
+                &[("gpu.nvidia.com", "n", "gpu-10")],
+            ),
+            (
+                "ml",
+                "b",
+                "main",
+                "shared",
+                &[("gpu.nvidia.com", "n", "gpu-10")],
+            ),
+            (
+                "web",
+                "infer",
+                "srv",
+                "small",
+                &[
+                    ("gpu.nvidia.com", "n", "gpu-11-mig-1g10gb-19-8"),
+                    // Another node's pool and another driver: not this node's GPUs.
+                    ("gpu.nvidia.com", "m", "gpu-11-mig-1g10gb-19-1"),
+                    ("other.example.com", "n", "gpu-11-mig-1g10gb-19-1"),
+                    // A MIG-enabled GPU is no DRA device; and a name nothing has.
+                    ("gpu.nvidia.com", "n", "gpu-11"),
+                    ("gpu.nvidia.com", "n", "gpu-99"),
+                ],
+            ),
+        ]);
+        // A device-plugin allocation in the same answer, on the same GPU as the claim.
+        answer.pod_resources.extend(
+            super::tests::answer(&[("ml", "dp", "c", "nvidia.com/gpu", &["GPU-aaaa"])])
+                .pod_resources,
+        );
+        let a = attribute(&answer, &ResourceFilter::default(), &node());
+        assert_eq!(
+            a.for_device(whole(0)).cloned().collect::<Vec<_>>(),
+            [
+                labels("ml", "a", "main", None),
+                labels("ml", "b", "main", None),
+                labels("ml", "dp", "c", None),
+            ]
+        );
+        assert_eq!(
+            a.for_device(instance(1, 8)).cloned().collect::<Vec<_>>(),
+            [labels("web", "infer", "srv", None)]
+        );
+        assert_eq!(a.for_device(instance(1, 1)).count(), 0);
+        assert_eq!(a.devices(), 2);
+        assert_eq!(
+            a.unresolved().iter().collect::<Vec<_>>(),
+            ["gpu-11", "gpu-99"]
+        );
+    }
+
+    #[test]
+    fn the_dra_driver_name_is_configurable() {
+        let answer = claims(&[(
+            "ml",
+            "p",
+            "c",
+            "claim",
+            &[
+                ("gpu.nvidia.com", "n", "gpu-10"),
+                ("gpu.example.com", "n", "gpu-11-mig-1g10gb-19-1"),
+            ],
+        )]);
+        let filter = ResourceFilter {
+            dra_driver: "gpu.example.com".into(),
+            ..ResourceFilter::default()
+        };
+        let a = attribute(&answer, &filter, &node());
+        assert_eq!(a.for_device(whole(0)).count(), 0);
+        assert_eq!(
+            a.for_device(instance(1, 1)).cloned().collect::<Vec<_>>(),
+            [labels("ml", "p", "c", None)]
+        );
+        assert!(a.unresolved().is_empty());
     }
 }

@@ -552,6 +552,17 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
             "gauge",
         );
         let _ = writeln!(out, "gpud_pod_resources_up {}", u8::from(up));
+        header(
+            out,
+            "gpud_pod_resources_unresolved_devices",
+            "DRA devices claimed on this node, in the last pod-resources List, whose name is no GPU or MIG device of the node (not attributed).",
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "gpud_pod_resources_unresolved_devices {}",
+            frame.pods.unresolved().len()
+        );
     }
 
     if let Some(http) = &frame.own.http {
@@ -996,6 +1007,7 @@ mod tests {
                 "gpud_xid_events_dropped_total{source=\"window\"} 0".to_owned(),
                 "gpud_xid_events_dropped_total{source=\"dedup\"} 0".to_owned(),
                 "gpud_pod_resources_up 0".to_owned(),
+                "gpud_pod_resources_unresolved_devices 0".to_owned(),
                 "gpud_http_connections_open 2".to_owned(),
                 "gpud_http_connections_max 512".to_owned(),
                 "gpud_http_connections_refused_total 3".to_owned(),

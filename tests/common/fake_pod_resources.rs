@@ -1,7 +1,8 @@
 //! A fake kubelet pod-resources server: a real tonic server on a unix socket in a temp dir,
 //! speaking `podresources/v1`, whose `List` answer the test sets, or that fails or hangs every
 //! `List` ([`Mode`]). Stopping it (drop) removes its socket; starting another on the same path
-//! is a kubelet restart.
+//! is a kubelet restart. Answers hold device-plugin devices ([`answer`]) and DRA claims'
+//! devices ([`with_claims`]), as a kubelet with both allocation paths does.
 
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
@@ -15,9 +16,9 @@ use gpud::proto::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
 use gpud::proto::podresources::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, CdiDevice, ClaimResource,
+    ContainerDevices, ContainerResources, DynamicResource, GetPodResourcesRequest,
+    GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
@@ -216,4 +217,51 @@ pub fn answer(holders: &[Holder<'_>]) -> ListPodResourcesResponse {
     ListPodResourcesResponse {
         pod_resources: pods,
     }
+}
+
+/// One container holding devices through a DRA claim in its own namespace.
+pub struct ClaimHolder<'a> {
+    pub namespace: &'a str,
+    pub pod: &'a str,
+    pub container: &'a str,
+    pub claim: &'a str,
+    /// (driver, pool, device name) of each allocated device.
+    pub devices: &'a [(&'a str, &'a str, &'a str)],
+}
+
+/// `answer` with one more pod per claim holder, its container's `dynamic_resources` holding
+/// the claim's devices, each with the CDI device a DRA driver would have returned for it.
+pub fn with_claims(
+    mut answer: ListPodResourcesResponse,
+    holders: &[ClaimHolder<'_>],
+) -> ListPodResourcesResponse {
+    answer
+        .pod_resources
+        .extend(holders.iter().map(|h| PodResources {
+            name: h.pod.into(),
+            namespace: h.namespace.into(),
+            containers: vec![ContainerResources {
+                name: h.container.into(),
+                dynamic_resources: vec![DynamicResource {
+                    claim_name: h.claim.into(),
+                    claim_namespace: h.namespace.into(),
+                    claim_resources: h
+                        .devices
+                        .iter()
+                        .map(|(driver, pool, device)| ClaimResource {
+                            cdi_devices: vec![CdiDevice {
+                                name: format!("k8s.{driver}/claim={}-{device}", h.claim),
+                            }],
+                            driver_name: (*driver).into(),
+                            pool_name: (*pool).into(),
+                            device_name: (*device).into(),
+                            share_id: None,
+                        })
+                        .collect(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }));
+    answer
 }

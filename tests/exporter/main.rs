@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod dra;
 mod faults;
 mod harness;
 #[path = "../common/fake_pod_resources.rs"]

@@ -44,7 +44,8 @@ fn holders(body: &str, metric: &str, gpu: u32, gi: Option<u32>) -> Vec<String> {
         .collect()
 }
 
-fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Exporter {
+/// `gpud exporter -k` against `kubelet`, polling every 100 ms.
+pub fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Exporter {
     let socket = kubelet.socket.to_str().unwrap().to_owned();
     let mut args = vec![
         "-k",
