@@ -1,0 +1,257 @@
+//! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
+//!
+//! Start-up order matters to the kubelet: the plugin socket (`<plugins>/<driver>/dra.sock`:
+//! DRAPlugin v1 and v1beta1, DRAResourceHealth v1 and v1alpha1) is served first, then the
+//! registration socket (`<registry>/<driver>-reg.sock`), so the kubelet never learns of a
+//! socket that does not answer yet. Both replace stale sockets left by an earlier run
+//! ([`crate::grpc::bind`]), and accept any `:authority` (kubelets before 1.26 send the socket
+//! path).
+//!
+//! Then one loop keeps the node's ResourceSlices right ([`super::publish`]): after every
+//! inventory change (a MIG change or lost GPU arrives with the next rescan; health at once),
+//! every registration by the kubelet, every watch event on the node's slices (the kubelet's
+//! wipe), with backoff after failures and a resync every few minutes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::args::DraConfig;
+use super::checkpoint::Checkpoint;
+use super::health_stream::HealthService;
+use super::ledger::Held;
+use super::plugin::DraService;
+use super::prepare::Preparer;
+use super::publish::Publisher;
+use super::registration::RegistrationService;
+use super::slices;
+use crate::daemon::{Context, Subsystem};
+use crate::grpc;
+use crate::inventory::Inventory;
+use crate::labeller::api::{Backoff, connect, node_seed};
+use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
+use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
+use crate::proto::drahealth_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1;
+use crate::proto::drahealth_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1;
+use crate::proto::pluginregistration::registration_server::RegistrationServer;
+use crate::telemetry;
+
+/// How often the slices are compared with the inventory when nothing else happened.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// The longest pause between failed publish attempts.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why the plugin cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error(
+        "the kubelet's plugin registration folder {} does not exist (is a kubelet running on \
+         this host, and is the folder mounted?); point --dra-registry-dir at it",
+        .0.display()
+    )]
+    NoRegistryDir(std::path::PathBuf),
+    #[error("{}: cannot create the plugin folder: {source}", path.display())]
+    PluginDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serve the DRA plugin: {0}")]
+    Bind(#[from] grpc::BindError),
+}
+
+/// The DRA plugin subsystem.
+#[derive(Debug)]
+pub struct Dra {
+    config: Arc<DraConfig>,
+    held: watch::Sender<Held>,
+}
+
+impl Dra {
+    /// A plugin publishing the devices its claims hold on `held` (the device plugin of
+    /// `gpud run` listens there).
+    pub fn new(config: DraConfig, held: watch::Sender<Held>) -> Self {
+        Dra {
+            config: Arc::new(config),
+            held,
+        }
+    }
+}
+
+impl Subsystem for Dra {
+    type Settings = ();
+    crate::subsystem_name!("dra");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let config = self.config;
+        if !config.registry_dir.is_dir() {
+            return Err(DraError::NoRegistryDir(config.registry_dir.clone()).into());
+        }
+        let plugin_dir = config.plugin_dir();
+        std::fs::create_dir_all(&plugin_dir).map_err(|source| DraError::PluginDir {
+            path: plugin_dir.clone(),
+            source,
+        })?;
+        let (checkpoint, problem) = Checkpoint::load(&config.checkpoint());
+        if let Some(problem) = problem {
+            error!(error = %telemetry::error_chain(&problem), "DRA checkpoint unreadable; serving on");
+        }
+        let client = connect(config.kubeconfig.as_deref()).await?;
+        let preparer = Arc::new(Preparer::new(
+            Arc::clone(&config),
+            Some(client.clone()),
+            inventory.clone(),
+            checkpoint,
+            self.held,
+        ));
+        let cancel = ctx.cancel_token();
+        let plugin_socket = config.plugin_socket();
+        serve_plugin(&plugin_socket, preparer, &config.node, &inventory, cancel.clone())?;
+        let registered = Arc::new(Notify::new());
+        let registration_socket = config.registration_socket();
+        serve_registration(
+            &registration_socket,
+            &config.driver,
+            &plugin_socket,
+            Arc::clone(&registered),
+            cancel.clone(),
+        )?;
+        ctx.set_ready();
+
+        let publisher = Publisher::new(client, &config.driver, &config.node);
+        let slice_events = Arc::new(Notify::new());
+        telemetry::spawn(watch_slices(
+            publisher.clone(),
+            Arc::clone(&slice_events),
+            cancel.clone(),
+        ));
+        publish_loop(
+            publisher,
+            &config.driver,
+            &inventory,
+            &registered,
+            &slice_events,
+            &cancel,
+        )
+        .await;
+        for socket in [&registration_socket, &plugin_socket] {
+            let _ = std::fs::remove_file(socket);
+        }
+        Ok(())
+    }
+}
+
+fn serve_plugin(
+    socket: &Path,
+    preparer: Arc<Preparer>,
+    pool: &str,
+    inventory: &Inventory,
+    cancel: CancellationToken,
+) -> Result<(), DraError> {
+    let listener = grpc::bind(socket, grpc::SOCKET_MODE)?;
+    let service = DraService::new(preparer);
+    let health = HealthService::new(pool, inventory.subscribe());
+    let router = tonic::transport::Server::builder()
+        .add_service(V1Server::new(service.clone()))
+        .add_service(V1beta1Server::new(service))
+        .add_service(HealthV1::new(health.clone()))
+        .add_service(HealthV1alpha1::new(health));
+    telemetry::spawn(async move {
+        let served = router
+            .serve_with_incoming_shutdown(grpc::incoming(listener), cancel.cancelled())
+            .await;
+        if let Err(err) = served {
+            error!(error = %telemetry::error_chain(&err), "DRA plugin server failed");
+        }
+    });
+    Ok(())
+}
+
+fn serve_registration(
+    socket: &Path,
+    driver: &str,
+    endpoint: &Path,
+    registered: Arc<Notify>,
+    cancel: CancellationToken,
+) -> Result<(), DraError> {
+    let listener = grpc::bind(socket, grpc::SOCKET_MODE)?;
+    let service = RegistrationService::new(driver, &endpoint.to_string_lossy(), registered);
+    telemetry::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming_shutdown(grpc::incoming(listener), cancel.cancelled())
+            .await;
+        if let Err(err) = served {
+            error!(error = %telemetry::error_chain(&err), "DRA registration server failed");
+        }
+    });
+    Ok(())
+}
+
+/// Keeps a watch on the node's slices open, waking `events` on each event; reopens it after
+/// a pause when it fails.
+async fn watch_slices(publisher: Publisher, events: Arc<Notify>, cancel: CancellationToken) {
+    let mut backoff = Backoff::capped(1, RETRY_MAX);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            result = publisher.watch(&events) => match result {
+                Ok(()) => {
+                    backoff.reset();
+                    continue;
+                }
+                Err(err) => debug!(error = %telemetry::error_chain(&err), "ResourceSlice watch ended"),
+            },
+        }
+        // A watch that reopens may have missed events.
+        events.notify_one();
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+async fn publish_loop(
+    mut publisher: Publisher,
+    driver: &str,
+    inventory: &Inventory,
+    registered: &Notify,
+    slice_events: &Notify,
+    cancel: &CancellationToken,
+) {
+    let mut snapshots = inventory.subscribe();
+    let mut backoff = Backoff::capped(node_seed(driver), RETRY_MAX);
+    let mut last_error: Option<String> = None;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        let wait = match publisher.sync(slices::devices(&snapshot, driver)).await {
+            Ok(_) => {
+                if last_error.take().is_some() {
+                    warn!("ResourceSlices published again");
+                }
+                backoff.reset();
+                RESYNC
+            }
+            Err(err) => {
+                let text = telemetry::error_chain(&err);
+                if last_error.as_deref() != Some(text.as_str()) {
+                    warn!(error = %text, "Cannot publish the node's ResourceSlices; retrying with backoff");
+                    last_error = Some(text);
+                }
+                backoff.next_delay()
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = registered.notified() => {}
+            () = slice_events.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
