@@ -25,50 +25,50 @@ pub struct DraArgs {
     /// The DRA driver name: in ResourceSlices, DeviceClasses, claims and taint keys.
     #[arg(long = "dra-driver-name", value_name = "NAME", env = "GPUD_DRA_DRIVER_NAME",
           default_value = DEFAULT_DRIVER)]
-    pub driver_name: String,
+    pub dra_driver_name: String,
 
     /// The kubelet's plugin registration folder (plugins_registry).
     #[arg(long = "dra-registry-dir", value_name = "DIR", env = "GPUD_DRA_REGISTRY_DIR",
           default_value = DEFAULT_REGISTRY_DIR)]
-    pub registry_dir: PathBuf,
+    pub dra_registry_dir: PathBuf,
 
     /// The kubelet's plugins folder; the plugin socket, checkpoint and lock go in
     /// <dir>/<driver>/.
     #[arg(long = "dra-plugins-dir", value_name = "DIR", env = "GPUD_DRA_PLUGINS_DIR",
           default_value = DEFAULT_PLUGINS_DIR)]
-    pub plugins_dir: PathBuf,
+    pub dra_plugins_dir: PathBuf,
 
     /// Folder for the per-claim CDI specs (the container runtime must read it).
     #[arg(long = "dra-cdi-root", value_name = "DIR", env = "GPUD_DRA_CDI_ROOT",
           default_value = DEFAULT_CDI_ROOT)]
-    pub cdi_root: PathBuf,
+    pub dra_cdi_root: PathBuf,
 
     /// Root of the driver installation the CDI specs mount from (/run/nvidia/driver for a
     /// driver container).
     #[arg(long = "dra-driver-root", value_name = "PATH", env = "GPUD_DRA_DRIVER_ROOT",
           default_value = "/")]
-    pub driver_root: PathBuf,
+    pub dra_driver_root: PathBuf,
 
     /// Root under which /dev is found [default: the driver root].
     #[arg(long = "dra-dev-root", value_name = "PATH", env = "GPUD_DRA_DEV_ROOT")]
-    pub dev_root: Option<PathBuf>,
+    pub dra_dev_root: Option<PathBuf>,
 
     /// The procfs holding the driver's MIG capability tree (MIG device nodes).
     #[arg(long = "dra-proc-root", value_name = "PATH", env = "GPUD_DRA_PROC_ROOT",
           default_value = "/proc")]
-    pub proc_root: PathBuf,
+    pub dra_proc_root: PathBuf,
 
     /// The nvidia-cdi-hook executable the CDI specs name.
     #[arg(long = "dra-nvidia-cdi-hook-path", value_name = "PATH",
           env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH", default_value = crate::cdi::discover::DEFAULT_HOOK_PATH)]
-    pub hook_path: PathBuf,
+    pub dra_hook_path: PathBuf,
 
     /// The kubelet's pod-resources socket: GPUs the device plugin gave to running pods are
     /// refused to claims. "" skips the check (only when no device plugin runs on the node).
     #[arg(long = "dra-pod-resources-socket", value_name = "PATH",
           env = "GPUD_DRA_POD_RESOURCES_SOCKET",
           default_value = DEFAULT_POD_RESOURCES_SOCKET)]
-    pub pod_resources_socket: String,
+    pub dra_pod_resources_socket: String,
 }
 
 /// Everything the DRA plugin runs with, resolved from [`DraArgs`].
@@ -91,31 +91,31 @@ impl DraArgs {
         node: String,
         kubeconfig: Option<PathBuf>,
     ) -> Result<DraConfig, crate::daemon::Error> {
-        if !is_dns_subdomain(&self.driver_name) || self.driver_name.len() > 63 {
+        if !is_dns_subdomain(&self.dra_driver_name) || self.dra_driver_name.len() > 63 {
             return Err(crate::daemon::Error::Usage(format!(
                 "--dra-driver-name {:?}: a DRA driver name must be a DNS subdomain of at most 63 \
                  characters (lower-case letters, digits, '-' and '.'), e.g. {DEFAULT_DRIVER}",
-                self.driver_name
+                self.dra_driver_name
             )));
         }
         Ok(DraConfig {
-            driver: self.driver_name.clone(),
+            driver: self.dra_driver_name.clone(),
             node,
-            registry_dir: self.registry_dir.clone(),
-            plugins_dir: self.plugins_dir.clone(),
-            cdi_root: self.cdi_root.clone(),
+            registry_dir: self.dra_registry_dir.clone(),
+            plugins_dir: self.dra_plugins_dir.clone(),
+            cdi_root: self.dra_cdi_root.clone(),
             host: HostPaths {
-                driver_root: self.driver_root.clone(),
+                driver_root: self.dra_driver_root.clone(),
                 dev_root: self
-                    .dev_root
+                    .dra_dev_root
                     .clone()
-                    .unwrap_or_else(|| self.driver_root.clone()),
-                proc_root: self.proc_root.clone(),
-                hook: self.hook_path.clone(),
+                    .unwrap_or_else(|| self.dra_driver_root.clone()),
+                proc_root: self.dra_proc_root.clone(),
+                hook: self.dra_hook_path.clone(),
                 nvml_dir: crate::nvml::library::loaded_dir(),
             },
-            pod_resources: (!self.pod_resources_socket.is_empty())
-                .then(|| PathBuf::from(&self.pod_resources_socket)),
+            pod_resources: (!self.dra_pod_resources_socket.is_empty())
+                .then(|| PathBuf::from(&self.dra_pod_resources_socket)),
             kubeconfig,
         })
     }

@@ -95,8 +95,11 @@ fn attributes(snapshot: &Snapshot, device: &DraDevice<'_>) -> BTreeMap<String, A
     }
     string("uuid", Some(device.uuid()));
     string("productName", Some(&gpu.name));
-    string("brand", gpu.brand.as_deref());
-    string("architecture", gpu.architecture.as_deref());
+    string("brand", gpu.brand.as_deref().map(nvidia_brand).as_deref());
+    string(
+        "architecture",
+        gpu.architecture.as_deref().map(nvidia_architecture).as_deref(),
+    );
     string(PCI_BUS_ID, gpu.pci.bus_id.sysfs().as_deref());
     let versions = [
         ("cudaComputeCapability", gpu.compute_capability.as_deref()),
@@ -172,6 +175,39 @@ pub fn semver(text: &str) -> Option<String> {
     Some(format!("{}.{}.{}", parts[0], parts[1], parts[2]))
 }
 
+/// NVML's brand as NVIDIA's driver writes it (`Nvidia`, `Tesla`, `GeForce`, `NvidiaRTX`);
+/// the inventory keeps it in lower case.
+fn nvidia_brand(brand: &str) -> String {
+    match brand {
+        "geforce" => "GeForce".to_owned(),
+        "nvidiartx" => "NvidiaRTX".to_owned(),
+        "nvidiavapps" => "NvidiaVApps".to_owned(),
+        "nvidiavpc" => "NvidiaVPC".to_owned(),
+        "nvidiavcs" => "NvidiaVCS".to_owned(),
+        "nvidiavws" => "NvidiaVWS".to_owned(),
+        "nvidiacloudgaming" => "NvidiaCloudGaming".to_owned(),
+        "quadrortx" => "QuadroRTX".to_owned(),
+        "geforcertx" => "GeForceRTX".to_owned(),
+        other => capitalised(other),
+    }
+}
+
+/// NVML's architecture as NVIDIA's driver writes it (`Ampere`, `Hopper`, `Ada Lovelace`).
+fn nvidia_architecture(architecture: &str) -> String {
+    match architecture {
+        "ada" | "ada-lovelace" | "adalovelace" => "Ada Lovelace".to_owned(),
+        other => capitalised(other),
+    }
+}
+
+fn capitalised(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
+}
+
 /// Attribute strings are at most 64 characters.
 fn clip(value: &str) -> String {
     value.chars().take(64).collect()
@@ -192,6 +228,10 @@ mod tests {
         assert_eq!(semver("535.54.03").as_deref(), Some("535.54.3"));
         assert_eq!(semver("570.133.20").as_deref(), Some("570.133.20"));
         assert_eq!(semver("n/a"), None);
+        assert_eq!(nvidia_brand("nvidia"), "Nvidia");
+        assert_eq!(nvidia_brand("geforce"), "GeForce");
+        assert_eq!(nvidia_architecture("hopper"), "Hopper");
+        assert_eq!(nvidia_architecture("ada"), "Ada Lovelace");
     }
 
     fn node_of(n: usize) -> Snapshot {
@@ -212,11 +252,11 @@ mod tests {
 
     #[test]
     fn slices_split_at_the_limits_and_say_how_many_there_are() {
-        let specs = specs("d", "n", devices(&node_of(130), "d"), 4);
-        let sizes: Vec<usize> = specs.iter().map(|s| s.devices.len()).collect();
+        let built = specs("d", "n", devices(&node_of(130), "d"), 4);
+        let sizes: Vec<usize> = built.iter().map(|s| s.devices.len()).collect();
         assert_eq!(sizes, [128, 2]);
-        assert!(specs.iter().all(|s| s.pool.resource_slice_count == 2));
-        assert!(specs.iter().all(|s| s.pool.generation == 4));
+        assert!(built.iter().all(|s| s.pool.resource_slice_count == 2));
+        assert!(built.iter().all(|s| s.pool.generation == 4));
 
         let mut snapshot = node_of(70);
         snapshot.gpus[3].health = crate::inventory::health::Health::lost(std::time::UNIX_EPOCH);
