@@ -187,7 +187,10 @@ impl Dra {
     fn uuid(&self, index: usize) -> String {
         let inventory: Value =
             serde_json::from_str(&stdout_ok(&self.node.run(&["inventory"]))).unwrap();
-        inventory["gpus"][index]["uuid"].as_str().unwrap().to_owned()
+        inventory["gpus"][index]["uuid"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     }
 }
 
@@ -268,8 +271,7 @@ async fn prepare_is_idempotent_across_restarts_and_unprepare_needs_no_claim() {
     assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-3")]);
 
     let spec: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-1")).unwrap())
-            .unwrap();
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-1")).unwrap()).unwrap();
     assert_eq!(spec["kind"], "k8s.gpu.nvidia.com/claim");
     let devices = spec["devices"].as_array().unwrap();
     assert_eq!(devices.len(), 1);
@@ -363,8 +365,10 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     let clear = dra.slices_when("the taint removed", |s| {
         device(s, "gpu-3").get("taints").is_none() && generation(s) > generation(&tainted)
     });
-    assert_eq!(render(&clear).replace(&format!("\"generation\": {}", generation(&clear)), "G"),
-        render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G"));
+    assert_eq!(
+        render(&clear).replace(&format!("\"generation\": {}", generation(&clear)), "G"),
+        render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -435,8 +439,7 @@ async fn a_gpu_the_device_plugin_gave_to_a_pod_is_refused_to_a_claim() {
             ..Default::default()
         }],
     };
-    let _kubelet =
-        fake_pod_resources::FakeKubelet::start(&dra.path("pod-resources.sock"), answer);
+    let _kubelet = fake_pod_resources::FakeKubelet::start(&dra.path("pod-resources.sock"), answer);
     dra.start();
     dra.register().await;
     dra.put_claim("c1", "uid-1", &["gpu-2"]);
@@ -515,16 +518,17 @@ async fn the_health_stream_sends_the_complete_list_and_every_change() {
         .unwrap()
         .into_inner();
     let first = next_health(&mut stream).await;
-    let summary = |r: &gpud::proto::drahealth_v1::NodeWatchResourcesResponse| -> BTreeMap<String, i32> {
-        r.devices
-            .iter()
-            .map(|d| {
-                let id = d.device.as_ref().unwrap();
-                assert_eq!(id.pool_name, "test-node");
-                (id.device_name.clone(), d.health)
-            })
-            .collect()
-    };
+    let summary =
+        |r: &gpud::proto::drahealth_v1::NodeWatchResourcesResponse| -> BTreeMap<String, i32> {
+            r.devices
+                .iter()
+                .map(|d| {
+                    let id = d.device.as_ref().unwrap();
+                    assert_eq!(id.pool_name, "test-node");
+                    (id.device_name.clone(), d.health)
+                })
+                .collect()
+        };
     let healthy = HealthStatus::Healthy as i32;
     assert_eq!(
         summary(&first),

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use common::{Node, stdout_ok};
 use fake_kubelet::FakeKubelet;
-use raw_grpc::{Authority, RawClient, Reply};
 use gpud::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest, ContainerAllocateResponse,
     DevicePluginOptions,
 };
 use prost::Message;
+use raw_grpc::{Authority, RawClient, Reply};
 use serde_json::{Value, json};
 
 /// A running `gpud device-plugin`, killed when dropped.

@@ -247,10 +247,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         if dra.is_some() {
             manager.held = Some(HeldSource::Shared(claimed));
         }
-        daemon.add(
-            DevicePlugin::new(manager),
-            |config: &Arc<Reloadable>| Arc::clone(&config.plugin),
-        );
+        daemon.add(DevicePlugin::new(manager), |config: &Arc<Reloadable>| {
+            Arc::clone(&config.plugin)
+        });
     }
     if enabled(Optional::Labeller) {
         daemon.add(

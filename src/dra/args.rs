@@ -45,8 +45,12 @@ pub struct DraArgs {
 
     /// Root of the driver installation the CDI specs mount from (/run/nvidia/driver for a
     /// driver container).
-    #[arg(long = "dra-driver-root", value_name = "PATH", env = "GPUD_DRA_DRIVER_ROOT",
-          default_value = "/")]
+    #[arg(
+        long = "dra-driver-root",
+        value_name = "PATH",
+        env = "GPUD_DRA_DRIVER_ROOT",
+        default_value = "/"
+    )]
     pub dra_driver_root: PathBuf,
 
     /// Root under which /dev is found [default: the driver root].
@@ -54,8 +58,12 @@ pub struct DraArgs {
     pub dra_dev_root: Option<PathBuf>,
 
     /// The procfs holding the driver's MIG capability tree (MIG device nodes).
-    #[arg(long = "dra-proc-root", value_name = "PATH", env = "GPUD_DRA_PROC_ROOT",
-          default_value = "/proc")]
+    #[arg(
+        long = "dra-proc-root",
+        value_name = "PATH",
+        env = "GPUD_DRA_PROC_ROOT",
+        default_value = "/proc"
+    )]
     pub dra_proc_root: PathBuf,
 
     /// The nvidia-cdi-hook executable the CDI specs name.

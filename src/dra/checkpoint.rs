@@ -178,7 +178,9 @@ mod tests {
                     device: "gpu-1-mig-1g10gb-19-6".into(),
                     uuid: "MIG-1".into(),
                     gpu_uuid: "GPU-1".into(),
-                    cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=uid-1-gpu-1-mig-1g10gb-19-6".into()],
+                    cdi_device_ids: vec![
+                        "k8s.gpu.nvidia.com/claim=uid-1-gpu-1-mig-1g10gb-19-6".into(),
+                    ],
                     time_slice: None,
                 }],
             },
@@ -198,7 +200,10 @@ mod tests {
             read.held().into_iter().collect::<Vec<_>>(),
             ["GPU-1", "MIG-1"]
         );
-        assert_eq!(read.holder("gpu-1-mig-1g10gb-19-6", "uid-2").map(|h| h.0), Some("uid-1"));
+        assert_eq!(
+            read.holder("gpu-1-mig-1g10gb-19-6", "uid-2").map(|h| h.0),
+            Some("uid-1")
+        );
         assert!(read.holder("gpu-1-mig-1g10gb-19-6", "uid-1").is_none());
     }
 
@@ -210,13 +215,19 @@ mod tests {
         let (read, error) = Checkpoint::load(&path);
         assert!(read.claims.is_empty());
         let message = error.unwrap().to_string();
-        assert!(message.contains("the DRA checkpoint is corrupt"), "{message}");
+        assert!(
+            message.contains("the DRA checkpoint is corrupt"),
+            "{message}"
+        );
         assert!(!path.exists());
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names.len(), 1);
-        assert!(names[0].starts_with("checkpoint.json.corrupt-"), "{names:?}");
+        assert!(
+            names[0].starts_with("checkpoint.json.corrupt-"),
+            "{names:?}"
+        );
     }
 }

@@ -62,7 +62,12 @@ pub fn write(
             .iter()
             .find(|d| d.name == device.uuid)
             .cloned()
-            .ok_or_else(|| format!("device {} ({}) has no CDI entry (lost?)", device.name, device.uuid))?;
+            .ok_or_else(|| {
+                format!(
+                    "device {} ({}) has no CDI entry (lost?)",
+                    device.name, device.uuid
+                )
+            })?;
         found.name = format!("{uid}-{}", device.name);
         renamed.push(found);
     }
@@ -88,7 +93,8 @@ pub fn remove(cdi_root: &Path, uid: &str) -> Result<(), String> {
 fn narrow(snapshot: &Snapshot, devices: &[ClaimDevice]) -> Snapshot {
     let wanted = |uuid: &str| devices.iter().any(|d| d.uuid == uuid);
     let mut out = snapshot.clone();
-    out.gpus.retain(|gpu| wanted(&gpu.uuid) || gpu.mig.devices.iter().any(|m| wanted(&m.uuid)));
+    out.gpus
+        .retain(|gpu| wanted(&gpu.uuid) || gpu.mig.devices.iter().any(|m| wanted(&m.uuid)));
     for gpu in &mut out.gpus {
         gpu.mig.devices.retain(|m| wanted(&m.uuid));
     }

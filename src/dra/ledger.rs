@@ -134,7 +134,10 @@ pub async fn device_plugin_holders(
     snapshot: &Snapshot,
 ) -> Result<Vec<Holding>, String> {
     let what = |e: &dyn std::fmt::Display| {
-        format!("cannot ask the kubelet's pod-resources API at {}: {e}", socket.display())
+        format!(
+            "cannot ask the kubelet's pod-resources API at {}: {e}",
+            socket.display()
+        )
     };
     let endpoint = Endpoint::from_shared(format!("unix:{}", socket.display()))
         .map_err(|e| what(&e))?
@@ -212,9 +215,17 @@ mod tests {
         assert_eq!(uuids_of("0", &snapshot), pair("GPU-a", "GPU-a"));
         assert_eq!(uuids_of("MIG-b1", &snapshot), pair("MIG-b1", "GPU-b"));
         assert_eq!(uuids_of("1:1", &snapshot), pair("MIG-b1", "GPU-b"));
-        let whole = Holding { uuid: "GPU-b".into(), gpu_uuid: "GPU-b".into(), owner: "p".into() };
+        let whole = Holding {
+            uuid: "GPU-b".into(),
+            gpu_uuid: "GPU-b".into(),
+            owner: "p".into(),
+        };
         assert!(whole.clashes("MIG-b1", "GPU-b"));
-        let part = Holding { uuid: "MIG-b1".into(), gpu_uuid: "GPU-b".into(), owner: "p".into() };
+        let part = Holding {
+            uuid: "MIG-b1".into(),
+            gpu_uuid: "GPU-b".into(),
+            owner: "p".into(),
+        };
         assert!(part.clashes("GPU-b", "GPU-b"));
         assert!(!part.clashes("MIG-b2", "GPU-b"));
     }

@@ -64,7 +64,10 @@ pub fn settings(
 ) -> Result<DeviceSettings, String> {
     let mut out = DeviceSettings::default();
     let applicable = configs.iter().filter(|c| {
-        c.requests.is_empty() || c.requests.iter().any(|r| r == request || r.starts_with(&format!("{request}/")))
+        c.requests.is_empty()
+            || c.requests
+                .iter()
+                .any(|r| r == request || r.starts_with(&format!("{request}/")))
     });
     for config in applicable {
         let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
@@ -141,10 +144,16 @@ mod tests {
     #[test]
     fn time_slicing_is_taken_and_the_claim_overrides_the_class() {
         let configs = [
-            config(&[], json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
-                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}})),
-            config(&["gpu"], json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
-                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}})),
+            config(
+                &[],
+                json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}),
+            ),
+            config(
+                &["gpu"],
+                json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
+            ),
         ];
         let got = settings(&configs, "gpu.nvidia.com", "gpu", false).unwrap();
         assert_eq!(got.time_slice.as_deref(), Some("Long"));
@@ -156,16 +165,28 @@ mod tests {
 
     #[test]
     fn mps_wrong_kinds_and_bad_intervals_are_refused_by_name() {
-        let mps = [config(&[], json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS"}}))];
+        let mps = [config(
+            &[],
+            json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS"}}),
+        )];
         let err = settings(&mps, "gpu.nvidia.com", "gpu", false).unwrap_err();
         assert!(err.contains("MPS is not supported"), "{err}");
-        let gpu_on_mig = [config(&[], json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}))];
+        let gpu_on_mig = [config(
+            &[],
+            json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}),
+        )];
         let err = settings(&gpu_on_mig, "gpu.nvidia.com", "gpu", true).unwrap_err();
         assert!(err.contains("use MigDeviceConfig"), "{err}");
-        let bad = [config(&[], json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Huge"}}}))];
+        let bad = [config(
+            &[],
+            json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Huge"}}}),
+        )];
         let err = settings(&bad, "gpu.nvidia.com", "gpu", false).unwrap_err();
-        assert!(err.contains("\"Huge\" is not one of Default, Short, Medium, Long"), "{err}");
+        assert!(
+            err.contains("\"Huge\" is not one of Default, Short, Medium, Long"),
+            "{err}"
+        );
     }
 }

@@ -73,7 +73,10 @@ impl v1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let results = self.preparer.prepare(claims!(request.into_inner().claims)).await;
+        let results = self
+            .preparer
+            .prepare(claims!(request.into_inner().claims))
+            .await;
         let claims = results
             .into_iter()
             .map(|(uid, result)| {
@@ -97,7 +100,10 @@ impl v1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self.preparer.unprepare(claims!(request.into_inner().claims)).await;
+        let results = self
+            .preparer
+            .unprepare(claims!(request.into_inner().claims))
+            .await;
         Ok(Response::new(v1::NodeUnprepareResourcesResponse {
             claims: unprepared(results, |error| v1::NodeUnprepareResourceResponse { error }),
         }))
@@ -110,7 +116,10 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraService {
         &self,
         request: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let results = self.preparer.prepare(claims!(request.into_inner().claims)).await;
+        let results = self
+            .preparer
+            .prepare(claims!(request.into_inner().claims))
+            .await;
         let claims = results
             .into_iter()
             .map(|(uid, result)| {
@@ -127,14 +136,19 @@ impl v1beta1::dra_plugin_server::DraPlugin for DraService {
                 (uid, answer)
             })
             .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse { claims }))
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
     }
 
     async fn node_unprepare_resources(
         &self,
         request: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self.preparer.unprepare(claims!(request.into_inner().claims)).await;
+        let results = self
+            .preparer
+            .unprepare(claims!(request.into_inner().claims))
+            .await;
         Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
             claims: unprepared(results, |error| v1beta1::NodeUnprepareResourceResponse {
                 error,

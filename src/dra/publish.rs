@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_stream::StreamExt;
@@ -171,7 +173,12 @@ impl Publisher {
         }
         self.generation = generation;
         let count: usize = wanted.iter().map(|s| s.devices.len()).sum();
-        info!(generation, slices = wanted.len(), devices = count, "Published the node's ResourceSlices");
+        info!(
+            generation,
+            slices = wanted.len(),
+            devices = count,
+            "Published the node's ResourceSlices"
+        );
         Ok(true)
     }
 
@@ -183,8 +190,7 @@ impl Publisher {
     ) -> Result<(), PublishError> {
         let what = || format!("writing ResourceSlice {name}");
         let data = json!({"spec": spec});
-        let mut object =
-            DynamicObject::new(name, &objects::slices_resource()).data(data);
+        let mut object = DynamicObject::new(name, &objects::slices_resource()).data(data);
         let params = PostParams {
             field_manager: Some("gpud".to_owned()),
             ..PostParams::default()

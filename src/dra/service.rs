@@ -110,7 +110,13 @@ impl Subsystem for Dra {
         ));
         let cancel = ctx.cancel_token();
         let plugin_socket = config.plugin_socket();
-        serve_plugin(&plugin_socket, preparer, &config.node, &inventory, cancel.clone())?;
+        serve_plugin(
+            &plugin_socket,
+            preparer,
+            &config.node,
+            &inventory,
+            cancel.clone(),
+        )?;
         let registered = Arc::new(Notify::new());
         let registration_socket = config.registration_socket();
         serve_registration(

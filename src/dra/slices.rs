@@ -98,7 +98,10 @@ fn attributes(snapshot: &Snapshot, device: &DraDevice<'_>) -> BTreeMap<String, A
     string("brand", gpu.brand.as_deref().map(nvidia_brand).as_deref());
     string(
         "architecture",
-        gpu.architecture.as_deref().map(nvidia_architecture).as_deref(),
+        gpu.architecture
+            .as_deref()
+            .map(nvidia_architecture)
+            .as_deref(),
     );
     string(PCI_BUS_ID, gpu.pci.bus_id.sysfs().as_deref());
     let versions = [

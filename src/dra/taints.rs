@@ -133,7 +133,11 @@ mod tests {
             taints("gpu.nvidia.com", &DraDevice::Gpu(&g)),
             [taint("gpu.nvidia.com/gpu-lost", None, "NoSchedule")]
         );
-        let g = with_health(sick(HealthState::Unhealthy, None, "ECC: uncorrectable errors"));
+        let g = with_health(sick(
+            HealthState::Unhealthy,
+            None,
+            "ECC: uncorrectable errors",
+        ));
         assert_eq!(
             taints("gpu.nvidia.com", &DraDevice::Gpu(&g)),
             [taint("gpu.nvidia.com/unhealthy", Some("ECC"), "NoSchedule")]

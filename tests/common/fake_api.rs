@@ -278,7 +278,9 @@ async fn list_slices(
             .collect();
         let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
             "metadata": {"resourceVersion": state.slice_version.to_string()}, "items": items});
-        return Ok(axum::response::IntoResponse::into_response(axum::Json(list)));
+        return Ok(axum::response::IntoResponse::into_response(axum::Json(
+            list,
+        )));
     }
     state.slice_watches += 1;
     let from: u64 = params
@@ -348,7 +350,10 @@ async fn create_slice(
     gate_status(&mut state)?;
     let mut object: Value =
         serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     if state.slices.contains_key(&name) {
         return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
     }
@@ -407,7 +412,9 @@ async fn delete_slices(State(s): State<Shared>, uri: axum::http::Uri) -> Reply {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
     wipe(&mut state, params.get("fieldSelector"));
-    Ok(axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})))
+    Ok(axum::Json(
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    ))
 }
 
 fn wipe(state: &mut ApiState, selector: Option<&String>) {

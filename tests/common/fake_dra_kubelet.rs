@@ -30,7 +30,11 @@ pub async fn unary<A: Message + Default>(
     let mut client = RawClient::connect_to(socket, service).await;
     let authority = socket.to_str().unwrap();
     let reply = client
-        .call(method, Authority::Indexed(authority), &request.encode_to_vec())
+        .call(
+            method,
+            Authority::Indexed(authority),
+            &request.encode_to_vec(),
+        )
         .await;
     let trailer = |name: &str| {
         reply
@@ -41,7 +45,11 @@ pub async fn unary<A: Message + Default>(
             .unwrap_or_default()
     };
     if trailer("grpc-status") != "0" {
-        return Err(format!("{} {}", trailer("grpc-status"), trailer("grpc-message")));
+        return Err(format!(
+            "{} {}",
+            trailer("grpc-status"),
+            trailer("grpc-message")
+        ));
     }
     Ok(A::decode(reply.messages[0].as_slice()).unwrap())
 }
@@ -57,10 +65,9 @@ pub async fn register(socket: &Path) -> PluginInfo {
         plugin_registered: true,
         error: String::new(),
     };
-    let _: RegistrationStatusResponse =
-        unary(socket, service, "NotifyRegistrationStatus", &status)
-            .await
-            .unwrap();
+    let _: RegistrationStatusResponse = unary(socket, service, "NotifyRegistrationStatus", &status)
+        .await
+        .unwrap();
     info
 }
 

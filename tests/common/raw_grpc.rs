@@ -92,10 +92,7 @@ impl RawClient {
         self.next_stream += 2;
         let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
         block.push(0x04); // :path, literal without indexing
-        literal(
-            &mut block,
-            format!("/{}/{method}", self.service).as_bytes(),
-        );
+        literal(&mut block, format!("/{}/{method}", self.service).as_bytes());
         match authority {
             Authority::Indexed(value) => {
                 block.push(0x41);
