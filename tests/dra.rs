@@ -83,7 +83,7 @@ impl Dra {
         args.extend(
             [
                 "--kubeconfig",
-                &kubeconfig.to_str().unwrap().to_owned(),
+                kubeconfig.to_str().unwrap(),
                 "--dra-registry-dir",
                 &path("plugins_registry"),
                 "--dra-plugins-dir",

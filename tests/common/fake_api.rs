@@ -261,6 +261,7 @@ fn slice_changed(state: &mut ApiState, kind: &str, object: &mut Value) {
 
 /// `GET …/resourceslices`: a list, or with `watch=true` a stream of events after the given
 /// resourceVersion (`0`: every current slice as ADDED first), until its timeout.
+#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
 async fn list_slices(
     State(s): State<Shared>,
     uri: axum::http::Uri,
