@@ -98,77 +98,48 @@ impl HealthService {
     }
 }
 
-type Stream1 = Pin<Box<dyn Stream<Item = Result<v1::NodeWatchResourcesResponse, Status>> + Send>>;
-type StreamAlpha =
-    Pin<Box<dyn Stream<Item = Result<v1alpha1::NodeWatchResourcesResponse, Status>> + Send>>;
+/// The service of one API version: the same stream, with that version's messages.
+macro_rules! health_service {
+    ($api:ident) => {
+        #[tonic::async_trait]
+        impl $api::dra_resource_health_server::DraResourceHealth for HealthService {
+            type NodeWatchResourcesStream = Pin<
+                Box<dyn Stream<Item = Result<$api::NodeWatchResourcesResponse, Status>> + Send>,
+            >;
 
-#[tonic::async_trait]
-impl v1::dra_resource_health_server::DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = Stream1;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<v1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let pool = self.pool.clone();
-        let stream = self.lists().map(move |list| {
-            Ok(v1::NodeWatchResourcesResponse {
-                devices: list
-                    .into_iter()
-                    .map(|s| v1::DeviceHealth {
-                        device: Some(v1::DeviceIdentifier {
-                            pool_name: pool.clone(),
-                            device_name: s.device,
-                        }),
-                        health: if s.healthy {
-                            v1::HealthStatus::Healthy
-                        } else {
-                            v1::HealthStatus::Unhealthy
-                        } as i32,
-                        last_updated_time: s.since,
-                        health_check_timeout_seconds: 0,
-                        message: s.message,
-                    })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
+            async fn node_watch_resources(
+                &self,
+                _: Request<$api::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                let pool = self.pool.clone();
+                let stream = self.lists().map(move |list| {
+                    let devices = list
+                        .into_iter()
+                        .map(|s| $api::DeviceHealth {
+                            device: Some($api::DeviceIdentifier {
+                                pool_name: pool.clone(),
+                                device_name: s.device,
+                            }),
+                            health: if s.healthy {
+                                $api::HealthStatus::Healthy
+                            } else {
+                                $api::HealthStatus::Unhealthy
+                            } as i32,
+                            last_updated_time: s.since,
+                            health_check_timeout_seconds: 0,
+                            message: s.message,
+                        })
+                        .collect();
+                    Ok($api::NodeWatchResourcesResponse { devices })
+                });
+                Ok(Response::new(Box::pin(stream)))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl v1alpha1::dra_resource_health_server::DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = StreamAlpha;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<v1alpha1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let pool = self.pool.clone();
-        let stream = self.lists().map(move |list| {
-            Ok(v1alpha1::NodeWatchResourcesResponse {
-                devices: list
-                    .into_iter()
-                    .map(|s| v1alpha1::DeviceHealth {
-                        device: Some(v1alpha1::DeviceIdentifier {
-                            pool_name: pool.clone(),
-                            device_name: s.device,
-                        }),
-                        health: if s.healthy {
-                            v1alpha1::HealthStatus::Healthy
-                        } else {
-                            v1alpha1::HealthStatus::Unhealthy
-                        } as i32,
-                        last_updated_time: s.since,
-                        health_check_timeout_seconds: 0,
-                        message: s.message,
-                    })
-                    .collect(),
-            })
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
-}
+health_service!(v1);
+health_service!(v1alpha1);
 
 #[cfg(test)]
 mod tests {

@@ -67,92 +67,49 @@ fn v1beta1_device(d: &PreparedDevice) -> v1beta1::Device {
     }
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let results = self
-            .preparer
-            .prepare(claims!(request.into_inner().claims))
-            .await;
-        let claims = results
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices.iter().map(v1_device).collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
+/// The service of one API version: the same handlers, with that version's messages.
+macro_rules! dra_plugin {
+    ($api:ident, $device:ident) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for DraService {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let results = self
+                    .preparer
+                    .prepare(claims!(request.into_inner().claims))
+                    .await;
+                let claims = results
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let (devices, error) = match result {
+                            Ok(devices) => (devices.iter().map($device).collect(), String::new()),
+                            Err(error) => (Vec::new(), error),
+                        };
+                        (uid, $api::NodePrepareResourceResponse { devices, error })
+                    })
+                    .collect();
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self
-            .preparer
-            .unprepare(claims!(request.into_inner().claims))
-            .await;
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse {
-            claims: unprepared(results, |error| v1::NodeUnprepareResourceResponse { error }),
-        }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let results = self
+                    .preparer
+                    .unprepare(claims!(request.into_inner().claims))
+                    .await;
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims: unprepared(results, |error| $api::NodeUnprepareResourceResponse {
+                        error,
+                    }),
+                }))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let results = self
-            .preparer
-            .prepare(claims!(request.into_inner().claims))
-            .await;
-        let claims = results
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                        devices: devices.iter().map(v1beta1_device).collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1beta1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self
-            .preparer
-            .unprepare(claims!(request.into_inner().claims))
-            .await;
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims: unprepared(results, |error| v1beta1::NodeUnprepareResourceResponse {
-                error,
-            }),
-        }))
-    }
-}
+dra_plugin!(v1, v1_device);
+dra_plugin!(v1beta1, v1beta1_device);

@@ -28,8 +28,9 @@ use super::ledger::{self, Held, Holding};
 use super::names::{self, DraDevice};
 use super::objects::{self, Claim};
 use super::opaque;
-use super::publish::{PublishError, bounded};
+use super::publish::PublishError;
 use crate::inventory::Inventory;
+use crate::node_status::api::bounded;
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,8 +13,6 @@
 //! kubelet registers the plugin can run before the wipe and miss it; a watch sees the
 //! deletion whenever it lands.
 
-use std::time::Duration;
-
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
 };
@@ -26,44 +24,13 @@ use tracing::{debug, info};
 use super::objects::{self, Device, SliceSpec};
 use super::slices;
 
-/// The longest one API call may take.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one watch request stays open before it is renewed.
 const WATCH_SECONDS: u32 = 290;
 
-/// A failed API call, with what it was doing.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    #[error("{what}: no answer from the API server within {CALL_TIMEOUT:?}")]
-    Timeout { what: String },
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("{what}: unexpected object from the API server: {source}")]
-    Decode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-/// Runs one API call with [`CALL_TIMEOUT`], naming it in the error.
-pub async fn bounded<T>(
-    what: impl Fn() -> String,
-    call: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, PublishError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(PublishError::Api {
-            what: what(),
-            source,
-        }),
-        Err(_) => Err(PublishError::Timeout { what: what() }),
-    }
-}
+/// A failed API call, with what it was doing (the node status's: the same calls, bounded by
+/// the same timeout).
+pub use crate::node_status::api::CallError as PublishError;
+use crate::node_status::api::bounded;
 
 /// The slices of one node and driver.
 #[derive(Clone)]
@@ -203,19 +170,6 @@ impl Publisher {
             None => {
                 bounded(what, self.api.create(&params, &object)).await?;
             }
-        }
-        Ok(())
-    }
-
-    /// Deletes every slice of this node and driver (on shutdown: the devices are no longer
-    /// served).
-    pub async fn remove_all(&self) -> Result<(), PublishError> {
-        for existing in self.list().await? {
-            bounded(
-                || format!("deleting ResourceSlice {}", existing.name),
-                self.api.delete(&existing.name, &DeleteParams::default()),
-            )
-            .await?;
         }
         Ok(())
     }
