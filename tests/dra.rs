@@ -547,3 +547,52 @@ async fn the_health_stream_sends_the_complete_list_and_every_change() {
     let message = &sick.devices[1].message;
     assert!(message.contains("79"), "{message}");
 }
+
+/// The simulated driver's MIG state for the `a100-mig` GPU: `three` = a 3g.40gb instance at
+/// slice 4, `one` = a 1g.10gb instance at slice 0.
+fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
+    let mut instances = Vec::new();
+    if three {
+        instances.push(json!({"id": 1, "profile_id": 9, "placement": {"start": 4, "size": 4},
+            "compute_instances": [{"id": 0, "profile_id": 2, "placement": {"start": 0, "size": 3}}]}));
+    }
+    if one {
+        instances.push(json!({"id": 7, "profile_id": 19, "placement": {"start": 0, "size": 1},
+            "compute_instances": [{"id": 0, "profile_id": 0, "placement": {"start": 0, "size": 1}}]}));
+    }
+    node.write_mig_state(uuid, Value::Array(instances));
+}
+
+fn names(slices: &[Value]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_change_is_published_within_one_rescan() {
+    let mut dra = Dra::new("a100-mig");
+    let uuid = dra.uuid(0);
+    write_mig_state(&dra.node, &uuid, true, false);
+    dra.applet = ["dra", "--rescan-interval", "100ms"]
+        .map(String::from)
+        .to_vec();
+    dra.start();
+    dra.register().await;
+    let first = dra.slices_when("slices", |s| names(s) == ["gpu-0-mig-3g40gb-9-4"]);
+
+    write_mig_state(&dra.node, &uuid, true, true);
+    let both = dra.slices_when("the new MIG device", |s| names(s).len() == 2);
+    assert_eq!(
+        names(&both),
+        ["gpu-0-mig-3g40gb-9-4", "gpu-0-mig-1g10gb-19-0"]
+    );
+    assert_eq!(generation(&both), generation(&first) + 1);
+
+    write_mig_state(&dra.node, &uuid, false, false);
+    let none = dra.slices_when("no MIG device", |s| names(s).is_empty());
+    assert_eq!(none.len(), 1, "an empty pool is one empty slice");
+    assert_eq!(none[0]["spec"]["pool"]["resourceSliceCount"], 1);
+}
