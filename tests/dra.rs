@@ -596,3 +596,87 @@ async fn a_mig_change_is_published_within_one_rescan() {
     assert_eq!(none.len(), 1, "an empty pool is one empty slice");
     assert_eq!(none[0]["spec"]["pool"]["resourceSliceCount"], 1);
 }
+
+/// The driver's capability files of MIG device `gi`/`ci` on GPU 0, under the DRA proc root.
+fn mig_caps(dra: &Dra, gi: u32, ci: u32, gi_minor: u32, ci_minor: u32) {
+    let dir = dra.path(&format!(
+        "driver/driver/nvidia/capabilities/gpu0/mig/gi{gi}"
+    ));
+    std::fs::create_dir_all(dir.join(format!("ci{ci}"))).unwrap();
+    let access = |minor: u32| {
+        format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    };
+    std::fs::write(dir.join("access"), access(gi_minor)).unwrap();
+    std::fs::write(dir.join(format!("ci{ci}/access")), access(ci_minor)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() {
+    let mut dra = Dra::new("a100-mig");
+    mig_caps(&dra, 8, 0, 93, 94);
+    mig_caps(&dra, 4, 0, 95, 96);
+    dra.start();
+    dra.register().await;
+    let config = |kind: &str| {
+        json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER,
+            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind,
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}])
+    };
+    let claim = |name: &str, uid: &str, device: &str, config: Value| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"config": config, "results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": device}]}}}})
+    };
+    dra.api.put_claim(claim(
+        "small",
+        "uid-s",
+        "gpu-0-mig-1g10gb-19-1",
+        config("MigDeviceConfig"),
+    ));
+    let answer = dra.prepare("small", "uid-s").await;
+    assert_eq!(answer.claims["uid-s"].error, "");
+    assert_eq!(
+        answer.claims["uid-s"].devices,
+        [prepared("uid-s", "gpu-0-mig-1g10gb-19-1")]
+    );
+    let spec: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-s")).unwrap()).unwrap();
+    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            "/dev/nvidia0",
+            "/dev/nvidia-caps/nvidia-cap93",
+            "/dev/nvidia-caps/nvidia-cap94"
+        ]
+    );
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    assert_eq!(
+        checkpoint["claims"]["uid-s"]["devices"][0]["timeSlice"],
+        "Long"
+    );
+
+    // A sibling MIG device of the same GPU goes to another claim; the wrong config kind and
+    // MPS are that claim's errors.
+    dra.api
+        .put_claim(claim("mid", "uid-m", "gpu-0-mig-2g20gb-14-2", json!([])));
+    assert_eq!(dra.prepare("mid", "uid-m").await.claims["uid-m"].error, "");
+    dra.api.put_claim(claim(
+        "wrong",
+        "uid-w",
+        "gpu-0-mig-3g40gb-9-4",
+        config("GpuConfig"),
+    ));
+    assert_eq!(
+        dra.prepare("wrong", "uid-w").await.claims["uid-w"].error,
+        "opaque config for request \"gpu\": kind \"GpuConfig\" cannot configure a MIG device \
+         (use MigDeviceConfig)"
+    );
+}
