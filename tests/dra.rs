@@ -680,3 +680,48 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
          (use MigDeviceConfig)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_in_another_container_follows_the_dra_checkpoint() {
+    let dra = Dra::new("pcie-4gpu");
+    let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
+    let socket = kubelet.socket();
+    let checkpoint = dra.checkpoint();
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let args = [
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--dra-checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--kmsg",
+        "",
+    ];
+    let log = std::fs::File::create(dra.path("gpud.log")).unwrap();
+    let mut plugin = dra.node.gpud(&args).stderr(log).spawn().unwrap();
+    let registration = kubelet.next_registration(15).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = fake_kubelet::list_and_watch(&mut client).await;
+    let ids = |list: &gpud::proto::deviceplugin::ListAndWatchResponse| -> Vec<String> {
+        list.devices.iter().map(|d| d.id.clone()).collect()
+    };
+    let all = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    assert_eq!(all.len(), 4);
+
+    // What `gpud dra` writes when it prepares GPU 2 for a claim.
+    let held = dra.uuid(2);
+    let written = json!({"version": 1, "claims": {"uid-1": {"namespace": "ns", "name": "c1",
+        "devices": [{"requestNames": ["gpu"], "pool": "test-node", "device": "gpu-2",
+            "uuid": held, "gpuUuid": held,
+            "cdiDeviceIds": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-2"]}]}}});
+    std::fs::write(&checkpoint, written.to_string()).unwrap();
+    let without = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    let expected: Vec<String> = all.iter().filter(|id| **id != held).cloned().collect();
+    assert_eq!(without, expected);
+
+    // Unprepared: the claim leaves the checkpoint and the GPU comes back.
+    std::fs::write(&checkpoint, json!({"version": 1, "claims": {}}).to_string()).unwrap();
+    assert_eq!(ids(&fake_kubelet::next_list(&mut stream, 10).await), all);
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+}
