@@ -285,19 +285,15 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
     let (tx, rx) = watch::channel(state);
     let stop = CancellationToken::new();
-    let server_stop = stop.clone();
-    let name = resource.name.clone();
-    telemetry::spawn(async move {
-        let service = DevicePluginServer::new(PluginService::new(rx));
-        let served = tonic::transport::Server::builder()
-            .add_service(service)
-            // Any :authority is accepted: kubelets before 1.26 send the socket path there.
-            .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
-            .await;
-        if let Err(err) = served {
-            error!(resource = %name, error = %crate::telemetry::error_chain(&err), "Plugin server failed");
-        }
-    });
+    // Any :authority is accepted: kubelets before 1.26 send the socket path there.
+    let router = tonic::transport::Server::builder()
+        .add_service(DevicePluginServer::new(PluginService::new(rx)));
+    grpc::serve::spawn(
+        router,
+        listener,
+        stop.clone(),
+        format!("device plugin {}", resource.name),
+    );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
         telemetry::spawn(register_until_accepted(

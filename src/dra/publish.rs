@@ -85,7 +85,7 @@ impl Publisher {
             self.api.list(&params),
         )
         .await?;
-        let mut out: Vec<Existing> = list
+        let out: Vec<Existing> = list
             .items
             .into_iter()
             .map(|object| Existing {
@@ -98,7 +98,6 @@ impl Publisher {
                 resource_version: object.metadata.resource_version,
             })
             .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
@@ -113,8 +112,11 @@ impl Publisher {
         let current = seen.max(self.generation);
         let at_current = slices::specs(&self.driver, &self.node, devices.clone(), current);
         let up_to_date = existing.len() == at_current.len()
-            && existing.iter().enumerate().all(|(index, e)| {
-                e.name == self.slice_name(index) && e.spec.as_ref() == at_current.get(index)
+            && at_current.iter().enumerate().all(|(index, spec)| {
+                let name = self.slice_name(index);
+                existing
+                    .iter()
+                    .any(|e| e.name == name && e.spec.as_ref() == Some(spec))
             });
         if up_to_date {
             self.generation = current;

@@ -166,14 +166,7 @@ fn serve_plugin(
         .add_service(V1beta1Server::new(service))
         .add_service(HealthV1::new(health.clone()))
         .add_service(HealthV1alpha1::new(health));
-    telemetry::spawn(async move {
-        let served = router
-            .serve_with_incoming_shutdown(grpc::incoming(listener), cancel.cancelled())
-            .await;
-        if let Err(err) = served {
-            error!(error = %telemetry::error_chain(&err), "DRA plugin server failed");
-        }
-    });
+    grpc::serve::spawn(router, listener, cancel, "DRA plugin".to_owned());
     Ok(())
 }
 
@@ -186,15 +179,8 @@ fn serve_registration(
 ) -> Result<(), DraError> {
     let listener = grpc::bind(socket, grpc::SOCKET_MODE)?;
     let service = RegistrationService::new(driver, &endpoint.to_string_lossy(), registered);
-    telemetry::spawn(async move {
-        let served = tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(grpc::incoming(listener), cancel.cancelled())
-            .await;
-        if let Err(err) = served {
-            error!(error = %telemetry::error_chain(&err), "DRA registration server failed");
-        }
-    });
+    let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
+    grpc::serve::spawn(router, listener, cancel, "DRA registration".to_owned());
     Ok(())
 }
 
