@@ -306,6 +306,17 @@ async fn prepare_is_idempotent_across_restarts_and_unprepare_needs_no_claim() {
     assert!(refused.claims["uid-2"].devices.is_empty());
     assert!(!dra.spec_file("uid-2").exists());
 
+    // An admin-access claim (monitoring beside the user) gets the same GPU.
+    dra.api.put_claim(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": "ns", "name": "watch", "uid": "uid-a"},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER,
+            "pool": "test-node", "device": "gpu-3", "adminAccess": true}]}}}
+    }));
+    let admin = dra.prepare("watch", "uid-a").await;
+    assert_eq!(admin.claims["uid-a"].devices, [prepared("uid-a", "gpu-3")]);
+    assert_eq!(dra.unprepare("watch", "uid-a").await, "");
+
     // gpud restarts, the claim object is gone: the checkpoint answers.
     dra.stop();
     dra.api.delete_claim("ns", "c1");
@@ -724,4 +735,29 @@ async fn a_device_plugin_in_another_container_follows_the_dra_checkpoint() {
     assert_eq!(ids(&fake_kubelet::next_list(&mut stream, 10).await), all);
     let _ = plugin.kill();
     let _ = plugin.wait();
+}
+
+#[test]
+fn a_missing_node_name_or_a_bad_driver_name_is_a_usage_error() {
+    let node = Node::new("dgx-h100");
+    let out = node
+        .gpud(&["dra", "--check-config"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpud: the DRA plugin needs the node name (--node-name or NODE_NAME)\n"
+    );
+    let out = node.run(&["dra", "--dra-driver-name", "GPU_Driver", "--check-config"]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--dra-driver-name \"GPU_Driver\": a DRA driver name must be a DNS subdomain"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(node.run(&["dra", "--check-config"]).status.code(), Some(0));
 }

@@ -55,6 +55,9 @@ pub struct PreparedDevice {
     /// The time-slice interval the claim's config asked for, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slice: Option<String>,
+    /// Allocated with admin access (monitoring beside the device's user): it holds nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin_access: bool,
 }
 
 /// A checkpoint that could not be read, and what was done about it.
@@ -144,17 +147,9 @@ impl Checkpoint {
         self.claims
             .values()
             .flat_map(|claim| &claim.devices)
+            .filter(|device| !device.admin_access)
             .flat_map(|device| [device.uuid.clone(), device.gpu_uuid.clone()])
             .collect()
-    }
-
-    /// The claim other than `uid` holding the device named `device`, if any.
-    pub fn holder(&self, device: &str, except: &str) -> Option<(&str, &PreparedClaim)> {
-        self.claims
-            .iter()
-            .filter(|(uid, _)| uid.as_str() != except)
-            .find(|(_, claim)| claim.devices.iter().any(|d| d.device == device))
-            .map(|(uid, claim)| (uid.as_str(), claim))
     }
 }
 
@@ -182,6 +177,7 @@ mod tests {
                         "k8s.gpu.nvidia.com/claim=uid-1-gpu-1-mig-1g10gb-19-6".into(),
                     ],
                     time_slice: None,
+                    admin_access: false,
                 }],
             },
         );

@@ -182,23 +182,29 @@ impl Preparer {
             })?;
             let uuid = device.uuid().to_owned();
             let gpu_uuid = device.gpu().uuid.clone();
-            if let Some((uid, other)) = checkpoint.claims.iter().find(|(uid, other)| {
+            // Admin access (a monitoring claim beside the device's user) holds nothing and is
+            // refused nothing.
+            let admin_access = result.admin_access == Some(true);
+            let other = checkpoint.claims.iter().find(|(uid, other)| {
                 uid.as_str() != claim.uid
                     && other.devices.iter().any(|d| {
-                        Holding {
-                            uuid: d.uuid.clone(),
-                            gpu_uuid: d.gpu_uuid.clone(),
-                            owner: String::new(),
-                        }
-                        .clashes(&uuid, &gpu_uuid)
+                        !d.admin_access
+                            && Holding {
+                                uuid: d.uuid.clone(),
+                                gpu_uuid: d.gpu_uuid.clone(),
+                                owner: String::new(),
+                            }
+                            .clashes(&uuid, &gpu_uuid)
                     })
-            }) {
+            });
+            if let Some((uid, other)) = other.filter(|_| !admin_access) {
                 return Err(format!(
                     "device {} is held by claim {}/{} (UID {uid}); one device serves one claim",
                     result.device, other.namespace, other.name
                 ));
             }
-            if let Some(holding) = holders.iter().find(|h| h.clashes(&uuid, &gpu_uuid)) {
+            let plugin_holder = holders.iter().find(|h| h.clashes(&uuid, &gpu_uuid));
+            if let Some(holding) = plugin_holder.filter(|_| !admin_access) {
                 return Err(format!(
                     "device {} ({uuid}) was given by the device plugin to pod {}: a GPU is \
                      never handed out by both; it becomes available when that pod ends",
@@ -226,6 +232,7 @@ impl Preparer {
                 gpu_uuid,
                 cdi_device_ids: vec![claim_cdi::cdi_id(&claim.uid, &result.device)],
                 time_slice: settings.time_slice,
+                admin_access,
             });
         }
         claim_cdi::write(
