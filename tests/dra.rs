@@ -761,3 +761,19 @@ fn a_missing_node_name_or_a_bad_driver_name_is_a_usage_error() {
     );
     assert_eq!(node.run(&["dra", "--check-config"]).status.code(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_sockets_are_served_again_and_the_plugin_registers_anew() {
+    let mut dra = Dra::new("pcie-4gpu");
+    dra.start();
+    dra.register().await;
+    std::fs::remove_file(dra.plugin_socket()).unwrap();
+    std::fs::remove_file(dra.registration_socket()).unwrap();
+    let info = dra.register().await;
+    assert_eq!(info.endpoint, dra.plugin_socket().to_str().unwrap());
+    dra.put_claim("c1", "uid-1", &["gpu-0"]);
+    assert_eq!(
+        dra.prepare("c1", "uid-1").await.claims["uid-1"].devices,
+        [prepared("uid-1", "gpu-0")]
+    );
+}

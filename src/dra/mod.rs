@@ -3,7 +3,7 @@
 //! One job per file: [`names`] (NVIDIA's device names), [`args`] (flags and paths),
 //! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`slices`] (devices, attributes,
 //! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
-//! slices on the API server), [`registration`] (plugin registration), [`plugin`] (the
+//! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
 //! configs), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
@@ -23,6 +23,7 @@ pub mod publish;
 pub mod registration;
 pub mod service;
 pub mod slices;
+pub mod sockets;
 pub mod taints;
 
 pub use args::{DraArgs, DraConfig};

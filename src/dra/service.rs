@@ -1,18 +1,11 @@
 //! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
 //!
-//! Start-up order matters to the kubelet: the plugin socket (`<plugins>/<driver>/dra.sock`:
-//! DRAPlugin v1 and v1beta1, DRAResourceHealth v1 and v1alpha1) is served first, then the
-//! registration socket (`<registry>/<driver>-reg.sock`), so the kubelet never learns of a
-//! socket that does not answer yet. Both replace stale sockets left by an earlier run
-//! ([`crate::grpc::bind`]), and accept any `:authority` (kubelets before 1.26 send the socket
-//! path).
-//!
-//! Then one loop keeps the node's ResourceSlices right ([`super::publish`]): after every
+//! The checkpoint is read, the two sockets are served ([`super::sockets`]: the plugin socket,
+//! then the registration socket), and the subsystem is ready. Then one loop keeps the node's ResourceSlices right ([`super::publish`]): after every
 //! inventory change (a MIG change or lost GPU arrives with the next rescan; health at once),
 //! every registration by the kubelet, every watch event on the node's slices (the kubelet's
 //! wipe), with backoff after failures and a resync every few minutes.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,22 +15,15 @@ use tracing::{debug, error, warn};
 
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
-use super::health_stream::HealthService;
 use super::ledger::Held;
-use super::plugin::DraService;
 use super::prepare::Preparer;
 use super::publish::Publisher;
-use super::registration::RegistrationService;
 use super::slices;
+use super::sockets::Sockets;
 use crate::daemon::{Context, Subsystem};
 use crate::grpc;
 use crate::inventory::Inventory;
 use crate::labeller::api::{Backoff, connect, node_seed};
-use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
-use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
-use crate::proto::drahealth_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1;
-use crate::proto::drahealth_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1;
-use crate::proto::pluginregistration::registration_server::RegistrationServer;
 use crate::telemetry;
 
 /// How often the slices are compared with the inventory when nothing else happened.
@@ -109,23 +95,16 @@ impl Subsystem for Dra {
             self.held,
         ));
         let cancel = ctx.cancel_token();
-        let plugin_socket = config.plugin_socket();
-        serve_plugin(
-            &plugin_socket,
-            preparer,
-            &config.node,
-            &inventory,
-            cancel.clone(),
-        )?;
         let registered = Arc::new(Notify::new());
-        let registration_socket = config.registration_socket();
-        serve_registration(
-            &registration_socket,
-            &config.driver,
-            &plugin_socket,
+        let sockets = Sockets::serve(
+            Arc::clone(&config),
+            preparer,
+            inventory.clone(),
             Arc::clone(&registered),
             cancel.clone(),
-        )?;
+        )
+        .map_err(DraError::Bind)?;
+        telemetry::spawn(sockets.keep());
         ctx.set_ready();
 
         let publisher = Publisher::new(client, &config.driver, &config.node);
@@ -144,44 +123,8 @@ impl Subsystem for Dra {
             &cancel,
         )
         .await;
-        for socket in [&registration_socket, &plugin_socket] {
-            let _ = std::fs::remove_file(socket);
-        }
         Ok(())
     }
-}
-
-fn serve_plugin(
-    socket: &Path,
-    preparer: Arc<Preparer>,
-    pool: &str,
-    inventory: &Inventory,
-    cancel: CancellationToken,
-) -> Result<(), DraError> {
-    let listener = grpc::bind(socket, grpc::SOCKET_MODE)?;
-    let service = DraService::new(preparer);
-    let health = HealthService::new(pool, inventory.subscribe());
-    let router = tonic::transport::Server::builder()
-        .add_service(V1Server::new(service.clone()))
-        .add_service(V1beta1Server::new(service))
-        .add_service(HealthV1::new(health.clone()))
-        .add_service(HealthV1alpha1::new(health));
-    grpc::serve::spawn(router, listener, cancel, "DRA plugin".to_owned());
-    Ok(())
-}
-
-fn serve_registration(
-    socket: &Path,
-    driver: &str,
-    endpoint: &Path,
-    registered: Arc<Notify>,
-    cancel: CancellationToken,
-) -> Result<(), DraError> {
-    let listener = grpc::bind(socket, grpc::SOCKET_MODE)?;
-    let service = RegistrationService::new(driver, &endpoint.to_string_lossy(), registered);
-    let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
-    grpc::serve::spawn(router, listener, cancel, "DRA registration".to_owned());
-    Ok(())
 }
 
 /// Keeps a watch on the node's slices open, waking `events` on each event; reopens it after
