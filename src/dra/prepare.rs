@@ -125,7 +125,8 @@ impl Preparer {
     ) -> Result<Vec<PreparedDevice>, String> {
         let snapshot = self.inventory.current();
         if let Some(prepared) = checkpoint.claims.get(&claim.uid) {
-            if !claim_cdi::spec_path(&self.config.cdi_root, &claim.uid).exists() {
+            let spec = claim_cdi::spec_path(&self.config.cdi_root, &claim.uid);
+            if !prepared.devices.is_empty() && !spec.exists() {
                 let devices: Vec<ClaimDevice> = prepared
                     .devices
                     .iter()
@@ -235,13 +236,17 @@ impl Preparer {
                 admin_access,
             });
         }
-        claim_cdi::write(
-            &snapshot,
-            &self.config.host,
-            &self.config.cdi_root,
-            &claim.uid,
-            &cdi_devices,
-        )?;
+        // A claim with nothing for this driver gets no spec: a spec without devices is
+        // invalid, and a runtime that reads one may refuse every spec in the folder.
+        if !cdi_devices.is_empty() {
+            claim_cdi::write(
+                &snapshot,
+                &self.config.host,
+                &self.config.cdi_root,
+                &claim.uid,
+                &cdi_devices,
+            )?;
+        }
         checkpoint.claims.insert(
             claim.uid.clone(),
             PreparedClaim {

@@ -1,10 +1,11 @@
 //! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
 //!
 //! The checkpoint is read, the two sockets are served ([`super::sockets`]: the plugin socket,
-//! then the registration socket), and the subsystem is ready. Then one loop keeps the node's ResourceSlices right ([`super::publish`]): after every
-//! inventory change (a MIG change or lost GPU arrives with the next rescan; health at once),
-//! every registration by the kubelet, every watch event on the node's slices (the kubelet's
-//! wipe), with backoff after failures and a resync every few minutes.
+//! then the registration socket), and the subsystem is ready. Then one loop keeps the node's
+//! ResourceSlices right ([`super::publish`]): after every inventory change (a MIG change or
+//! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
+//! every watch event on the node's slices (the kubelet's wipe), with backoff after failures
+//! and a resync every few minutes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,6 +124,10 @@ impl Subsystem for Dra {
             &cancel,
         )
         .await;
+        // The sockets' own task removes them too, but the daemon need not wait for it.
+        for socket in [config.registration_socket(), config.plugin_socket()] {
+            let _ = std::fs::remove_file(socket);
+        }
         Ok(())
     }
 }
