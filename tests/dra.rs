@@ -422,6 +422,15 @@ async fn a_corrupt_checkpoint_is_moved_aside_and_the_plugin_serves_on() {
         .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1);
+    let event = dra.until("the event", || dra.api.events().first().cloned());
+    assert_eq!(event["reason"], "DRACheckpointCorrupt");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["name"], "test-node");
+    let message = event["message"].as_str().unwrap();
+    assert!(
+        message.contains("the DRA checkpoint is corrupt"),
+        "{message}"
+    );
     dra.put_claim("c1", "uid-1", &["gpu-0"]);
     let answer = dra.prepare("c1", "uid-1").await;
     assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-0")]);

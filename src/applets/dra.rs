@@ -24,7 +24,7 @@ pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 7;
 /// recovery.
 ///
 /// Needs the node name (NODE_NAME) and API access: get on resourceclaims;
-/// get/list/watch/create/update/delete on resourceslices.
+/// get/list/watch/create/update/delete on resourceslices; create on events.
 #[derive(Debug, Parser)]
 #[command(name = "gpud dra", version)]
 struct Args {

@@ -25,7 +25,12 @@ use crate::daemon::{Context, Subsystem};
 use crate::grpc;
 use crate::inventory::Inventory;
 use crate::labeller::api::{Backoff, connect, node_seed};
+use crate::node_status::api::NodeApi;
+use crate::node_status::events::{Kind, NodeEvent};
 use crate::telemetry;
+
+/// The reason of the event about a corrupt checkpoint.
+pub const CHECKPOINT_CORRUPT: &str = "DRACheckpointCorrupt";
 
 /// How often the slices are compared with the inventory when nothing else happened.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -84,10 +89,12 @@ impl Subsystem for Dra {
             source,
         })?;
         let (checkpoint, problem) = Checkpoint::load(&config.checkpoint());
-        if let Some(problem) = problem {
-            error!(error = %telemetry::error_chain(&problem), "DRA checkpoint unreadable; serving on");
-        }
         let client = connect(config.kubeconfig.as_deref()).await?;
+        if let Some(problem) = problem {
+            let message = telemetry::error_chain(&problem);
+            error!(error = %message, "DRA checkpoint unreadable; serving on");
+            telemetry::spawn(report_on_node(client.clone(), config.node.clone(), message));
+        }
         let preparer = Arc::new(Preparer::new(
             Arc::clone(&config),
             Some(client.clone()),
@@ -129,6 +136,21 @@ impl Subsystem for Dra {
             let _ = std::fs::remove_file(socket);
         }
         Ok(())
+    }
+}
+
+/// A Warning event `DRACheckpointCorrupt` on the Node, so the moved-aside checkpoint shows in
+/// `kubectl describe node` and not only in gpud's log.
+async fn report_on_node(client: kube::Client, node: String, message: String) {
+    let api = NodeApi::new(client, node);
+    let event = NodeEvent {
+        kind: Kind::Warning,
+        reason: CHECKPOINT_CORRUPT,
+        message,
+        at: std::time::SystemTime::now(),
+    };
+    if let Err(err) = api.create_event(&event, None).await {
+        warn!(error = %telemetry::error_chain(&err), "Cannot report the corrupt DRA checkpoint on the Node");
     }
 }
 
