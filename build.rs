@@ -6,6 +6,11 @@ use std::error::Error;
 const PROTOS: &[&str] = &[
     "deviceplugin/v1beta1/api.proto",
     "podresources/v1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "drahealth/v1/api.proto",
+    "drahealth/v1alpha1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -74,7 +74,7 @@ fn systemd_unit_exposure_is_at_most_3_0() {
         "UMask=0077",
         "LimitNOFILE=65536",
         "ProtectSystem=strict",
-        "ReadWritePaths=-/var/lib/kubelet/device-plugins -/etc/kubernetes/node-feature-discovery/features.d -/var/run/cdi",
+        "ReadWritePaths=-/var/lib/kubelet/device-plugins -/etc/kubernetes/node-feature-discovery/features.d -/var/run/cdi -/var/lib/kubelet/plugins -/var/lib/kubelet/plugins_registry",
     ] {
         assert!(unit.contains(&format!("\n{line}\n")), "missing {line}");
     }

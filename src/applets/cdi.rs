@@ -22,8 +22,7 @@ use crate::nvml::NodeFacts;
 /// name the toolkit's refresh service uses.
 pub const DEFAULT_OUTPUT: &str = "/var/run/cdi/nvidia.yaml";
 
-/// The hook executable a spec names by default.
-pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
+pub use crate::cdi::discover::DEFAULT_HOOK_PATH;
 
 /// Generate and manage CDI specs for the node's GPUs.
 #[derive(Debug, Parser)]

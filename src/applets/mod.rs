@@ -3,6 +3,7 @@
 mod cdi;
 mod device_plugin;
 mod doctor;
+mod dra;
 mod exporter;
 mod health;
 mod inventory;
@@ -49,6 +50,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: false,
         about: "check the node (driver, GPUs, MIG, fabric, runtime, CDI, kubelet) and say what to fix",
         run: doctor::main,
+    },
+    Applet {
+        name: "dra",
+        daemon: true,
+        about: "the kubelet's DRA plugin for GPUs and MIG devices (driver gpu.nvidia.com), beside or instead of the device plugin",
+        run: dra::main,
     },
     Applet {
         name: "exporter",

@@ -20,6 +20,8 @@ use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings::Settings as PluginSettings;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
 use crate::doctor::service::{LatestReport, PeriodicDoctor};
+use crate::dra::ledger::{self, HeldSource};
+use crate::dra::{Dra, DraArgs};
 use crate::exporter::{args::ExporterArgs, service};
 use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
@@ -97,6 +99,14 @@ struct Args {
     #[command(flatten)]
     status: NodeStatusArgs,
 
+    /// Also be the kubelet's DRA plugin for the GPUs (see `gpud dra --help`); the device
+    /// plugin then withdraws every GPU a claim holds. Needs the node name and API access.
+    #[arg(long, env = "GPUD_DRA")]
+    dra: bool,
+
+    #[command(flatten)]
+    dra_args: DraArgs,
+
     /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
     /// on the metrics port).
     #[command(flatten)]
@@ -149,6 +159,14 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .node_status
         .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
         .transpose()?;
+    let dra = match args.dra {
+        true => {
+            let node = super::node_status::node_name(args.node_name.as_deref(), "--dra")?;
+            let kubeconfig = args.labeller.kubeconfig().map(Into::into);
+            Some(args.dra_args.config(node, kubeconfig)?)
+        }
+        false => None,
+    };
     let counters = args.exporter.counters()?;
     args.mig.validate(args.node_name.as_deref())?;
     let nvml = args.common.start()?;
@@ -223,11 +241,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         daemon.add_support(HealthWatcher::optional(nvml, health));
         daemon.serve_admin(&args.admin.address(daemon::DEFAULT_HEALTH_PORT));
     }
+    let (held, claimed) = ledger::channel();
     if enabled(Optional::DevicePlugin) {
-        daemon.add(
-            DevicePlugin::new(args.kubelet.manager_config()),
-            |config: &Arc<Reloadable>| Arc::clone(&config.plugin),
-        );
+        let mut manager = args.kubelet.manager_config();
+        if dra.is_some() {
+            manager.held = Some(HeldSource::Shared(claimed));
+        }
+        daemon.add(DevicePlugin::new(manager), |config: &Arc<Reloadable>| {
+            Arc::clone(&config.plugin)
+        });
     }
     if enabled(Optional::Labeller) {
         daemon.add(
@@ -240,6 +262,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if let Some(status) = status {
         daemon.add_fixed(status);
+    }
+    if let Some(config) = dra {
+        daemon.add_fixed(Dra::new(config, held));
     }
     daemon.run(inventory)
 }

@@ -80,6 +80,9 @@ pub const CONTROL_DEVICES: &[&str] = &[
     "/dev/nvidia-modeset",
 ];
 
+/// The hook executable a spec names by default.
+pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
+
 /// Where the MIG capability tree lives under the proc root.
 pub const CAPABILITIES_DIR: &str = "driver/nvidia/capabilities";
 

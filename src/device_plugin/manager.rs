@@ -10,6 +10,8 @@
 //!   remove their socket, new resources start and register.
 //! - When the kubelet recreates `kubelet.sock` (it restarted and wiped the plugin sockets),
 //!   every plugin is served and registered again.
+//! - Devices held by DRA claims ([`crate::dra::ledger`]) are withdrawn from every resource's
+//!   list while the claim lasts, so the kubelet never hands one GPU out through both.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,6 +30,7 @@ use super::retry::Retry;
 use super::server::{PluginService, PluginState};
 use super::settings::Settings;
 use crate::daemon::ReadyLatch;
+use crate::dra::ledger::{Held, HeldSource};
 use crate::grpc;
 use crate::inventory::{Inventory, Snapshot};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
@@ -43,6 +46,8 @@ pub struct ManagerConfig {
     pub plugin_dir: PathBuf,
     /// The procfs holding the MIG capability tree (`/proc`).
     pub proc_root: PathBuf,
+    /// UUIDs held by DRA claims, to withdraw; `None` when no DRA plugin runs beside.
+    pub held: Option<HeldSource>,
 }
 
 /// Errors that stop the device plugin.
@@ -87,9 +92,14 @@ pub async fn run(
     let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
     let mut last_error: Option<String> = None;
     let mut restart_all = false;
+    let mut held = config.held.clone().map(HeldSource::subscribe);
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
+        let claimed = held
+            .as_mut()
+            .map(|h| h.borrow_and_update().clone())
+            .unwrap_or_default();
         if restart_all {
             info!("Kubelet restarted; serving and registering every resource again");
             for (_, plugin) in std::mem::take(&mut plugins) {
@@ -101,6 +111,7 @@ pub async fn run(
             &mut plugins,
             &snapshot,
             &current,
+            &claimed,
             &dir,
             &config,
             &mut last_error,
@@ -111,12 +122,26 @@ pub async fn run(
             changed = snapshots.changed() => if changed.is_err() { break },
             changed = settings.changed() => if changed.is_err() { break },
             () = recreated(&mut kubelet) => restart_all = true,
+            () = held_changed(&mut held) => {}
         }
     }
     for (_, plugin) in plugins {
         stop(plugin);
     }
     Ok(())
+}
+
+/// Resolves when the DRA-held set changes; never when there is none (or its sender is gone).
+async fn held_changed(held: &mut Option<watch::Receiver<Held>>) {
+    match held {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                *held = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn recreated(watch: &mut Option<KubeletWatch>) {
@@ -130,11 +155,12 @@ fn reconcile(
     plugins: &mut BTreeMap<String, Plugin>,
     snapshot: &Arc<Snapshot>,
     settings: &Arc<Settings>,
+    claimed: &Held,
     dir: &Path,
     config: &ManagerConfig,
     last_error: &mut Option<String>,
 ) -> Result<(), ManagerError> {
-    let wanted = match resources::resources(snapshot, settings) {
+    let mut wanted = match resources::resources(snapshot, settings) {
         Ok(wanted) => {
             *last_error = None;
             wanted
@@ -150,6 +176,13 @@ fn reconcile(
             Vec::new()
         }
     };
+    for resource in &mut wanted {
+        let before = resource.devices.len();
+        resource.devices.retain(|d| !claimed.contains(&d.uuid));
+        if resource.devices.len() != before {
+            debug!(resource = %resource.name, withdrawn = before - resource.devices.len(), "Devices held by DRA claims withdrawn");
+        }
+    }
     let names: Vec<String> = wanted.iter().map(|r| r.name.clone()).collect();
     let gone: Vec<String> = plugins
         .keys()
@@ -252,19 +285,15 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
     let (tx, rx) = watch::channel(state);
     let stop = CancellationToken::new();
-    let server_stop = stop.clone();
-    let name = resource.name.clone();
-    telemetry::spawn(async move {
-        let service = DevicePluginServer::new(PluginService::new(rx));
-        let served = tonic::transport::Server::builder()
-            .add_service(service)
-            // Any :authority is accepted: kubelets before 1.26 send the socket path there.
-            .serve_with_incoming_shutdown(grpc::incoming(listener), server_stop.cancelled())
-            .await;
-        if let Err(err) = served {
-            error!(resource = %name, error = %crate::telemetry::error_chain(&err), "Plugin server failed");
-        }
-    });
+    // Any :authority is accepted: kubelets before 1.26 send the socket path there.
+    let router = tonic::transport::Server::builder()
+        .add_service(DevicePluginServer::new(PluginService::new(rx)));
+    grpc::serve::spawn(
+        router,
+        listener,
+        stop.clone(),
+        format!("device plugin {}", resource.name),
+    );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
         telemetry::spawn(register_until_accepted(

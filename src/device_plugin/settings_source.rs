@@ -52,6 +52,13 @@ pub struct KubeletArgs {
     /// The procfs holding the driver's MIG capability tree (for MIG device nodes).
     #[arg(long, value_name = "PATH", default_value = "/proc")]
     pub proc_root: PathBuf,
+
+    /// The checkpoint of a `gpud dra` running in another container
+    /// (<plugins>/gpu.nvidia.com/checkpoint.json): GPUs it prepared for claims are withdrawn
+    /// from the kubelet until the claim ends. Unset: no DRA plugin beside (`gpud run --dra`
+    /// shares this in memory).
+    #[arg(long, value_name = "PATH", env = "GPUD_DRA_CHECKPOINT")]
+    pub dra_checkpoint: Option<PathBuf>,
 }
 
 impl KubeletArgs {
@@ -62,6 +69,10 @@ impl KubeletArgs {
                 .then(|| PathBuf::from(&self.kubelet_socket)),
             plugin_dir: self.plugin_dir.clone(),
             proc_root: self.proc_root.clone(),
+            held: self
+                .dra_checkpoint
+                .clone()
+                .map(crate::dra::ledger::HeldSource::Checkpoint),
         }
     }
 }

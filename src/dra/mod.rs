@@ -1,3 +1,30 @@
 //! Dynamic Resource Allocation: gpud as the kubelet plugin of driver `gpu.nvidia.com`.
+//!
+//! One job per file: [`names`] (NVIDIA's device names), [`args`] (flags and paths),
+//! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`slices`] (devices, attributes,
+//! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
+//! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
+//! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
+//! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
+//! configs), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
+//! health for pods' status) and [`service`] (the subsystem).
 
+pub mod args;
+pub mod checkpoint;
+pub mod claim_cdi;
+pub mod health_stream;
+pub mod ledger;
 pub mod names;
+pub mod objects;
+pub mod opaque;
+pub mod plugin;
+pub mod prepare;
+pub mod publish;
+pub mod registration;
+pub mod service;
+pub mod slices;
+pub mod sockets;
+pub mod taints;
+
+pub use args::{DraArgs, DraConfig};
+pub use service::Dra;

@@ -14,6 +14,7 @@
 
 pub mod hpack;
 pub mod rewrite;
+pub mod serve;
 pub mod socket;
 pub mod stream;
 

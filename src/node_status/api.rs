@@ -73,7 +73,8 @@ impl std::fmt::Debug for NodeApi {
     }
 }
 
-async fn bounded<T>(
+/// Runs one API call with [`CALL_TIMEOUT`], naming it in the error.
+pub async fn bounded<T>(
     what: impl Fn() -> String,
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, CallError> {

@@ -2,8 +2,11 @@
 //! a Node whose labels and taints merge patches change (refused with 409 when the patch names
 //! an older resourceVersion), whose status conditions server-side apply patches change with
 //! per-condition field managers, NodeFeature objects with optimistic concurrency, events, and
-//! pods. It can fail the next requests with 500, and stop and come back on the same port (an
-//! API server restart) with what it held.
+//! pods, `resource.k8s.io/v1` ResourceSlices (create, replace with optimistic concurrency,
+//! delete, list and watch by the `spec.nodeName`/`spec.driver` field selectors, and
+//! delete-collection, as the kubelet wipes a node's slices) and ResourceClaims (get). It can
+//! fail the next requests with 500, and stop and come back on the same port (an API server
+//! restart) with what it held.
 
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
@@ -51,6 +54,18 @@ pub struct ApiState {
     pub node_changed: Arc<tokio::sync::Notify>,
     /// Node watches opened.
     pub watches: u32,
+    /// ResourceSlices by name.
+    pub slices: BTreeMap<String, Value>,
+    /// Every change of a ResourceSlice: (resourceVersion, watch event), in order.
+    pub slice_events: Vec<(u64, Value)>,
+    /// The last resourceVersion given to a ResourceSlice.
+    pub slice_version: u64,
+    /// Wakes ResourceSlice watches on every change.
+    pub slices_changed: Arc<tokio::sync::Notify>,
+    /// ResourceSlice watches opened.
+    pub slice_watches: u32,
+    /// ResourceClaims by `namespace/name`.
+    pub claims: BTreeMap<String, Value>,
 }
 
 impl ApiState {
@@ -190,6 +205,245 @@ async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<St
             return Ok(String::new());
         }
     }
+}
+
+/// Decodes `%XX` escapes and `+` of a query value.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Whether `object` matches a field selector such as `spec.nodeName=n,spec.driver=d`.
+fn selected(object: &Value, selector: Option<&String>) -> bool {
+    let Some(selector) = selector else {
+        return true;
+    };
+    decode(selector)
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| {
+            let (path, want) = term.split_once('=').unwrap();
+            let mut value = object;
+            for part in path.split('.') {
+                value = &value[part];
+            }
+            value.as_str() == Some(want)
+        })
+}
+
+/// Records a ResourceSlice change: a new resourceVersion on `object`, an event, watches wake.
+fn slice_changed(state: &mut ApiState, kind: &str, object: &mut Value) {
+    state.slice_version += 1;
+    object["metadata"]["resourceVersion"] = json!(state.slice_version.to_string());
+    let event = json!({"type": kind, "object": object});
+    state.slice_events.push((state.slice_version, event));
+    state.slices_changed.notify_waiters();
+}
+
+/// `GET …/resourceslices`: a list, or with `watch=true` a stream of events after the given
+/// resourceVersion (`0`: every current slice as ADDED first), until its timeout.
+#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
+async fn list_slices(
+    State(s): State<Shared>,
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, (StatusCode, axum::Json<Value>)> {
+    let params = query(&uri);
+    let selector = params.get("fieldSelector").cloned();
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    if params.get("watch").map(String::as_str) != Some("true") {
+        let items: Vec<Value> = state
+            .slices
+            .values()
+            .filter(|o| selected(o, selector.as_ref()))
+            .cloned()
+            .collect();
+        let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+            "metadata": {"resourceVersion": state.slice_version.to_string()}, "items": items});
+        return Ok(axum::response::IntoResponse::into_response(axum::Json(
+            list,
+        )));
+    }
+    state.slice_watches += 1;
+    let from: u64 = params
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(290);
+    let mut initial: Vec<Value> = Vec::new();
+    let mut cursor = from;
+    if from == 0 {
+        initial = state
+            .slices
+            .values()
+            .filter(|o| selected(o, selector.as_ref()))
+            .map(|o| json!({"type": "ADDED", "object": o}))
+            .collect();
+        cursor = state.slice_version;
+    }
+    drop(state);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
+    let shared = Arc::clone(&s);
+    tokio::spawn(async move {
+        for event in initial {
+            if tx.send(Ok(format!("{event}\n"))).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        loop {
+            let changed = Arc::clone(&shared.lock().unwrap().slices_changed);
+            let notified = changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let events: Vec<(u64, Value)> = shared
+                .lock()
+                .unwrap()
+                .slice_events
+                .iter()
+                .filter(|(v, e)| *v > cursor && selected(&e["object"], selector.as_ref()))
+                .cloned()
+                .collect();
+            if let Some((last, _)) = shared.lock().unwrap().slice_events.last() {
+                cursor = cursor.max(*last);
+            }
+            for (_, event) in events {
+                if tx.send(Ok(format!("{event}\n"))).await.is_err() {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(axum::response::Response::new(body))
+}
+
+async fn create_slice(
+    State(s): State<Shared>,
+    body: Bytes,
+) -> Result<(StatusCode, axum::Json<Value>), (StatusCode, axum::Json<Value>)> {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let mut object: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if state.slices.contains_key(&name) {
+        return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
+    }
+    object["metadata"]["uid"] = json!(format!("slice-uid-{name}"));
+    slice_changed(&mut state, "ADDED", &mut object);
+    state.slices.insert(name, object.clone());
+    Ok((StatusCode::CREATED, axum::Json(object)))
+}
+
+async fn get_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    state
+        .slices
+        .get(&name)
+        .cloned()
+        .map(axum::Json)
+        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
+}
+
+async fn replace_slice(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let mut object: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
+    let Some(old) = state.slices.get(&name) else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+    };
+    if object["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+        return Err(status(StatusCode::CONFLICT, "Conflict"));
+    }
+    object["metadata"]["uid"] = old["metadata"]["uid"].clone();
+    slice_changed(&mut state, "MODIFIED", &mut object);
+    state.slices.insert(name, object.clone());
+    Ok(axum::Json(object))
+}
+
+async fn delete_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let Some(mut object) = state.slices.remove(&name) else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+    };
+    slice_changed(&mut state, "DELETED", &mut object);
+    Ok(axum::Json(object))
+}
+
+/// `DELETE …/resourceslices?fieldSelector=…`: what a starting kubelet does to its node's
+/// slices.
+async fn delete_slices(State(s): State<Shared>, uri: axum::http::Uri) -> Reply {
+    let params = query(&uri);
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    wipe(&mut state, params.get("fieldSelector"));
+    Ok(axum::Json(
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    ))
+}
+
+fn wipe(state: &mut ApiState, selector: Option<&String>) {
+    let names: Vec<String> = state
+        .slices
+        .iter()
+        .filter(|(_, o)| selected(o, selector))
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in names {
+        if let Some(mut object) = state.slices.remove(&name) {
+            slice_changed(state, "DELETED", &mut object);
+        }
+    }
+}
+
+async fn get_claim(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    state
+        .claims
+        .get(&format!("{ns}/{name}"))
+        .cloned()
+        .map(axum::Json)
+        .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
 }
 
 /// Stores a changed Node with a new resourceVersion, as the API server does on every write.
@@ -508,6 +762,36 @@ impl FakeApi {
         self.state.lock().unwrap().events.clone()
     }
 
+    /// The ResourceSlices now, by name.
+    pub fn slices(&self) -> BTreeMap<String, Value> {
+        self.state.lock().unwrap().slices.clone()
+    }
+
+    /// Deletes the slices of node `node`, as a starting kubelet does.
+    pub fn wipe_slices(&self, node: &str) {
+        let selector = format!("spec.nodeName={node}");
+        wipe(&mut self.state.lock().unwrap(), Some(&selector));
+    }
+
+    /// Stores (or replaces) a ResourceClaim; `claim` names its namespace and name.
+    pub fn put_claim(&self, claim: Value) {
+        let key = format!(
+            "{}/{}",
+            claim["metadata"]["namespace"].as_str().unwrap(),
+            claim["metadata"]["name"].as_str().unwrap()
+        );
+        self.state.lock().unwrap().claims.insert(key, claim);
+    }
+
+    /// Deletes a ResourceClaim.
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .claims
+            .remove(&format!("{namespace}/{name}"));
+    }
+
     /// The Node's labels now.
     pub fn node_labels(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
@@ -538,6 +822,18 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             axum::routing::post(create_event),
         )
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+        .route(
+            "/apis/resource.k8s.io/v1/resourceslices",
+            get(list_slices).post(create_slice).delete(delete_slices),
+        )
+        .route(
+            "/apis/resource.k8s.io/v1/resourceslices/{name}",
+            get(get_slice).put(replace_slice).delete(delete_slice),
+        )
+        .route(
+            "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+            get(get_claim),
+        )
         .route(features, axum::routing::post(create_feature))
         .route(
             &format!("{features}/{{name}}"),

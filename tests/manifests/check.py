@@ -8,7 +8,8 @@ strict: unknown fields are errors); every container's command line, with its env
 binary (`--check-config`, exit 0); and every container keeps the least-privilege settings the
 docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml. The
 node status runs once, where the layout puts it (its own container in base, `gpud run` in
-all-in-one), with taints only from node-status-taints.
+all-in-one), with taints only from node-status-taints; so does the DRA plugin, with its
+DeviceClasses and RBAC only from the dra component.
 
 Usage: check.py GPUD_BINARY   (run by `make manifests-test`, in the venv .ci/run makes)
 """
@@ -60,6 +61,11 @@ def combinations():
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
                         [sink] if sink else []
                     ) + [status]
+                # The DRA plugin, alone and next to the node status (distinct ports).
+                for extra in [[], ["node-status"]]:
+                    yield overlay, (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + ["dra"] + extra
                 # The MIG reconciler, alone and next to the node status (distinct ports).
                 for extra in [[], ["node-status"]]:
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
@@ -215,7 +221,8 @@ def check_objects(objects, gpud, cache, version, components):
         check_security(container, container["name"] in privileged)
         check_command(gpud, pod, container, objects, cache)
     for obj in objects:
-        if obj["kind"] != "Namespace" and not obj["kind"].startswith("Cluster"):
+        # Cluster-scoped kinds carry no namespace.
+        if obj["kind"] not in ("Namespace", "DeviceClass") and not obj["kind"].startswith("Cluster"):
             assert obj["metadata"].get("namespace") == "gpud", (obj["kind"], obj["metadata"])
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "gpud-mig-config":
             default = (ROOT / "packaging/mig/config-default.yaml").read_text()
@@ -229,6 +236,26 @@ def check_objects(objects, gpud, cache, version, components):
                 "components/prometheus-rule/prometheusrule.yaml differs from "
                 "packaging/prometheus/gpud-alerts.yaml: copy the groups over"
             )
+
+
+def check_dra(overlay, components, objects):
+    """The DRA plugin runs exactly once, where the layout puts it: a dra container (and the
+    device plugin following its checkpoint) in base, `gpud run` with GPUD_DRA=true in
+    all-in-one; its DeviceClasses and ClusterRole only with the dra component."""
+    dra = "dra" in components
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    envs = {name: container_env(c, objects, None) for name, c in containers.items()}
+    if overlay == "all-in-one":
+        assert envs["gpud"].get("GPUD_DRA") == ("true" if dra else None), "gpud run: GPUD_DRA"
+    else:
+        assert ("dra" in containers) == dra, f"containers: {list(containers)}"
+        checkpoint = envs["device-plugin"].get("GPUD_DRA_CHECKPOINT")
+        assert (checkpoint is not None) == dra, f"GPUD_DRA_CHECKPOINT={checkpoint!r}"
+    classes = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "DeviceClass")
+    assert classes == (["gpu.nvidia.com", "mig.nvidia.com"] if dra else []), classes
+    roles = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
+    assert ("gpud-dra" in roles) == dra, f"ClusterRoles: {sorted(roles)}"
 
 
 def check_node_status(overlay, components, objects):
@@ -272,6 +299,9 @@ def validate(unique):
             skipped.add(obj["kind"])
             continue
         for version in VERSIONS:
+            # resource.k8s.io/v1 (DeviceClass) is served from Kubernetes 1.34 on.
+            if obj["apiVersion"] == "resource.k8s.io/v1" and version < "1.34":
+                continue
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as err:
@@ -295,6 +325,7 @@ def main():
         try:
             check_objects(objects, gpud, cache, version, components)
             check_node_status(overlay, components, objects)
+            check_dra(overlay, components, objects)
         except AssertionError as err:
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)

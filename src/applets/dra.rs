@@ -1,0 +1,71 @@
+//! `gpud dra`: the DRA kubelet plugin on its own, with the health watcher and the rescanner
+//! in-process, so a standalone container taints sick devices and republishes after MIG
+//! changes by itself.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
+use crate::daemon::{self, Daemon, Error};
+use crate::dra::{Dra, DraArgs, ledger};
+use crate::health::service::HealthWatcher;
+use crate::nvml::Rescanner;
+
+/// The admin endpoint's default port (`--health-address`).
+pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 7;
+
+/// Be the kubelet's Dynamic Resource Allocation plugin for the node's GPUs and MIG devices
+/// (driver gpu.nvidia.com, as NVIDIA's DRA driver names them): publish ResourceSlices,
+/// prepare and unprepare claims with CDI specs, taint sick devices and clear the taints on
+/// recovery.
+///
+/// Needs the node name (NODE_NAME) and API access: get on resourceclaims;
+/// get/list/watch/create/update/delete on resourceslices; create on events.
+#[derive(Debug, Parser)]
+#[command(name = "gpud dra", version)]
+struct Args {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(flatten)]
+    node: NodeArgs,
+
+    /// kubeconfig for the API server; without it the in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    dra: DraArgs,
+
+    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
+    rescan_interval: Duration,
+
+    #[command(flatten)]
+    health: HealthArgs,
+
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    let (health, _) = args.health.resolve()?;
+    let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
+    let config = args.dra.config(node, args.kubeconfig.clone())?;
+    let nvml = args.common.start()?;
+    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
+    let inventory = rescanner.discover()?;
+    let mut daemon = Daemon::fixed("dra");
+    daemon.add_support(rescanner);
+    daemon.add_support(HealthWatcher::optional(nvml, health));
+    let (held, _) = ledger::channel();
+    daemon.add_fixed(Dra::new(config, held));
+    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.run(inventory)
+}

@@ -1,0 +1,180 @@
+//! The DRA plugin's command line: driver name, the kubelet's folders, where CDI specs go, the
+//! host paths the specs describe, and the kubelet's pod-resources socket (to see what the
+//! device plugin handed out). The same flags serve `gpud dra` and `gpud run --dra`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::cdi::discover::HostPaths;
+
+/// NVIDIA's DRA driver name for GPUs and MIG devices.
+pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
+/// Where the kubelet looks for plugin registration sockets.
+pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Where DRA plugins keep their sockets and state (`<dir>/<driver>/`).
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// The kubelet's pod-resources socket.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// Where the per-claim CDI specs are written (the folder NVIDIA's chart mounts).
+pub const DEFAULT_CDI_ROOT: &str = "/var/run/cdi";
+
+/// The DRA kubelet plugin's options.
+#[derive(Debug, Clone, Args)]
+pub struct DraArgs {
+    /// The DRA driver name: in ResourceSlices, DeviceClasses, claims and taint keys.
+    #[arg(long = "dra-driver-name", value_name = "NAME", env = "GPUD_DRA_DRIVER_NAME",
+          default_value = DEFAULT_DRIVER)]
+    pub dra_driver_name: String,
+
+    /// The kubelet's plugin registration folder (plugins_registry).
+    #[arg(long = "dra-registry-dir", value_name = "DIR", env = "GPUD_DRA_REGISTRY_DIR",
+          default_value = DEFAULT_REGISTRY_DIR)]
+    pub dra_registry_dir: PathBuf,
+
+    /// The kubelet's plugins folder; the plugin socket, checkpoint and lock go in
+    /// <dir>/<driver>/.
+    #[arg(long = "dra-plugins-dir", value_name = "DIR", env = "GPUD_DRA_PLUGINS_DIR",
+          default_value = DEFAULT_PLUGINS_DIR)]
+    pub dra_plugins_dir: PathBuf,
+
+    /// Folder for the per-claim CDI specs (the container runtime must read it).
+    #[arg(long = "dra-cdi-root", value_name = "DIR", env = "GPUD_DRA_CDI_ROOT",
+          default_value = DEFAULT_CDI_ROOT)]
+    pub dra_cdi_root: PathBuf,
+
+    /// Root of the driver installation the CDI specs mount from (/run/nvidia/driver for a
+    /// driver container).
+    #[arg(
+        long = "dra-driver-root",
+        value_name = "PATH",
+        env = "GPUD_DRA_DRIVER_ROOT",
+        default_value = "/"
+    )]
+    pub dra_driver_root: PathBuf,
+
+    /// Root under which /dev is found [default: the driver root].
+    #[arg(long = "dra-dev-root", value_name = "PATH", env = "GPUD_DRA_DEV_ROOT")]
+    pub dra_dev_root: Option<PathBuf>,
+
+    /// The procfs holding the driver's MIG capability tree (MIG device nodes).
+    #[arg(
+        long = "dra-proc-root",
+        value_name = "PATH",
+        env = "GPUD_DRA_PROC_ROOT",
+        default_value = "/proc"
+    )]
+    pub dra_proc_root: PathBuf,
+
+    /// The nvidia-cdi-hook executable the CDI specs name.
+    #[arg(long = "dra-nvidia-cdi-hook-path", value_name = "PATH",
+          env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH", default_value = crate::cdi::discover::DEFAULT_HOOK_PATH)]
+    pub dra_hook_path: PathBuf,
+
+    /// The kubelet's pod-resources socket: GPUs the device plugin gave to running pods are
+    /// refused to claims. "" skips the check (only when no device plugin runs on the node).
+    #[arg(long = "dra-pod-resources-socket", value_name = "PATH",
+          env = "GPUD_DRA_POD_RESOURCES_SOCKET",
+          default_value = DEFAULT_POD_RESOURCES_SOCKET)]
+    pub dra_pod_resources_socket: String,
+}
+
+/// Everything the DRA plugin runs with, resolved from [`DraArgs`].
+#[derive(Debug, Clone)]
+pub struct DraConfig {
+    pub driver: String,
+    pub node: String,
+    pub registry_dir: PathBuf,
+    pub plugins_dir: PathBuf,
+    pub cdi_root: PathBuf,
+    pub host: HostPaths,
+    pub pod_resources: Option<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl DraArgs {
+    /// Checks the flags; a bad driver name is a usage error naming the flag and the value.
+    pub fn config(
+        &self,
+        node: String,
+        kubeconfig: Option<PathBuf>,
+    ) -> Result<DraConfig, crate::daemon::Error> {
+        if !is_dns_subdomain(&self.dra_driver_name) || self.dra_driver_name.len() > 63 {
+            return Err(crate::daemon::Error::Usage(format!(
+                "--dra-driver-name {:?}: a DRA driver name must be a DNS subdomain of at most 63 \
+                 characters (lower-case letters, digits, '-' and '.'), e.g. {DEFAULT_DRIVER}",
+                self.dra_driver_name
+            )));
+        }
+        Ok(DraConfig {
+            driver: self.dra_driver_name.clone(),
+            node,
+            registry_dir: self.dra_registry_dir.clone(),
+            plugins_dir: self.dra_plugins_dir.clone(),
+            cdi_root: self.dra_cdi_root.clone(),
+            host: HostPaths {
+                driver_root: self.dra_driver_root.clone(),
+                dev_root: self
+                    .dra_dev_root
+                    .clone()
+                    .unwrap_or_else(|| self.dra_driver_root.clone()),
+                proc_root: self.dra_proc_root.clone(),
+                hook: self.dra_hook_path.clone(),
+                nvml_dir: crate::nvml::library::loaded_dir(),
+            },
+            pod_resources: (!self.dra_pod_resources_socket.is_empty())
+                .then(|| PathBuf::from(&self.dra_pod_resources_socket)),
+            kubeconfig,
+        })
+    }
+}
+
+impl DraConfig {
+    /// `<plugins>/<driver>/`: the plugin socket, the checkpoint.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver)
+    }
+
+    /// The DRA service socket the kubelet dials.
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.plugin_dir().join("dra.sock")
+    }
+
+    /// The registration socket the kubelet finds in its registry folder.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// The prepared-claims checkpoint.
+    pub fn checkpoint(&self) -> PathBuf {
+        self.plugin_dir().join(super::checkpoint::FILE_NAME)
+    }
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_names_are_dns_subdomains() {
+        assert!(is_dns_subdomain("gpu.nvidia.com"));
+        assert!(is_dns_subdomain("gpu-1.example"));
+        assert!(!is_dns_subdomain("GPU.nvidia.com"));
+        assert!(!is_dns_subdomain("gpu..com"));
+        assert!(!is_dns_subdomain("-gpu.com"));
+        assert!(!is_dns_subdomain(""));
+    }
+}

@@ -1,0 +1,204 @@
+//! The parts of `resource.k8s.io/v1` objects gpud writes and reads, as small serde types:
+//! ResourceSlice specs (written whole) and the ResourceClaim fields prepare needs.
+//!
+//! Own types rather than k8s-openapi's: gpud's k8s-openapi is built for the 1.33 API, which
+//! has no `resource.k8s.io/v1`, and moving every other subsystem to a newer API feature for
+//! two objects would change what they compile against. Unknown fields are ignored on read, so
+//! what the API server adds (a taint's `timeAdded`, managed fields) never makes a slice look
+//! different from the one gpud wants.
+
+use std::collections::BTreeMap;
+
+use kube::discovery::ApiResource;
+use serde::{Deserialize, Serialize};
+
+/// `resource.k8s.io/v1`.
+pub const API_VERSION: &str = "resource.k8s.io/v1";
+
+/// The API resource of ResourceSlices.
+pub fn slices_resource() -> ApiResource {
+    resource("ResourceSlice", "resourceslices")
+}
+
+/// The API resource of ResourceClaims.
+pub fn claims_resource() -> ApiResource {
+    resource("ResourceClaim", "resourceclaims")
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".to_owned(),
+        version: "v1".to_owned(),
+        api_version: API_VERSION.to_owned(),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    }
+}
+
+/// `ResourceSlice.spec` for devices of one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceSpec {
+    pub driver: String,
+    pub pool: Pool,
+    pub node_name: String,
+    #[serde(default)]
+    pub devices: Vec<Device>,
+}
+
+/// `ResourceSlice.spec.pool`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pool {
+    pub name: String,
+    pub generation: i64,
+    pub resource_slice_count: i64,
+}
+
+/// One device of a slice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, Attribute>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, Capacity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+}
+
+/// A device attribute: exactly one typed value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attribute {
+    Int(i64),
+    Bool(bool),
+    String(String),
+    /// A semantic version (`570.133.20`, `9.0.0`).
+    Version(String),
+}
+
+/// A device capacity: a quantity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub value: String,
+}
+
+/// A device taint (`NoSchedule`, or `None` for information only).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// The ResourceClaim fields prepare reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Claim {
+    #[serde(default)]
+    pub metadata: ClaimMeta,
+    #[serde(default)]
+    pub status: ClaimStatus,
+}
+
+/// A claim's identity.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ClaimMeta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// `ResourceClaim.status`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ClaimStatus {
+    pub allocation: Option<Allocation>,
+}
+
+/// `status.allocation`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Allocation {
+    #[serde(default)]
+    pub devices: DeviceAllocation,
+}
+
+/// `status.allocation.devices`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct DeviceAllocation {
+    #[serde(default)]
+    pub results: Vec<AllocationResult>,
+    #[serde(default)]
+    pub config: Vec<AllocationConfig>,
+}
+
+/// One allocated device.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationResult {
+    #[serde(default)]
+    pub request: String,
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default)]
+    pub device: String,
+    #[serde(default)]
+    pub admin_access: Option<bool>,
+    #[serde(default, rename = "shareID")]
+    pub share_id: Option<String>,
+}
+
+/// One configuration entry of the allocation (from the class or the claim).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AllocationConfig {
+    #[serde(default)]
+    pub source: String,
+    /// The requests it applies to; empty: all of them.
+    #[serde(default)]
+    pub requests: Vec<String>,
+    pub opaque: Option<Opaque>,
+}
+
+/// Driver-specific parameters.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Opaque {
+    #[serde(default)]
+    pub driver: String,
+    #[serde(default)]
+    pub parameters: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_are_written_as_one_typed_field() {
+        let json = serde_json::to_value(Attribute::Version("9.0.0".into())).unwrap();
+        assert_eq!(json, serde_json::json!({"version": "9.0.0"}));
+        let json = serde_json::to_value(Attribute::Int(7)).unwrap();
+        assert_eq!(json, serde_json::json!({"int": 7}));
+    }
+
+    #[test]
+    fn a_taint_read_back_ignores_the_time_the_api_server_added() {
+        let taint: Taint = serde_json::from_value(serde_json::json!({
+            "key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule",
+            "timeAdded": "2026-01-01T00:00:00Z"}))
+        .unwrap();
+        assert_eq!(
+            taint,
+            Taint {
+                key: "gpu.nvidia.com/xid".into(),
+                value: Some("79".into()),
+                effect: "NoSchedule".into()
+            }
+        );
+    }
+}

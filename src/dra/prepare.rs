@@ -1,0 +1,310 @@
+//! NodePrepareResources and NodeUnprepareResources, independent of the gRPC version.
+//!
+//! Prepare, per claim (a failure is that claim's error; the others go on):
+//! 1. A claim already in the checkpoint answers what it got then (its CDI spec is written
+//!    again if it is gone, e.g. after a reboot emptied `/var/run/cdi`).
+//! 2. Otherwise the ResourceClaim is read; its UID must be the one the kubelet named (else
+//!    the claim was deleted and re-created under the same name) and it must be allocated.
+//! 3. Each allocation result of this driver names a device of this node's pool. The device
+//!    must exist, must not be held by another prepared claim, and must not be one the device
+//!    plugin gave to a running pod.
+//! 4. The opaque configs are applied ([`super::opaque`]), one CDI spec is written for the
+//!    claim ([`super::claim_cdi`]), the checkpoint saved, and the held devices published.
+//!
+//! Unprepare removes the claim's spec and checkpoint entry; it needs no API access, and a
+//! claim never prepared is fine. Both are serialised by one lock on the checkpoint.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::api::{Api, DynamicObject};
+use tokio::sync::{Mutex, watch};
+use tracing::{info, warn};
+
+use super::args::DraConfig;
+use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+use super::claim_cdi::{self, ClaimDevice};
+use super::ledger::{self, Held, Holding};
+use super::names::{self, DraDevice};
+use super::objects::{self, Claim};
+use super::opaque;
+use super::publish::PublishError;
+use crate::inventory::Inventory;
+use crate::node_status::api::bounded;
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub uid: String,
+    pub name: String,
+}
+
+/// The claims' state and what prepare needs to reach.
+pub struct Preparer {
+    config: Arc<DraConfig>,
+    client: Option<kube::Client>,
+    inventory: Inventory,
+    checkpoint: Mutex<Checkpoint>,
+    held: watch::Sender<Held>,
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preparer")
+            .field("driver", &self.config.driver)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Preparer {
+    /// A preparer starting from `checkpoint`, publishing held devices on `held`. Without a
+    /// client, claims not in the checkpoint cannot be prepared.
+    pub fn new(
+        config: Arc<DraConfig>,
+        client: Option<kube::Client>,
+        inventory: Inventory,
+        checkpoint: Checkpoint,
+        held: watch::Sender<Held>,
+    ) -> Preparer {
+        held.send_replace(Arc::new(checkpoint.held()));
+        Preparer {
+            config,
+            client,
+            inventory,
+            checkpoint: Mutex::new(checkpoint),
+            held,
+        }
+    }
+
+    /// Prepares `claims`; each claim's devices or error, by UID.
+    pub async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in claims {
+            let result = self.prepare_one(&mut checkpoint, &claim).await;
+            match &result {
+                Ok(devices) => {
+                    info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = devices.len(), "Prepared claim");
+                }
+                Err(error) => {
+                    warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %error, "Cannot prepare claim");
+                }
+            }
+            out.insert(claim.uid, result);
+        }
+        out
+    }
+
+    /// Unprepares `claims`; each claim's outcome, by UID.
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in claims {
+            let removed = checkpoint.claims.remove(&claim.uid);
+            let mut result = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
+            if removed.is_some() {
+                if let Err(err) = checkpoint.save(&self.config.checkpoint()) {
+                    result = Err(format!("cannot save the DRA checkpoint: {err}"));
+                }
+                info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "Unprepared claim");
+            }
+            out.insert(claim.uid, result);
+        }
+        self.held.send_replace(Arc::new(checkpoint.held()));
+        out
+    }
+
+    async fn prepare_one(
+        &self,
+        checkpoint: &mut Checkpoint,
+        claim: &ClaimRef,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        let snapshot = self.inventory.current();
+        if let Some(prepared) = checkpoint.claims.get(&claim.uid) {
+            let spec = claim_cdi::spec_path(&self.config.cdi_root, &claim.uid);
+            if !prepared.devices.is_empty() && !spec.exists() {
+                let devices: Vec<ClaimDevice> = prepared
+                    .devices
+                    .iter()
+                    .map(|d| ClaimDevice {
+                        name: d.device.clone(),
+                        uuid: d.uuid.clone(),
+                    })
+                    .collect();
+                claim_cdi::write(
+                    &snapshot,
+                    &self.config.host,
+                    &self.config.cdi_root,
+                    &claim.uid,
+                    &devices,
+                )?;
+            }
+            return Ok(prepared.devices.clone());
+        }
+        let object = self.read_claim(claim).await?;
+        if object.metadata.uid != claim.uid {
+            return Err(format!(
+                "ResourceClaim {}/{} has UID {}, not {}: it was deleted and created again",
+                claim.namespace, claim.name, object.metadata.uid, claim.uid
+            ));
+        }
+        let allocation = object.status.allocation.ok_or_else(|| {
+            format!(
+                "ResourceClaim {}/{} is not allocated",
+                claim.namespace, claim.name
+            )
+        })?;
+        let results: Vec<_> = allocation
+            .devices
+            .results
+            .iter()
+            .filter(|r| r.driver == self.config.driver)
+            .collect();
+        let holders = self.device_plugin_holders(&snapshot).await?;
+        let mut devices = Vec::new();
+        let mut cdi_devices = Vec::new();
+        for result in results {
+            if result.pool != self.config.node {
+                return Err(format!(
+                    "device {} of pool {} is not on this node (pool {})",
+                    result.device, result.pool, self.config.node
+                ));
+            }
+            let device = names::find(&snapshot, &result.device).ok_or_else(|| {
+                format!(
+                    "device {} is not on this node (any more): it was removed or reconfigured \
+                     after the claim was allocated",
+                    result.device
+                )
+            })?;
+            let uuid = device.uuid().to_owned();
+            let gpu_uuid = device.gpu().uuid.clone();
+            // Admin access (a monitoring claim beside the device's user) holds nothing and is
+            // refused nothing.
+            let admin_access = result.admin_access == Some(true);
+            let other = checkpoint.claims.iter().find(|(uid, other)| {
+                uid.as_str() != claim.uid
+                    && other.devices.iter().any(|d| {
+                        !d.admin_access
+                            && Holding {
+                                uuid: d.uuid.clone(),
+                                gpu_uuid: d.gpu_uuid.clone(),
+                                owner: String::new(),
+                            }
+                            .clashes(&uuid, &gpu_uuid)
+                    })
+            });
+            if let Some((uid, other)) = other.filter(|_| !admin_access) {
+                return Err(format!(
+                    "device {} is held by claim {}/{} (UID {uid}); one device serves one claim",
+                    result.device, other.namespace, other.name
+                ));
+            }
+            let plugin_holder = holders.iter().find(|h| h.clashes(&uuid, &gpu_uuid));
+            if let Some(holding) = plugin_holder.filter(|_| !admin_access) {
+                return Err(format!(
+                    "device {} ({uuid}) was given by the device plugin to pod {}: a GPU is \
+                     never handed out by both; it becomes available when that pod ends",
+                    result.device, holding.owner
+                ));
+            }
+            let settings = opaque::settings(
+                &allocation.devices.config,
+                &self.config.driver,
+                &result.request,
+                matches!(device, DraDevice::Mig(..)),
+            )?;
+            if let Some(interval) = &settings.time_slice {
+                info!(device = %result.device, interval = %interval, "Time-slicing asked for; recorded with the claim (the driver's default scheduler applies)");
+            }
+            cdi_devices.push(ClaimDevice {
+                name: result.device.clone(),
+                uuid: uuid.clone(),
+            });
+            devices.push(PreparedDevice {
+                request_names: vec![result.request.clone()],
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                uuid,
+                gpu_uuid,
+                cdi_device_ids: vec![claim_cdi::cdi_id(&claim.uid, &result.device)],
+                time_slice: settings.time_slice,
+                admin_access,
+            });
+        }
+        // A claim with nothing for this driver gets no spec: a spec without devices is
+        // invalid, and a runtime that reads one may refuse every spec in the folder.
+        if !cdi_devices.is_empty() {
+            claim_cdi::write(
+                &snapshot,
+                &self.config.host,
+                &self.config.cdi_root,
+                &claim.uid,
+                &cdi_devices,
+            )?;
+        }
+        checkpoint.claims.insert(
+            claim.uid.clone(),
+            PreparedClaim {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                devices: devices.clone(),
+            },
+        );
+        if let Err(err) = checkpoint.save(&self.config.checkpoint()) {
+            checkpoint.claims.remove(&claim.uid);
+            let _ = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
+            return Err(format!("cannot save the DRA checkpoint: {err}"));
+        }
+        self.held.send_replace(Arc::new(checkpoint.held()));
+        Ok(devices)
+    }
+
+    async fn read_claim(&self, claim: &ClaimRef) -> Result<Claim, String> {
+        let client = self.client.clone().ok_or_else(|| {
+            "no API access to read the ResourceClaim (see --kubeconfig)".to_owned()
+        })?;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client, &claim.namespace, &objects::claims_resource());
+        let object = bounded(
+            || format!("reading ResourceClaim {}/{}", claim.namespace, claim.name),
+            api.get(&claim.name),
+        )
+        .await
+        .map_err(|err| match &err {
+            PublishError::Api {
+                source: kube::Error::Api(status),
+                ..
+            } if status.code == 404 => format!(
+                "ResourceClaim {}/{} does not exist",
+                claim.namespace, claim.name
+            ),
+            _ => crate::telemetry::error_chain(&err),
+        })?;
+        let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
+        serde_json::from_value(value).map_err(|e| {
+            format!(
+                "ResourceClaim {}/{}: unexpected content: {e}",
+                claim.namespace, claim.name
+            )
+        })
+    }
+
+    /// What the device plugin gave to running pods; nothing when the check is off or the
+    /// kubelet has no pod-resources socket (no kubelet, so no device plugin allocations).
+    async fn device_plugin_holders(
+        &self,
+        snapshot: &crate::inventory::Snapshot,
+    ) -> Result<Vec<Holding>, String> {
+        match &self.config.pod_resources {
+            Some(socket) if socket.exists() => {
+                ledger::device_plugin_holders(socket, snapshot).await
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Keeping the node's ResourceSlices on the API server equal to what the inventory says.
+//!
+//! Level-triggered: each sync lists the slices of this node and driver (field selectors
+//! `spec.nodeName` and `spec.driver`), and only when they differ from the wanted ones writes
+//! all of them under a generation one above any seen, then deletes the slices left over.
+//! Anything can trigger a sync — an inventory change (MIG layout, a lost GPU, a health
+//! change), the kubelet (re-)registering the plugin, any watch event on the node's slices,
+//! the periodic resync — and a sync that finds nothing to do costs one list.
+//!
+//! Why watch as well as re-list on registration: the kubelet deletes the node's slices when it
+//! starts and again 30 s after it loses the plugin, in a retried `DeleteCollection` whose
+//! timing relative to the plugin's (re-)registration is not fixed. Re-listing only when the
+//! kubelet registers the plugin can run before the wipe and miss it; a watch sees the
+//! deletion whenever it lands.
+
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams,
+};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_stream::StreamExt;
+use tracing::{debug, info};
+
+use super::objects::{self, Device, SliceSpec};
+use super::slices;
+
+/// How long one watch request stays open before it is renewed.
+const WATCH_SECONDS: u32 = 290;
+
+/// A failed API call, with what it was doing (the node status's: the same calls, bounded by
+/// the same timeout).
+pub use crate::node_status::api::CallError as PublishError;
+use crate::node_status::api::bounded;
+
+/// The slices of one node and driver.
+#[derive(Clone)]
+pub struct Publisher {
+    api: Api<DynamicObject>,
+    driver: String,
+    node: String,
+    /// The highest generation written or seen.
+    generation: i64,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("driver", &self.driver)
+            .field("node", &self.node)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+/// A slice on the server.
+struct Existing {
+    name: String,
+    resource_version: Option<String>,
+    spec: Option<SliceSpec>,
+}
+
+impl Publisher {
+    pub fn new(client: kube::Client, driver: &str, node: &str) -> Publisher {
+        Publisher {
+            api: Api::all_with(client, &objects::slices_resource()),
+            driver: driver.to_owned(),
+            node: node.to_owned(),
+            generation: 0,
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!("spec.nodeName={},spec.driver={}", self.node, self.driver)
+    }
+
+    /// The name of the `index`th slice: stable, so a rewrite replaces rather than adds.
+    fn slice_name(&self, index: usize) -> String {
+        format!("{}-{}-{index}", self.node, self.driver)
+    }
+
+    async fn list(&self) -> Result<Vec<Existing>, PublishError> {
+        let params = ListParams::default().fields(&self.selector());
+        let list = bounded(
+            || format!("listing the ResourceSlices of node {}", self.node),
+            self.api.list(&params),
+        )
+        .await?;
+        let out: Vec<Existing> = list
+            .items
+            .into_iter()
+            .map(|object| Existing {
+                spec: object
+                    .data
+                    .get("spec")
+                    .cloned()
+                    .and_then(|spec| serde_json::from_value(spec).ok()),
+                name: object.metadata.name.unwrap_or_default(),
+                resource_version: object.metadata.resource_version,
+            })
+            .collect();
+        Ok(out)
+    }
+
+    /// Makes the server's slices hold `devices`; returns whether anything was written.
+    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, PublishError> {
+        let existing = self.list().await?;
+        let seen = existing
+            .iter()
+            .filter_map(|e| e.spec.as_ref().map(|s| s.pool.generation))
+            .max()
+            .unwrap_or(0);
+        let current = seen.max(self.generation);
+        let at_current = slices::specs(&self.driver, &self.node, devices.clone(), current);
+        let up_to_date = existing.len() == at_current.len()
+            && at_current.iter().enumerate().all(|(index, spec)| {
+                let name = self.slice_name(index);
+                existing
+                    .iter()
+                    .any(|e| e.name == name && e.spec.as_ref() == Some(spec))
+            });
+        if up_to_date {
+            self.generation = current;
+            return Ok(false);
+        }
+        let generation = current + 1;
+        let wanted = slices::specs(&self.driver, &self.node, devices, generation);
+        for (index, spec) in wanted.iter().enumerate() {
+            let name = self.slice_name(index);
+            let old = existing.iter().find(|e| e.name == name);
+            self.write(&name, spec, old.and_then(|e| e.resource_version.clone()))
+                .await?;
+        }
+        for extra in existing
+            .iter()
+            .filter(|e| !(0..wanted.len()).any(|i| self.slice_name(i) == e.name))
+        {
+            bounded(
+                || format!("deleting ResourceSlice {}", extra.name),
+                self.api.delete(&extra.name, &DeleteParams::default()),
+            )
+            .await?;
+        }
+        self.generation = generation;
+        let count: usize = wanted.iter().map(|s| s.devices.len()).sum();
+        info!(
+            generation,
+            slices = wanted.len(),
+            devices = count,
+            "Published the node's ResourceSlices"
+        );
+        Ok(true)
+    }
+
+    async fn write(
+        &self,
+        name: &str,
+        spec: &SliceSpec,
+        resource_version: Option<String>,
+    ) -> Result<(), PublishError> {
+        let what = || format!("writing ResourceSlice {name}");
+        let data = json!({"spec": spec});
+        let mut object = DynamicObject::new(name, &objects::slices_resource()).data(data);
+        let params = PostParams {
+            field_manager: Some("gpud".to_owned()),
+            ..PostParams::default()
+        };
+        match resource_version {
+            Some(version) => {
+                object.metadata.resource_version = Some(version);
+                bounded(what, self.api.replace(name, &params, &object)).await?;
+            }
+            None => {
+                bounded(what, self.api.create(&params, &object)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Watches the node's slices and wakes `changed` on every event, until the watch fails
+    /// (the caller restarts it after a pause).
+    pub async fn watch(&self, changed: &Notify) -> Result<(), PublishError> {
+        let params = WatchParams::default()
+            .fields(&self.selector())
+            .timeout(WATCH_SECONDS);
+        let stream = self
+            .api
+            .watch(&params, "0")
+            .await
+            .map_err(|source| PublishError::Api {
+                what: format!("watching the ResourceSlices of node {}", self.node),
+                source,
+            })?;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(WatchEvent::Deleted(object)) => {
+                    debug!(slice = ?object.metadata.name, "ResourceSlice deleted");
+                    changed.notify_one();
+                }
+                Ok(WatchEvent::Added(_) | WatchEvent::Modified(_)) => changed.notify_one(),
+                Ok(WatchEvent::Bookmark(_)) => {}
+                Ok(WatchEvent::Error(status)) => {
+                    return Err(PublishError::Api {
+                        what: format!("watching the ResourceSlices of node {}", self.node),
+                        source: kube::Error::Api(status),
+                    });
+                }
+                Err(source) => {
+                    return Err(PublishError::Api {
+                        what: format!("watching the ResourceSlices of node {}", self.node),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

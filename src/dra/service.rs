@@ -1,0 +1,219 @@
+//! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
+//!
+//! The checkpoint is read, the two sockets are served ([`super::sockets`]: the plugin socket,
+//! then the registration socket), and the subsystem is ready. Then one loop keeps the node's
+//! ResourceSlices right ([`super::publish`]): after every inventory change (a MIG change or
+//! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
+//! every watch event on the node's slices (the kubelet's wipe), with backoff after failures
+//! and a resync every few minutes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, warn};
+
+use super::args::DraConfig;
+use super::checkpoint::Checkpoint;
+use super::ledger::Held;
+use super::prepare::Preparer;
+use super::publish::Publisher;
+use super::slices;
+use super::sockets::Sockets;
+use crate::daemon::{Context, Subsystem};
+use crate::grpc;
+use crate::inventory::Inventory;
+use crate::labeller::api::{Backoff, connect, node_seed};
+use crate::node_status::api::NodeApi;
+use crate::node_status::events::{Kind, NodeEvent};
+use crate::telemetry;
+
+/// The reason of the event about a corrupt checkpoint.
+pub const CHECKPOINT_CORRUPT: &str = "DRACheckpointCorrupt";
+
+/// How often the slices are compared with the inventory when nothing else happened.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// The longest pause between failed publish attempts.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why the plugin cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    #[error(
+        "the kubelet's plugin registration folder {} does not exist (is a kubelet running on \
+         this host, and is the folder mounted?); point --dra-registry-dir at it",
+        .0.display()
+    )]
+    NoRegistryDir(std::path::PathBuf),
+    #[error("{}: cannot create the plugin folder: {source}", path.display())]
+    PluginDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serve the DRA plugin: {0}")]
+    Bind(#[from] grpc::BindError),
+}
+
+/// The DRA plugin subsystem.
+#[derive(Debug)]
+pub struct Dra {
+    config: Arc<DraConfig>,
+    held: watch::Sender<Held>,
+}
+
+impl Dra {
+    /// A plugin publishing the devices its claims hold on `held` (the device plugin of
+    /// `gpud run` listens there).
+    pub fn new(config: DraConfig, held: watch::Sender<Held>) -> Self {
+        Dra {
+            config: Arc::new(config),
+            held,
+        }
+    }
+}
+
+impl Subsystem for Dra {
+    type Settings = ();
+    crate::subsystem_name!("dra");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let config = self.config;
+        if !config.registry_dir.is_dir() {
+            return Err(DraError::NoRegistryDir(config.registry_dir.clone()).into());
+        }
+        let plugin_dir = config.plugin_dir();
+        std::fs::create_dir_all(&plugin_dir).map_err(|source| DraError::PluginDir {
+            path: plugin_dir.clone(),
+            source,
+        })?;
+        let (checkpoint, problem) = Checkpoint::load(&config.checkpoint());
+        let client = connect(config.kubeconfig.as_deref()).await?;
+        if let Some(problem) = problem {
+            let message = telemetry::error_chain(&problem);
+            error!(error = %message, "DRA checkpoint unreadable; serving on");
+            telemetry::spawn(report_on_node(client.clone(), config.node.clone(), message));
+        }
+        let preparer = Arc::new(Preparer::new(
+            Arc::clone(&config),
+            Some(client.clone()),
+            inventory.clone(),
+            checkpoint,
+            self.held,
+        ));
+        let cancel = ctx.cancel_token();
+        let registered = Arc::new(Notify::new());
+        let sockets = Sockets::serve(
+            Arc::clone(&config),
+            preparer,
+            inventory.clone(),
+            Arc::clone(&registered),
+            cancel.clone(),
+        )
+        .map_err(DraError::Bind)?;
+        telemetry::spawn(sockets.keep());
+        ctx.set_ready();
+
+        let publisher = Publisher::new(client, &config.driver, &config.node);
+        let slice_events = Arc::new(Notify::new());
+        telemetry::spawn(watch_slices(
+            publisher.clone(),
+            Arc::clone(&slice_events),
+            cancel.clone(),
+        ));
+        publish_loop(
+            publisher,
+            &config.driver,
+            &inventory,
+            &registered,
+            &slice_events,
+            &cancel,
+        )
+        .await;
+        // The sockets' own task removes them too, but the daemon need not wait for it.
+        for socket in [config.registration_socket(), config.plugin_socket()] {
+            let _ = std::fs::remove_file(socket);
+        }
+        Ok(())
+    }
+}
+
+/// A Warning event `DRACheckpointCorrupt` on the Node, so the moved-aside checkpoint shows in
+/// `kubectl describe node` and not only in gpud's log.
+async fn report_on_node(client: kube::Client, node: String, message: String) {
+    let api = NodeApi::new(client, node);
+    let event = NodeEvent {
+        kind: Kind::Warning,
+        reason: CHECKPOINT_CORRUPT,
+        message,
+        at: std::time::SystemTime::now(),
+    };
+    if let Err(err) = api.create_event(&event, None).await {
+        warn!(error = %telemetry::error_chain(&err), "Cannot report the corrupt DRA checkpoint on the Node");
+    }
+}
+
+/// Keeps a watch on the node's slices open, waking `events` on each event; reopens it after
+/// a pause when it fails.
+async fn watch_slices(publisher: Publisher, events: Arc<Notify>, cancel: CancellationToken) {
+    let mut backoff = Backoff::capped(1, RETRY_MAX);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            result = publisher.watch(&events) => match result {
+                Ok(()) => {
+                    backoff.reset();
+                    continue;
+                }
+                Err(err) => debug!(error = %telemetry::error_chain(&err), "ResourceSlice watch ended"),
+            },
+        }
+        // A watch that reopens may have missed events.
+        events.notify_one();
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+}
+
+async fn publish_loop(
+    mut publisher: Publisher,
+    driver: &str,
+    inventory: &Inventory,
+    registered: &Notify,
+    slice_events: &Notify,
+    cancel: &CancellationToken,
+) {
+    let mut snapshots = inventory.subscribe();
+    let mut backoff = Backoff::capped(node_seed(driver), RETRY_MAX);
+    let mut last_error: Option<String> = None;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        let wait = match publisher.sync(slices::devices(&snapshot, driver)).await {
+            Ok(_) => {
+                if last_error.take().is_some() {
+                    warn!("ResourceSlices published again");
+                }
+                backoff.reset();
+                RESYNC
+            }
+            Err(err) => {
+                let text = telemetry::error_chain(&err);
+                if last_error.as_deref() != Some(text.as_str()) {
+                    warn!(error = %text, "Cannot publish the node's ResourceSlices; retrying with backoff");
+                    last_error = Some(text);
+                }
+                backoff.next_delay()
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = registered.notified() => {}
+            () = slice_events.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}

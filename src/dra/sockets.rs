@@ -1,0 +1,143 @@
+//! The plugin's two sockets, served in the order the kubelet needs and kept there.
+//!
+//! The plugin socket (`<plugins>/<driver>/dra.sock`: DRAPlugin v1 and v1beta1,
+//! DRAResourceHealth v1 and v1alpha1) is served first, then the registration socket
+//! (`<registry>/<driver>-reg.sock`), so the kubelet never learns of a socket that does not
+//! answer yet. Both replace stale sockets an earlier run left ([`crate::grpc::bind`]) and
+//! accept any `:authority` (kubelets before 1.26 send the socket path).
+//!
+//! A socket file that vanishes (a kubelet or an operator cleaning its folders) leaves the
+//! kubelet nothing to dial, and nothing else would bring it back: every [`CHECK`] the two paths
+//! are looked at, and a missing one is served again (the plugin socket first, then the
+//! registration socket, which makes the kubelet register the plugin anew).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::args::DraConfig;
+use super::health_stream::HealthService;
+use super::plugin::DraService;
+use super::prepare::Preparer;
+use super::registration::RegistrationService;
+use crate::grpc::{self, BindError};
+use crate::inventory::Inventory;
+use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
+use crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
+use crate::proto::drahealth_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1;
+use crate::proto::drahealth_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1;
+use crate::proto::pluginregistration::registration_server::RegistrationServer;
+
+/// How often the socket files are looked at.
+pub const CHECK: Duration = Duration::from_secs(1);
+
+/// The served sockets and what serving them again needs.
+#[derive(Debug)]
+pub struct Sockets {
+    config: Arc<DraConfig>,
+    preparer: Arc<Preparer>,
+    inventory: Inventory,
+    registered: Arc<Notify>,
+    cancel: CancellationToken,
+    plugin: Option<CancellationToken>,
+    registration: Option<CancellationToken>,
+}
+
+impl Sockets {
+    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin.
+    pub fn serve(
+        config: Arc<DraConfig>,
+        preparer: Arc<Preparer>,
+        inventory: Inventory,
+        registered: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> Result<Sockets, BindError> {
+        let mut sockets = Sockets {
+            config,
+            preparer,
+            inventory,
+            registered,
+            cancel,
+            plugin: None,
+            registration: None,
+        };
+        sockets.serve_plugin()?;
+        sockets.serve_registration()?;
+        Ok(sockets)
+    }
+
+    fn serve_plugin(&mut self) -> Result<(), BindError> {
+        let listener = grpc::bind(&self.config.plugin_socket(), grpc::SOCKET_MODE)?;
+        let service = DraService::new(Arc::clone(&self.preparer));
+        let health = HealthService::new(&self.config.node, self.inventory.subscribe());
+        let router = tonic::transport::Server::builder()
+            .add_service(V1Server::new(service.clone()))
+            .add_service(V1beta1Server::new(service))
+            .add_service(HealthV1::new(health.clone()))
+            .add_service(HealthV1alpha1::new(health));
+        let stop = self.cancel.child_token();
+        grpc::serve::spawn(router, listener, stop.clone(), "DRA plugin".to_owned());
+        if let Some(old) = self.plugin.replace(stop) {
+            old.cancel();
+        }
+        Ok(())
+    }
+
+    fn serve_registration(&mut self) -> Result<(), BindError> {
+        let socket = self.config.registration_socket();
+        let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
+        let service = RegistrationService::new(
+            &self.config.driver,
+            &self.config.plugin_socket().to_string_lossy(),
+            Arc::clone(&self.registered),
+        );
+        let router =
+            tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
+        let stop = self.cancel.child_token();
+        grpc::serve::spawn(
+            router,
+            listener,
+            stop.clone(),
+            "DRA registration".to_owned(),
+        );
+        if let Some(old) = self.registration.replace(stop) {
+            old.cancel();
+        }
+        Ok(())
+    }
+
+    /// Serves again whichever socket vanished, until cancelled; then removes both.
+    pub async fn keep(mut self) {
+        let paths: [PathBuf; 2] = [
+            self.config.plugin_socket(),
+            self.config.registration_socket(),
+        ];
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => break,
+                () = tokio::time::sleep(CHECK) => {}
+            }
+            let plugin_gone = !paths[0].exists();
+            if plugin_gone {
+                warn!(socket = %paths[0].display(), "The DRA plugin socket was removed; serving it again");
+                if let Err(err) = self.serve_plugin() {
+                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot serve the DRA plugin socket again; retrying");
+                    continue;
+                }
+            }
+            if plugin_gone || !paths[1].exists() {
+                warn!(socket = %paths[1].display(), "Serving the DRA registration socket again, for the kubelet to register the plugin");
+                if let Err(err) = self.serve_registration() {
+                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot serve the DRA registration socket again; retrying");
+                }
+            }
+        }
+        for path in paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,788 @@
+//! `gpud dra` (and `gpud run --dra`) as the kubelet's DRA plugin, on the simulated node, with
+//! a fake kubelet (plugin registration and DRA clients over unix sockets, sending a socket
+//! path as `:authority`) and a fake API server holding ResourceClaims and ResourceSlices.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+#[path = "common/fake_dra_kubelet.rs"]
+mod fake_dra_kubelet;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+#[path = "common/fake_pod_resources.rs"]
+mod fake_pod_resources;
+#[path = "common/raw_grpc.rs"]
+mod raw_grpc;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::{Node, assert_golden, stdout_ok};
+use fake_api::FakeApi;
+use gpud::proto::dra_v1::{
+    Device, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourcesRequest,
+};
+use gpud::proto::dra_v1beta1;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.nvidia.com";
+
+/// A node with gpud's DRA plugin, its kubelet folders and the fake API server.
+struct Dra {
+    node: Node,
+    api: FakeApi,
+    gpud: Option<Child>,
+    /// Extra arguments (before the DRA ones); `applet` is `dra` or `run`.
+    applet: Vec<String>,
+}
+
+impl Dra {
+    fn new(fixture: &str) -> Dra {
+        let node = Node::new(fixture);
+        for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
+            std::fs::create_dir_all(node.dir.path().join(dir)).unwrap();
+        }
+        Dra {
+            node,
+            api: FakeApi::start(json!({})),
+            gpud: None,
+            applet: vec!["dra".into()],
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.node.dir.path().join(rel)
+    }
+
+    fn registration_socket(&self) -> PathBuf {
+        self.path("plugins_registry/gpu.nvidia.com-reg.sock")
+    }
+
+    fn plugin_socket(&self) -> PathBuf {
+        self.path("plugins/gpu.nvidia.com/dra.sock")
+    }
+
+    fn checkpoint(&self) -> PathBuf {
+        self.path("plugins/gpu.nvidia.com/checkpoint.json")
+    }
+
+    fn spec_file(&self, uid: &str) -> PathBuf {
+        self.path(&format!("cdi/k8s.gpu.nvidia.com-claim_{uid}.yaml"))
+    }
+
+    /// Starts gpud with stderr in `<node>/gpud.log`.
+    fn start(&mut self) {
+        let kubeconfig = self.api.kubeconfig(self.node.dir.path());
+        let mut args: Vec<String> = self.applet.clone();
+        let path = |rel: &str| self.path(rel).to_str().unwrap().to_owned();
+        args.extend(
+            [
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--dra-registry-dir",
+                &path("plugins_registry"),
+                "--dra-plugins-dir",
+                &path("plugins"),
+                "--dra-cdi-root",
+                &path("cdi"),
+                "--dra-driver-root",
+                &path("driver"),
+                "--dra-proc-root",
+                &path("driver"),
+                "--dra-pod-resources-socket",
+                &path("pod-resources.sock"),
+                "--kmsg",
+                "",
+                "--health-poll-interval",
+                "50ms",
+            ]
+            .map(String::from),
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("gpud.log"))
+            .unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.gpud = Some(self.node.gpud(&args).stderr(log).spawn().unwrap());
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.gpud.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("gpud.log")).unwrap_or_default()
+    }
+
+    /// Waits for the registration socket, then registers as the kubelet does.
+    async fn register(&self) -> gpud::proto::pluginregistration::PluginInfo {
+        let socket = self.registration_socket();
+        // A socket left by a killed run exists but refuses: wait until one answers.
+        self.until("the registration socket", || {
+            std::os::unix::net::UnixStream::connect(&socket).ok()
+        });
+        fake_dra_kubelet::register(&socket).await
+    }
+
+    /// Polls `check` every 20 ms for up to 15 s.
+    fn until<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(value) = check() {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in time; gpud's log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The slices once `check` holds for them.
+    fn slices_when(&self, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        self.until(what, || {
+            let slices: Vec<Value> = self.api.slices().into_values().collect();
+            (!slices.is_empty() && check(&slices)).then_some(slices)
+        })
+    }
+
+    fn put_claim(&self, name: &str, uid: &str, devices: &[&str]) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": d}))
+            .collect();
+        self.api.put_claim(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results, "config": []}}}
+        }));
+    }
+
+    async fn prepare(&self, name: &str, uid: &str) -> NodePrepareResourcesResponse {
+        let request = NodePrepareResourcesRequest {
+            claims: vec![fake_dra_kubelet::claim_v1("ns", name, uid)],
+        };
+        fake_dra_kubelet::prepare_v1(&self.plugin_socket(), request).await
+    }
+
+    async fn unprepare(&self, name: &str, uid: &str) -> String {
+        let request = NodeUnprepareResourcesRequest {
+            claims: vec![fake_dra_kubelet::claim_v1("ns", name, uid)],
+        };
+        let answer = fake_dra_kubelet::unprepare_v1(&self.plugin_socket(), request).await;
+        answer.claims[uid].error.clone()
+    }
+
+    fn uuid(&self, index: usize) -> String {
+        let inventory: Value =
+            serde_json::from_str(&stdout_ok(&self.node.run(&["inventory"]))).unwrap();
+        inventory["gpus"][index]["uuid"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+impl Drop for Dra {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- gpud's log ---\n{}", self.log());
+        }
+    }
+}
+
+/// The slices as the golden files hold them: name and spec, by name.
+fn render(slices: &[Value]) -> String {
+    let shown: Vec<Value> = slices
+        .iter()
+        .map(|s| json!({"name": s["metadata"]["name"], "spec": s["spec"]}))
+        .collect();
+    let mut text = serde_json::to_string_pretty(&shown).unwrap();
+    text.push('\n');
+    text
+}
+
+fn generation(slices: &[Value]) -> i64 {
+    slices[0]["spec"]["pool"]["generation"].as_i64().unwrap()
+}
+
+fn device<'a>(slices: &'a [Value], name: &str) -> &'a Value {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("no device {name}"))
+}
+
+fn prepared(uid: &str, device: &str) -> Device {
+    Device {
+        request_names: vec!["gpu".into()],
+        pool_name: "test-node".into(),
+        device_name: device.into(),
+        cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={uid}-{device}")],
+        share_id: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_with_the_service_list_and_publishes_nvidias_slices() {
+    for fixture in ["dgx-h100", "a100-mig", "mixed"] {
+        let mut dra = Dra::new(fixture);
+        dra.start();
+        let info = dra.register().await;
+        assert_eq!(info.r#type, "DRAPlugin");
+        assert_eq!(info.name, DRIVER);
+        assert_eq!(info.endpoint, dra.plugin_socket().to_str().unwrap());
+        assert_eq!(
+            info.supported_versions,
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
+        );
+        let slices = dra.slices_when("slices", |_| true);
+        assert_golden(&format!("dra/{fixture}.json"), &render(&slices));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_is_idempotent_across_restarts_and_unprepare_needs_no_claim() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-3"]);
+    let answer = dra.prepare("c1", "uid-1").await;
+    assert_eq!(answer.claims.len(), 1);
+    assert_eq!(answer.claims["uid-1"].error, "");
+    assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-3")]);
+
+    let spec: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-1")).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "k8s.gpu.nvidia.com/claim");
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0]["name"], "uid-1-gpu-3");
+    assert_eq!(
+        devices[0]["containerEdits"]["deviceNodes"][0]["path"],
+        "/dev/nvidia3"
+    );
+
+    // Again, through v1beta1: the same answer.
+    let request = dra_v1beta1::NodePrepareResourcesRequest {
+        claims: vec![fake_dra_kubelet::claim_v1beta1("ns", "c1", "uid-1")],
+    };
+    let again = fake_dra_kubelet::prepare_v1beta1(&dra.plugin_socket(), request).await;
+    assert_eq!(
+        again.claims["uid-1"].devices,
+        [dra_v1beta1::Device {
+            request_names: vec!["gpu".into()],
+            pool_name: "test-node".into(),
+            device_name: "gpu-3".into(),
+            cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=uid-1-gpu-3".into()],
+        }]
+    );
+
+    // Another claim for the same GPU is refused.
+    dra.put_claim("c2", "uid-2", &["gpu-3"]);
+    let refused = dra.prepare("c2", "uid-2").await;
+    assert_eq!(
+        refused.claims["uid-2"].error,
+        "device gpu-3 is held by claim ns/c1 (UID uid-1); one device serves one claim"
+    );
+    assert!(refused.claims["uid-2"].devices.is_empty());
+    assert!(!dra.spec_file("uid-2").exists());
+
+    // An admin-access claim (monitoring beside the user) gets the same GPU.
+    dra.api.put_claim(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": "ns", "name": "watch", "uid": "uid-a"},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER,
+            "pool": "test-node", "device": "gpu-3", "adminAccess": true}]}}}
+    }));
+    let admin = dra.prepare("watch", "uid-a").await;
+    assert_eq!(admin.claims["uid-a"].devices, [prepared("uid-a", "gpu-3")]);
+    assert_eq!(dra.unprepare("watch", "uid-a").await, "");
+
+    // gpud restarts, the claim object is gone: the checkpoint answers.
+    dra.stop();
+    dra.api.delete_claim("ns", "c1");
+    std::fs::remove_file(dra.spec_file("uid-1")).unwrap();
+    dra.start();
+    dra.register().await;
+    let after = dra.prepare("c1", "uid-1").await;
+    assert_eq!(after.claims["uid-1"].error, "");
+    assert_eq!(after.claims["uid-1"].devices, [prepared("uid-1", "gpu-3")]);
+    assert!(dra.spec_file("uid-1").exists(), "the spec is written again");
+
+    // Unprepare without the claim object; twice is fine.
+    assert_eq!(dra.unprepare("c1", "uid-1").await, "");
+    assert!(!dra.spec_file("uid-1").exists());
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    assert_eq!(checkpoint, json!({"version": 1, "claims": {}}));
+    assert_eq!(dra.unprepare("c1", "uid-1").await, "");
+
+    // A claim that is not there, or was replaced, is that claim's error.
+    let missing = dra.prepare("nope", "uid-9").await;
+    assert_eq!(
+        missing.claims["uid-9"].error,
+        "ResourceClaim ns/nope does not exist"
+    );
+    dra.put_claim("c3", "uid-new", &["gpu-0"]);
+    let replaced = dra.prepare("c3", "uid-old").await;
+    assert_eq!(
+        replaced.claims["uid-old"].error,
+        "ResourceClaim ns/c3 has UID uid-new, not uid-old: it was deleted and created again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let before = dra.slices_when("slices", |_| true);
+    assert!(device(&before, "gpu-3").get("taints").is_none());
+
+    dra.node.inject("xid 3 79");
+    let tainted = dra.slices_when("the XID taint", |s| {
+        device(s, "gpu-3").get("taints").is_some()
+    });
+    assert_eq!(
+        device(&tainted, "gpu-3")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}])
+    );
+    assert!(device(&tainted, "gpu-2").get("taints").is_none());
+    assert!(generation(&tainted) > generation(&before));
+
+    // The GPU is reset: it drops off the bus and answers again.
+    dra.node.inject("lost 3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dra.node.inject("recover 3");
+    let clear = dra.slices_when("the taint removed", |s| {
+        device(s, "gpu-3").get("taints").is_none() && generation(s) > generation(&tainted)
+    });
+    assert_eq!(
+        render(&clear).replace(&format!("\"generation\": {}", generation(&clear)), "G"),
+        render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_the_kubelet_wipes_are_published_again() {
+    let mut dra = Dra::new("a100-mig");
+    dra.start();
+    dra.register().await;
+    let first = dra.slices_when("slices", |_| true);
+
+    // A restarting kubelet deletes the node's slices, then registers the plugin again.
+    dra.api.wipe_slices("test-node");
+    let back = dra.slices_when("slices again", |s| generation(s) > generation(&first));
+    assert_eq!(back.len(), first.len());
+    dra.api.wipe_slices("test-node");
+    dra.register().await;
+    let again = dra.slices_when("slices again", |s| generation(s) > generation(&back));
+    assert_eq!(
+        render(&again).replace(&format!("\"generation\": {}", generation(&again)), "G"),
+        render(&first).replace(&format!("\"generation\": {}", generation(&first)), "G")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_checkpoint_is_moved_aside_and_the_plugin_serves_on() {
+    let mut dra = Dra::new("dgx-h100");
+    std::fs::create_dir_all(dra.path("plugins/gpu.nvidia.com")).unwrap();
+    std::fs::write(dra.checkpoint(), "{\"version\": 1, \"claims\": {\"uid-").unwrap();
+    dra.start();
+    dra.register().await;
+    let log = dra.log();
+    assert!(
+        log.contains("the DRA checkpoint is corrupt")
+            && log.contains("moved it aside to")
+            && log.contains("checkpoint.json.corrupt-"),
+        "{log}"
+    );
+    let aside: Vec<String> = std::fs::read_dir(dra.path("plugins/gpu.nvidia.com"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    let event = dra.until("the event", || dra.api.events().first().cloned());
+    assert_eq!(event["reason"], "DRACheckpointCorrupt");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["involvedObject"]["name"], "test-node");
+    let message = event["message"].as_str().unwrap();
+    assert!(
+        message.contains("the DRA checkpoint is corrupt"),
+        "{message}"
+    );
+    dra.put_claim("c1", "uid-1", &["gpu-0"]);
+    let answer = dra.prepare("c1", "uid-1").await;
+    assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-0")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_the_device_plugin_gave_to_a_pod_is_refused_to_a_claim() {
+    use gpud::proto::podresources::{
+        ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
+    };
+    let mut dra = Dra::new("dgx-h100");
+    let uuid = dra.uuid(2);
+    let answer = ListPodResourcesResponse {
+        pod_resources: vec![PodResources {
+            name: "training".into(),
+            namespace: "default".into(),
+            containers: vec![ContainerResources {
+                name: "main".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "nvidia.com/gpu".into(),
+                    device_ids: vec![uuid.clone()],
+                    topology: None,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let _kubelet = fake_pod_resources::FakeKubelet::start(&dra.path("pod-resources.sock"), answer);
+    dra.start();
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-2"]);
+    let refused = dra.prepare("c1", "uid-1").await;
+    assert_eq!(
+        refused.claims["uid-1"].error,
+        format!(
+            "device gpu-2 ({uuid}) was given by the device plugin to pod default/training: a \
+             GPU is never handed out by both; it becomes available when that pod ends"
+        )
+    );
+    dra.put_claim("c2", "uid-2", &["gpu-1"]);
+    assert_eq!(dra.prepare("c2", "uid-2").await.claims["uid-2"].error, "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_prepared_for_a_claim_leaves_the_device_plugins_list_until_unprepared() {
+    let mut dra = Dra::new("dgx-h100");
+    let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
+    let socket = kubelet.socket();
+    dra.applet = [
+        "run",
+        "--dra",
+        "--disable",
+        "labeller,exporter",
+        "--doctor-interval",
+        "0",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    dra.start();
+    let registration = kubelet.next_registration(15).await;
+    let mut plugin = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = fake_kubelet::list_and_watch(&mut plugin).await;
+    let ids = |list: &gpud::proto::deviceplugin::ListAndWatchResponse| -> Vec<String> {
+        list.devices.iter().map(|d| d.id.clone()).collect()
+    };
+    let all = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    assert_eq!(all.len(), 8);
+    let gpu1 = dra.uuid(1);
+
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-1"]);
+    assert_eq!(dra.prepare("c1", "uid-1").await.claims["uid-1"].error, "");
+    let without = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    let expected: Vec<String> = all.iter().filter(|id| **id != gpu1).cloned().collect();
+    assert_eq!(without, expected);
+
+    assert_eq!(dra.unprepare("c1", "uid-1").await, "");
+    let back = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    assert_eq!(back, all);
+}
+
+async fn next_health(
+    stream: &mut tonic::Streaming<gpud::proto::drahealth_v1::NodeWatchResourcesResponse>,
+) -> gpud::proto::drahealth_v1::NodeWatchResourcesResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("no health list in time")
+        .unwrap()
+        .expect("stream ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_stream_sends_the_complete_list_and_every_change() {
+    use gpud::proto::drahealth_v1::{HealthStatus, NodeWatchResourcesRequest};
+    let mut dra = Dra::new("pcie-4gpu");
+    dra.start();
+    dra.register().await;
+    let mut client = fake_dra_kubelet::health(&dra.plugin_socket()).await;
+    let mut stream = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next_health(&mut stream).await;
+    let summary =
+        |r: &gpud::proto::drahealth_v1::NodeWatchResourcesResponse| -> BTreeMap<String, i32> {
+            r.devices
+                .iter()
+                .map(|d| {
+                    let id = d.device.as_ref().unwrap();
+                    assert_eq!(id.pool_name, "test-node");
+                    (id.device_name.clone(), d.health)
+                })
+                .collect()
+        };
+    let healthy = HealthStatus::Healthy as i32;
+    assert_eq!(
+        summary(&first),
+        BTreeMap::from([
+            ("gpu-0".to_owned(), healthy),
+            ("gpu-1".to_owned(), healthy),
+            ("gpu-2".to_owned(), healthy),
+            ("gpu-3".to_owned(), healthy),
+        ])
+    );
+    dra.node.inject("xid 1 79");
+    let sick = next_health(&mut stream).await;
+    let mut expected = summary(&first);
+    expected.insert("gpu-1".into(), HealthStatus::Unhealthy as i32);
+    assert_eq!(summary(&sick), expected);
+    let message = &sick.devices[1].message;
+    assert!(message.contains("79"), "{message}");
+}
+
+/// The simulated driver's MIG state for the `a100-mig` GPU: `three` = a 3g.40gb instance at
+/// slice 4, `one` = a 1g.10gb instance at slice 0.
+fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
+    let mut instances = Vec::new();
+    if three {
+        instances.push(json!({"id": 1, "profile_id": 9, "placement": {"start": 4, "size": 4},
+            "compute_instances": [{"id": 0, "profile_id": 2, "placement": {"start": 0, "size": 3}}]}));
+    }
+    if one {
+        instances.push(json!({"id": 7, "profile_id": 19, "placement": {"start": 0, "size": 1},
+            "compute_instances": [{"id": 0, "profile_id": 0, "placement": {"start": 0, "size": 1}}]}));
+    }
+    node.write_mig_state(uuid, Value::Array(instances));
+}
+
+fn names(slices: &[Value]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_change_is_published_within_one_rescan() {
+    let mut dra = Dra::new("a100-mig");
+    let uuid = dra.uuid(0);
+    write_mig_state(&dra.node, &uuid, true, false);
+    dra.applet = ["dra", "--rescan-interval", "100ms"]
+        .map(String::from)
+        .to_vec();
+    dra.start();
+    dra.register().await;
+    let first = dra.slices_when("slices", |s| names(s) == ["gpu-0-mig-3g40gb-9-4"]);
+
+    write_mig_state(&dra.node, &uuid, true, true);
+    let both = dra.slices_when("the new MIG device", |s| names(s).len() == 2);
+    assert_eq!(
+        names(&both),
+        ["gpu-0-mig-3g40gb-9-4", "gpu-0-mig-1g10gb-19-0"]
+    );
+    assert_eq!(generation(&both), generation(&first) + 1);
+
+    write_mig_state(&dra.node, &uuid, false, false);
+    let none = dra.slices_when("no MIG device", |s| names(s).is_empty());
+    assert_eq!(none.len(), 1, "an empty pool is one empty slice");
+    assert_eq!(none[0]["spec"]["pool"]["resourceSliceCount"], 1);
+}
+
+/// The driver's capability files of MIG device `gi`/`ci` on GPU 0, under the DRA proc root.
+fn mig_caps(dra: &Dra, gi: u32, ci: u32, gi_minor: u32, ci_minor: u32) {
+    let dir = dra.path(&format!(
+        "driver/driver/nvidia/capabilities/gpu0/mig/gi{gi}"
+    ));
+    std::fs::create_dir_all(dir.join(format!("ci{ci}"))).unwrap();
+    let access = |minor: u32| {
+        format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    };
+    std::fs::write(dir.join("access"), access(gi_minor)).unwrap();
+    std::fs::write(dir.join(format!("ci{ci}/access")), access(ci_minor)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() {
+    let mut dra = Dra::new("a100-mig");
+    mig_caps(&dra, 8, 0, 93, 94);
+    mig_caps(&dra, 4, 0, 95, 96);
+    dra.start();
+    dra.register().await;
+    let config = |kind: &str| {
+        json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER,
+            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind,
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}}}])
+    };
+    let claim = |name: &str, uid: &str, device: &str, config: Value| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"config": config, "results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": device}]}}}})
+    };
+    dra.api.put_claim(claim(
+        "small",
+        "uid-s",
+        "gpu-0-mig-1g10gb-19-1",
+        config("MigDeviceConfig"),
+    ));
+    let answer = dra.prepare("small", "uid-s").await;
+    assert_eq!(answer.claims["uid-s"].error, "");
+    assert_eq!(
+        answer.claims["uid-s"].devices,
+        [prepared("uid-s", "gpu-0-mig-1g10gb-19-1")]
+    );
+    let spec: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-s")).unwrap()).unwrap();
+    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            "/dev/nvidia0",
+            "/dev/nvidia-caps/nvidia-cap93",
+            "/dev/nvidia-caps/nvidia-cap94"
+        ]
+    );
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    assert_eq!(
+        checkpoint["claims"]["uid-s"]["devices"][0]["timeSlice"],
+        "Long"
+    );
+
+    // A sibling MIG device of the same GPU goes to another claim; the wrong config kind and
+    // MPS are that claim's errors.
+    dra.api
+        .put_claim(claim("mid", "uid-m", "gpu-0-mig-2g20gb-14-2", json!([])));
+    assert_eq!(dra.prepare("mid", "uid-m").await.claims["uid-m"].error, "");
+    dra.api.put_claim(claim(
+        "wrong",
+        "uid-w",
+        "gpu-0-mig-3g40gb-9-4",
+        config("GpuConfig"),
+    ));
+    assert_eq!(
+        dra.prepare("wrong", "uid-w").await.claims["uid-w"].error,
+        "opaque config for request \"gpu\": kind \"GpuConfig\" cannot configure a MIG device \
+         (use MigDeviceConfig)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_in_another_container_follows_the_dra_checkpoint() {
+    let dra = Dra::new("pcie-4gpu");
+    let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
+    let socket = kubelet.socket();
+    let checkpoint = dra.checkpoint();
+    std::fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let args = [
+        "device-plugin",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--dra-checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--kmsg",
+        "",
+    ];
+    let log = std::fs::File::create(dra.path("gpud.log")).unwrap();
+    let mut plugin = dra.node.gpud(&args).stderr(log).spawn().unwrap();
+    let registration = kubelet.next_registration(15).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = fake_kubelet::list_and_watch(&mut client).await;
+    let ids = |list: &gpud::proto::deviceplugin::ListAndWatchResponse| -> Vec<String> {
+        list.devices.iter().map(|d| d.id.clone()).collect()
+    };
+    let all = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    assert_eq!(all.len(), 4);
+
+    // What `gpud dra` writes when it prepares GPU 2 for a claim.
+    let held = dra.uuid(2);
+    let written = json!({"version": 1, "claims": {"uid-1": {"namespace": "ns", "name": "c1",
+        "devices": [{"requestNames": ["gpu"], "pool": "test-node", "device": "gpu-2",
+            "uuid": held, "gpuUuid": held,
+            "cdiDeviceIds": ["k8s.gpu.nvidia.com/claim=uid-1-gpu-2"]}]}}});
+    std::fs::write(&checkpoint, written.to_string()).unwrap();
+    let without = ids(&fake_kubelet::next_list(&mut stream, 10).await);
+    let expected: Vec<String> = all.iter().filter(|id| **id != held).cloned().collect();
+    assert_eq!(without, expected);
+
+    // Unprepared: the claim leaves the checkpoint and the GPU comes back.
+    std::fs::write(&checkpoint, json!({"version": 1, "claims": {}}).to_string()).unwrap();
+    assert_eq!(ids(&fake_kubelet::next_list(&mut stream, 10).await), all);
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+}
+
+#[test]
+fn a_missing_node_name_or_a_bad_driver_name_is_a_usage_error() {
+    let node = Node::new("dgx-h100");
+    let out = node
+        .gpud(&["dra", "--check-config"])
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpud: the DRA plugin needs the node name (--node-name or NODE_NAME)\n"
+    );
+    let out = node.run(&["dra", "--dra-driver-name", "GPU_Driver", "--check-config"]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--dra-driver-name \"GPU_Driver\": a DRA driver name must be a DNS subdomain"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(node.run(&["dra", "--check-config"]).status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_sockets_are_served_again_and_the_plugin_registers_anew() {
+    let mut dra = Dra::new("pcie-4gpu");
+    dra.start();
+    dra.register().await;
+    std::fs::remove_file(dra.plugin_socket()).unwrap();
+    std::fs::remove_file(dra.registration_socket()).unwrap();
+    let info = dra.register().await;
+    assert_eq!(info.endpoint, dra.plugin_socket().to_str().unwrap());
+    dra.put_claim("c1", "uid-1", &["gpu-0"]);
+    assert_eq!(
+        dra.prepare("c1", "uid-1").await.claims["uid-1"].devices,
+        [prepared("uid-1", "gpu-0")]
+    );
+}
