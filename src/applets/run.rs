@@ -171,6 +171,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     args.mig.validate(args.node_name.as_deref())?;
     let nvml = args.common.start()?;
     let mut exporter = args.exporter.config(&counters, &nvml)?;
+    // One process, one driver name: the exporter attributes the claims this plugin prepares.
+    if let (Some(dra), Some(pods)) = (&dra, exporter.kubernetes.as_mut()) {
+        pods.resources.dra_driver = dra.driver.clone();
+    }
     let facts = NodeFacts {
         node_name: args.node_name.clone(),
         machine_type_file: gfd.flags.gfd.machine_type_file.clone(),

@@ -65,7 +65,7 @@ pub struct ExporterArgs {
     nvidia_resource_names: Vec<String>,
 
     /// The DRA driver whose claimed devices (in the pod-resources answer's dynamic resources,
-    /// pool = this node) are GPUs and MIG devices.
+    /// pool = this node) are GPUs and MIG devices. `gpud run --dra` uses --dra-driver-name.
     #[arg(long, value_name = "NAME", env = "GPUD_KUBERNETES_DRA_DRIVER_NAME",
           default_value = super::pods::DRA_DRIVER)]
     kubernetes_dra_driver_name: String,
