@@ -47,6 +47,7 @@ impl Dra {
         for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
             std::fs::create_dir_all(node.dir.path().join(dir)).unwrap();
         }
+        write_fake_nvidia_smi(node.dir.path());
         Dra {
             node,
             api: FakeApi::start(json!({})),
@@ -96,6 +97,8 @@ impl Dra {
                 &path("driver"),
                 "--dra-pod-resources-socket",
                 &path("pod-resources.sock"),
+                "--dra-nvidia-smi-path",
+                &path("nvidia-smi"),
                 "--kmsg",
                 "",
                 "--health-poll-interval",
@@ -184,6 +187,27 @@ impl Dra {
         answer.claims[uid].error.clone()
     }
 
+    /// The command lines the fake nvidia-smi ran since the last call.
+    fn nvidia_smi_runs(&self) -> Vec<String> {
+        let log = self.path("nvidia-smi.log");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// A claim allocated `devices` for request `gpu`, with allocation `config`.
+    fn put_configured_claim(&self, name: &str, uid: &str, devices: &[&str], config: Value) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": d}))
+            .collect();
+        self.api.put_claim(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        }));
+    }
+
     fn uuid(&self, index: usize) -> String {
         let inventory: Value =
             serde_json::from_str(&stdout_ok(&self.node.run(&["inventory"]))).unwrap();
@@ -192,6 +216,25 @@ impl Dra {
             .unwrap()
             .to_owned()
     }
+}
+
+/// A fake `nvidia-smi` in `dir`: it appends its arguments to `nvidia-smi.log` and fails, with
+/// NVIDIA's message on stderr, for a GPU UUID listed in `nvidia-smi.fail`.
+fn write_fake_nvidia_smi(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("nvidia-smi");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         here=$(dirname \"$0\")\n\
+         echo \"$*\" >> \"$here/nvidia-smi.log\"\n\
+         if [ -e \"$here/nvidia-smi.fail\" ] && grep -qxF -- \"$3\" \"$here/nvidia-smi.fail\"; then\n\
+         \x20 echo \"Failed to set the timeslice for GPU $3: Not Supported\" >&2\n\
+         \x20 exit 3\n\
+         fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 impl Drop for Dra {
@@ -648,11 +691,14 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
             "status": {"allocation": {"devices": {"config": config, "results": [
                 {"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": device}]}}}})
     };
+    let strategy_only = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}}}]);
     dra.api.put_claim(claim(
         "small",
         "uid-s",
         "gpu-0-mig-1g10gb-19-1",
-        config("MigDeviceConfig"),
+        strategy_only,
     ));
     let answer = dra.prepare("small", "uid-s").await;
     assert_eq!(answer.claims["uid-s"].error, "");
@@ -679,9 +725,23 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
     let checkpoint: Value =
         serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
     assert_eq!(
-        checkpoint["claims"]["uid-s"]["devices"][0]["timeSlice"],
-        "Long"
+        checkpoint["claims"]["uid-s"]["devices"][0].get("timeSlice"),
+        None,
+        "a MIG device takes the strategy and sets no interval"
     );
+    dra.api.put_claim(claim(
+        "paced",
+        "uid-p",
+        "gpu-0-mig-3g40gb-9-4",
+        config("MigDeviceConfig"),
+    ));
+    assert_eq!(
+        dra.prepare("paced", "uid-p").await.claims["uid-p"].error,
+        "opaque config for request \"gpu\": sharing.timeSlicingConfig cannot configure a MIG \
+         device (a time-slice interval applies to a full GPU); leave it out of the \
+         MigDeviceConfig"
+    );
+    assert_eq!(dra.nvidia_smi_runs(), Vec::<String>::new());
 
     // A sibling MIG device of the same GPU goes to another claim; the wrong config kind and
     // MPS are that claim's errors.
@@ -698,6 +758,108 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
         dra.prepare("wrong", "uid-w").await.claims["uid-w"].error,
         "opaque config for request \"gpu\": kind \"GpuConfig\" cannot configure a MIG device \
          (use MigDeviceConfig)"
+    );
+}
+
+fn time_slicing(interval: &str) -> Value {
+    json!([{"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_time_slice_interval_is_set_with_nvidia_smi_and_put_back() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let smi = dra.path("nvidia-smi");
+    let smi = smi.to_str().unwrap();
+    let (gpu0, gpu1, gpu2) = (dra.uuid(0), dra.uuid(1), dra.uuid(2));
+
+    dra.put_configured_claim("long", "uid-l", &["gpu-2"], time_slicing("Long"));
+    let answer = dra.prepare("long", "uid-l").await;
+    assert_eq!(answer.claims["uid-l"].error, "");
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [format!("compute-policy -i {gpu2} --set-timeslice 3")]
+    );
+    // Prepared again (the kubelet's retry): nothing runs.
+    assert_eq!(dra.prepare("long", "uid-l").await.claims["uid-l"].error, "");
+    assert_eq!(dra.nvidia_smi_runs(), Vec::<String>::new());
+
+    // A reboot empties the CDI folder and the compute policy: both come back.
+    dra.stop();
+    std::fs::remove_file(dra.spec_file("uid-l")).unwrap();
+    dra.start();
+    dra.register().await;
+    assert_eq!(dra.prepare("long", "uid-l").await.claims["uid-l"].error, "");
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [format!("compute-policy -i {gpu2} --set-timeslice 3")]
+    );
+
+    // Unprepare, without the claim object: the GPU goes back to the default.
+    dra.api.delete_claim("ns", "long");
+    assert_eq!(dra.unprepare("long", "uid-l").await, "");
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [format!("compute-policy -i {gpu2} --set-timeslice 0")]
+    );
+
+    // The second GPU of a claim refuses: the claim gets nothing, its first GPU goes back.
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu1}\n")).unwrap();
+    dra.put_configured_claim("pair", "uid-p", &["gpu-0", "gpu-1"], time_slicing("Medium"));
+    let refused = dra.prepare("pair", "uid-p").await;
+    assert_eq!(
+        refused.claims["uid-p"].error,
+        format!(
+            "GPU {gpu1}: setting the time-slice interval Medium with `{smi} compute-policy -i \
+             {gpu1} --set-timeslice 2` failed: exit status: 3: Failed to set the timeslice for \
+             GPU {gpu1}: Not Supported"
+        )
+    );
+    assert!(refused.claims["uid-p"].devices.is_empty());
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [
+            format!("compute-policy -i {gpu0} --set-timeslice 2"),
+            format!("compute-policy -i {gpu1} --set-timeslice 2"),
+            format!("compute-policy -i {gpu0} --set-timeslice 0"),
+        ]
+    );
+    assert!(!dra.spec_file("uid-p").exists());
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    assert_eq!(checkpoint["claims"], json!({}));
+
+    // A reset that fails on unprepare is the claim's error, and the claim stays prepared
+    // until the kubelet's retry succeeds.
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
+    dra.put_configured_claim("short", "uid-s", &["gpu-1"], time_slicing("Short"));
+    assert_eq!(
+        dra.prepare("short", "uid-s").await.claims["uid-s"].error,
+        ""
+    );
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu1}\n")).unwrap();
+    assert_eq!(
+        dra.unprepare("short", "uid-s").await,
+        format!(
+            "GPU {gpu1}: setting the time-slice interval Default with `{smi} compute-policy -i \
+             {gpu1} --set-timeslice 0` failed: exit status: 3: Failed to set the timeslice for \
+             GPU {gpu1}: Not Supported"
+        )
+    );
+    assert!(dra.spec_file("uid-s").exists());
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
+    assert_eq!(dra.unprepare("short", "uid-s").await, "");
+    assert!(!dra.spec_file("uid-s").exists());
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [
+            format!("compute-policy -i {gpu1} --set-timeslice 1"),
+            format!("compute-policy -i {gpu1} --set-timeslice 0"),
+            format!("compute-policy -i {gpu1} --set-timeslice 0"),
+        ]
     );
 }
 

@@ -6,7 +6,7 @@
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
-//! configs), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
+//! configs), [`timeslice`] (a claim's time-slice interval on its GPU), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
 //! health for pods' status) and [`service`] (the subsystem).
 
 pub mod args;
@@ -25,6 +25,7 @@ pub mod service;
 pub mod slices;
 pub mod sockets;
 pub mod taints;
+pub mod timeslice;
 
 pub use args::{DraArgs, DraConfig};
 pub use service::Dra;
