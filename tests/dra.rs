@@ -302,6 +302,82 @@ async fn registers_with_the_service_list_and_publishes_nvidias_slices() {
     }
 }
 
+/// The `resource.k8s.io` requests other than discovery, as `METHOD path`.
+fn resource_calls(dra: &Dra) -> Vec<String> {
+    dra.api
+        .resource_requests()
+        .into_iter()
+        .filter(|r| r != "GET /apis/resource.k8s.io")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_32_api_server_gets_v1beta1_slices_with_device_data_in_basic() {
+    let mut dra = Dra::new("mixed");
+    dra.api.set_resource_versions(&["v1beta1"]);
+    dra.start();
+    dra.register().await;
+    let slices = dra.slices_when("slices", |_| true);
+    assert_golden("dra/mixed-v1beta1.json", &render(&slices));
+    assert!(
+        slices
+            .iter()
+            .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta1")
+    );
+    let calls = resource_calls(&dra);
+    assert!(
+        calls.contains(&"POST /apis/resource.k8s.io/v1beta1/resourceslices".to_owned()),
+        "{calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.contains(" /apis/resource.k8s.io/v1beta1/")),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_read_through_v1beta2_once_the_api_server_serves_it() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.api.set_resource_versions(&["v1alpha3"]);
+    dra.start();
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-1"]);
+    assert_eq!(
+        dra.prepare("c1", "uid-1").await.claims["uid-1"].error,
+        "the API server serves resource.k8s.io in none of the versions gpud speaks (v1, \
+         v1beta2, v1beta1; it serves: v1alpha3): DRA needs Kubernetes 1.32 or newer, and on \
+         1.32 and 1.33 the beta API enabled (--runtime-config=resource.k8s.io/v1beta1=true or \
+         v1beta2=true, feature gate DynamicResourceAllocation)"
+    );
+    assert_eq!(resource_calls(&dra), Vec::<String>::new());
+
+    // The API server is upgraded (1.33): discovery is tried again, v1beta2 is preferred.
+    dra.api.set_resource_versions(&["v1beta2", "v1beta1"]);
+    let answer = dra.prepare("c1", "uid-1").await;
+    assert_eq!(answer.claims["uid-1"].error, "");
+    assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-1")]);
+    let slices = dra.slices_when("v1beta2 slices", |s| {
+        s.iter()
+            .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta2")
+    });
+    assert!(device(&slices, "gpu-1")["attributes"]["uuid"].is_object());
+    let calls = resource_calls(&dra);
+    assert!(
+        calls.contains(
+            &"GET /apis/resource.k8s.io/v1beta2/namespaces/ns/resourceclaims/c1".to_owned()
+        ),
+        "{calls:?}"
+    );
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.contains(" /apis/resource.k8s.io/v1beta2/")),
+        "{calls:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_is_idempotent_across_restarts_and_unprepare_needs_no_claim() {
     let mut dra = Dra::new("dgx-h100");

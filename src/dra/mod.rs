@@ -1,7 +1,8 @@
 //! Dynamic Resource Allocation: gpud as the kubelet plugin of driver `gpu.nvidia.com`.
 //!
 //! One job per file: [`names`] (NVIDIA's device names), [`args`] (flags and paths),
-//! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`slices`] (devices, attributes,
+//! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`api_version`] (the
+//! `resource.k8s.io` version the API server serves), [`slices`] (devices, attributes,
 //! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
@@ -9,6 +10,7 @@
 //! configs), [`timeslice`] (a claim's time-slice interval on its GPU), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
 //! health for pods' status) and [`service`] (the subsystem).
 
+pub mod api_version;
 pub mod args;
 pub mod checkpoint;
 pub mod claim_cdi;

@@ -27,12 +27,13 @@ use kube::api::{Api, DynamicObject};
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
+use super::api_version::{ApiError, ResourceApi};
 use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
 use super::ledger::{self, Held, Holding};
 use super::names::{self, DraDevice};
-use super::objects::{self, Claim};
+use super::objects::Claim;
 use super::opaque;
 use super::publish::PublishError;
 use super::timeslice::{self, TimeSlicer};
@@ -50,7 +51,7 @@ pub struct ClaimRef {
 /// The claims' state and what prepare needs to reach.
 pub struct Preparer {
     config: Arc<DraConfig>,
-    client: Option<kube::Client>,
+    api: Option<Arc<ResourceApi>>,
     inventory: Inventory,
     checkpoint: Mutex<Checkpoint>,
     held: watch::Sender<Held>,
@@ -66,11 +67,11 @@ impl std::fmt::Debug for Preparer {
 }
 
 impl Preparer {
-    /// A preparer starting from `checkpoint`, publishing held devices on `held`. Without a
-    /// client, claims not in the checkpoint cannot be prepared.
+    /// A preparer starting from `checkpoint`, publishing held devices on `held`. Without API
+    /// access, claims not in the checkpoint cannot be prepared.
     pub fn new(
         config: Arc<DraConfig>,
-        client: Option<kube::Client>,
+        api: Option<Arc<ResourceApi>>,
         inventory: Inventory,
         checkpoint: Checkpoint,
         held: watch::Sender<Held>,
@@ -79,7 +80,7 @@ impl Preparer {
         Preparer {
             time_slicer: TimeSlicer::new(config.nvidia_smi.clone()),
             config,
-            client,
+            api,
             inventory,
             checkpoint: Mutex::new(checkpoint),
             held,
@@ -348,11 +349,15 @@ impl Preparer {
     }
 
     async fn read_claim(&self, claim: &ClaimRef) -> Result<Claim, String> {
-        let client = self.client.clone().ok_or_else(|| {
+        let resource = self.api.as_ref().ok_or_else(|| {
             "no API access to read the ResourceClaim (see --kubeconfig)".to_owned()
         })?;
+        let version = resource
+            .version()
+            .await
+            .map_err(|err| crate::telemetry::error_chain(&err))?;
         let api: Api<DynamicObject> =
-            Api::namespaced_with(client, &claim.namespace, &objects::claims_resource());
+            Api::namespaced_with(resource.client(), &claim.namespace, &version.claims());
         let object = bounded(
             || format!("reading ResourceClaim {}/{}", claim.namespace, claim.name),
             api.get(&claim.name),
@@ -366,7 +371,7 @@ impl Preparer {
                 "ResourceClaim {}/{} does not exist",
                 claim.namespace, claim.name
             ),
-            _ => crate::telemetry::error_chain(&err),
+            _ => crate::telemetry::error_chain(&ApiError::from(err)),
         })?;
         let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
         serde_json::from_value(value).map_err(|e| {
