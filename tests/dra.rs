@@ -687,6 +687,84 @@ async fn the_health_stream_sends_the_complete_list_and_every_change() {
     assert!(message.contains("79"), "{message}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_v1alpha1_health_stream_marks_mig_devices_of_a_failed_gpu_and_their_recovery() {
+    use gpud::proto::drahealth_v1alpha1::{
+        HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+    };
+    let mut dra = Dra::new("a100-mig");
+    dra.start();
+    dra.register().await;
+    let mut client = fake_dra_kubelet::health_v1alpha1(&dra.plugin_socket()).await;
+    let mut stream = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Each list as (device, health, message), in the order sent.
+    let mut next = async || -> Vec<(String, i32, String)> {
+        let list: NodeWatchResourcesResponse =
+            tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("no health list in time")
+                .unwrap()
+                .expect("stream ended");
+        list.devices
+            .iter()
+            .map(|d| {
+                let id = d.device.as_ref().unwrap();
+                assert_eq!(id.pool_name, "test-node");
+                if d.health == HealthStatus::Unhealthy as i32 {
+                    assert!(d.last_updated_time > 0, "{d:?}");
+                }
+                (id.device_name.clone(), d.health, d.message.clone())
+            })
+            .collect()
+    };
+    let names = [
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-0-mig-2g20gb-14-2",
+        "gpu-0-mig-1g10gb-19-1",
+    ];
+    let all = |health: HealthStatus, message: &str| -> Vec<(String, i32, String)> {
+        let mut list: Vec<_> = names
+            .iter()
+            .map(|n| ((*n).to_owned(), health as i32, message.to_owned()))
+            .collect();
+        list.sort();
+        list
+    };
+    let sorted = |mut list: Vec<(String, i32, String)>| {
+        list.sort();
+        list
+    };
+    assert_eq!(sorted(next().await), all(HealthStatus::Healthy, ""));
+
+    // A fatal XID on the GPU: every MIG device on it is unhealthy, with the GPU's reason.
+    dra.node.inject("xid 0 79");
+    assert_eq!(
+        sorted(next().await),
+        all(
+            HealthStatus::Unhealthy,
+            "XID 79: GPU has fallen off the bus"
+        )
+    );
+
+    // The GPU is reset (off the bus, then back): the complete list turns healthy again.
+    dra.node.inject("lost 0");
+    let lost = sorted(next().await);
+    assert!(
+        lost.iter().all(|d| d.1 == HealthStatus::Unhealthy as i32),
+        "{lost:?}"
+    );
+    dra.node.inject("recover 0");
+    let mut list = sorted(next().await);
+    while list.iter().any(|d| d.1 != HealthStatus::Healthy as i32) {
+        list = sorted(next().await);
+    }
+    assert_eq!(list, all(HealthStatus::Healthy, ""));
+}
+
 /// The simulated driver's MIG state for the `a100-mig` GPU: `three` = a 3g.40gb instance at
 /// slice 4, `one` = a 1g.10gb instance at slice 0.
 fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
