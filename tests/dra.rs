@@ -501,6 +501,96 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     );
 }
 
+/// A fixture file of `count` A100 PCIe GPUs, no NVLink, bus ids 0x01 up.
+fn many_gpus_fixture(path: &std::path::Path, count: usize) {
+    let gpus: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({"model": "A100-PCIE-80GB",
+                "uuid": format!("GPU-00000000-0000-4000-8000-{i:012x}"),
+                "serial": format!("1321021{i:06}"),
+                "board_part_number": "900-21001-0020-100",
+                "pci_bus_id": format!("00000000:{:02X}:00.0", i + 1),
+                "numa_node": 0, "cpu_affinity": "0-31",
+                "pcie": {"host_bridge": "hb0", "switches": ["sw0"]}, "nvlinks": []})
+        })
+        .collect();
+    let fixture = json!({"description": format!("{count}x A100 80GB PCIe"),
+        "driver_version": "570.133.20", "nvml_version": "12.570.133.20",
+        "cuda_driver_version": 12080, "seed": 7, "gpus": gpus});
+    std::fs::write(path, serde_json::to_vec_pretty(&fixture).unwrap()).unwrap();
+}
+
+/// Per slice: (name, device count, pool).
+fn layout(slices: &[Value]) -> Vec<(String, usize, Value)> {
+    let mut out: Vec<_> = slices
+        .iter()
+        .map(|s| {
+            (
+                s["metadata"]["name"].as_str().unwrap().to_owned(),
+                s["spec"]["devices"].as_array().unwrap().len(),
+                s["spec"]["pool"].clone(),
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tainted_pool_over_64_devices_is_split_and_every_slice_counts_them() {
+    let mut dra = Dra::new("pcie-4gpu");
+    let fixture = dra.path("65-gpus.json");
+    many_gpus_fixture(&fixture, 65);
+    dra.node.fixture = fixture.to_str().unwrap().to_owned();
+    dra.start();
+    dra.register().await;
+    let pool = |generation: i64, count: i64| json!({"name": "test-node", "generation": generation, "resourceSliceCount": count});
+    // 65 healthy devices fit in one slice (128 at most).
+    let one = dra.slices_when("one slice of 65", |s| {
+        s.len() == 1 && s[0]["spec"]["devices"].as_array().unwrap().len() == 65
+    });
+    let g1 = generation(&one);
+    assert_eq!(
+        layout(&one),
+        [("test-node-gpu.nvidia.com-0".to_owned(), 65, pool(g1, 1))]
+    );
+
+    // A taint on the last GPU: a slice with a tainted device holds at most 64.
+    dra.node.inject("xid 64 79");
+    let split = dra.slices_when("two slices", |s| s.len() == 2);
+    let g2 = generation(&split);
+    assert!(g2 > g1);
+    assert_eq!(
+        layout(&split),
+        [
+            ("test-node-gpu.nvidia.com-0".to_owned(), 64, pool(g2, 2)),
+            ("test-node-gpu.nvidia.com-1".to_owned(), 1, pool(g2, 2)),
+        ]
+    );
+    assert_eq!(
+        device(&split, "gpu-64")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}])
+    );
+
+    // The GPU is reset and recovers: one slice again, the second one deleted.
+    dra.node.inject("lost 64");
+    dra.slices_when("the GPU lost", |s| {
+        s.len() == 2
+            && device(s, "gpu-64")["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "gpu.nvidia.com/gpu-lost"))
+    });
+    dra.node.inject("recover 64");
+    let joined = dra.slices_when("one slice again", |s| s.len() == 1);
+    let g3 = generation(&joined);
+    assert!(g3 > g2);
+    assert_eq!(
+        layout(&joined),
+        [("test-node-gpu.nvidia.com-0".to_owned(), 65, pool(g3, 1))]
+    );
+    assert!(device(&joined, "gpu-64").get("taints").is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_the_kubelet_wipes_are_published_again() {
     let mut dra = Dra::new("a100-mig");
