@@ -161,15 +161,7 @@ impl Dra {
     }
 
     fn put_claim(&self, name: &str, uid: &str, devices: &[&str]) {
-        let results: Vec<Value> = devices
-            .iter()
-            .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": d}))
-            .collect();
-        self.api.put_claim(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": results, "config": []}}}
-        }));
+        self.put_configured_claim(name, uid, devices, json!([]));
     }
 
     async fn prepare(&self, name: &str, uid: &str) -> NodePrepareResourcesResponse {
@@ -311,6 +303,14 @@ fn resource_calls(dra: &Dra) -> Vec<String> {
         .collect()
 }
 
+/// Every `resource.k8s.io` request went through `version`, and `call` was one of them.
+fn assert_all_through(dra: &Dra, version: &str, call: &str) {
+    let calls = resource_calls(dra);
+    assert!(calls.iter().any(|c| c == call), "no {call} in {calls:?}");
+    let prefix = format!(" /apis/resource.k8s.io/{version}/");
+    assert!(calls.iter().all(|c| c.contains(&prefix)), "{calls:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1_32_api_server_gets_v1beta1_slices_with_device_data_in_basic() {
     let mut dra = Dra::new("mixed");
@@ -324,16 +324,10 @@ async fn a_1_32_api_server_gets_v1beta1_slices_with_device_data_in_basic() {
             .iter()
             .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta1")
     );
-    let calls = resource_calls(&dra);
-    assert!(
-        calls.contains(&"POST /apis/resource.k8s.io/v1beta1/resourceslices".to_owned()),
-        "{calls:?}"
-    );
-    assert!(
-        calls
-            .iter()
-            .all(|c| c.contains(" /apis/resource.k8s.io/v1beta1/")),
-        "{calls:?}"
+    assert_all_through(
+        &dra,
+        "v1beta1",
+        "POST /apis/resource.k8s.io/v1beta1/resourceslices",
     );
 }
 
@@ -363,18 +357,10 @@ async fn claims_are_read_through_v1beta2_once_the_api_server_serves_it() {
             .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta2")
     });
     assert!(device(&slices, "gpu-1")["attributes"]["uuid"].is_object());
-    let calls = resource_calls(&dra);
-    assert!(
-        calls.contains(
-            &"GET /apis/resource.k8s.io/v1beta2/namespaces/ns/resourceclaims/c1".to_owned()
-        ),
-        "{calls:?}"
-    );
-    assert!(
-        calls
-            .iter()
-            .all(|c| c.contains(" /apis/resource.k8s.io/v1beta2/")),
-        "{calls:?}"
+    assert_all_through(
+        &dra,
+        "v1beta2",
+        "GET /apis/resource.k8s.io/v1beta2/namespaces/ns/resourceclaims/c1",
     );
 }
 
