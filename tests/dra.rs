@@ -1022,10 +1022,25 @@ async fn a_claims_time_slice_interval_is_set_with_nvidia_smi_and_put_back() {
     std::fs::remove_file(dra.spec_file("uid-l")).unwrap();
     dra.start();
     dra.register().await;
+    // The first try fails: no spec, so the kubelet's retry sets the interval again.
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu2}\n")).unwrap();
+    let failed = dra.prepare("long", "uid-l").await;
+    assert!(
+        failed.claims["uid-l"]
+            .error
+            .starts_with(&format!("GPU {gpu2}: ")),
+        "{failed:?}"
+    );
+    assert!(!dra.spec_file("uid-l").exists());
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
     assert_eq!(dra.prepare("long", "uid-l").await.claims["uid-l"].error, "");
+    assert!(dra.spec_file("uid-l").exists());
     assert_eq!(
         dra.nvidia_smi_runs(),
-        [format!("compute-policy -i {gpu2} --set-timeslice 3")]
+        [
+            format!("compute-policy -i {gpu2} --set-timeslice 3"),
+            format!("compute-policy -i {gpu2} --set-timeslice 3"),
+        ]
     );
 
     // Unprepare, without the claim object: the GPU goes back to the default.

@@ -150,6 +150,11 @@ impl Preparer {
                         uuid: d.uuid.clone(),
                     })
                     .collect();
+                // A missing spec means the node rebooted (or the runtime's folder was
+                // emptied): the compute policy did not survive either. It is set first, so
+                // a failure leaves the spec missing and the kubelet's retry sets it again.
+                self.set_intervals(checkpoint, &claim.uid, &prepared.devices)
+                    .await?;
                 claim_cdi::write(
                     &snapshot,
                     &self.config.host,
@@ -157,10 +162,6 @@ impl Preparer {
                     &claim.uid,
                     &devices,
                 )?;
-                // A missing spec means the node rebooted (or the runtime's folder was
-                // emptied): the compute policy did not survive either.
-                self.set_intervals(checkpoint, &claim.uid, &prepared.devices)
-                    .await?;
             }
             return Ok(prepared.devices.clone());
         }
