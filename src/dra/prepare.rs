@@ -78,7 +78,7 @@ impl Preparer {
     ) -> Preparer {
         held.send_replace(Arc::new(checkpoint.held()));
         Preparer {
-            time_slicer: TimeSlicer::new(config.nvidia_smi.clone()),
+            time_slicer: TimeSlicer::new(config.nvidia_smi.clone(), config.host.nvml_dir.clone()),
             config,
             api,
             inventory,

@@ -35,14 +35,19 @@ pub fn level(interval: &str) -> Option<u8> {
 #[derive(Debug, Clone)]
 pub struct TimeSlicer {
     nvidia_smi: PathBuf,
+    /// The folder of the NVML library gpud loaded: nvidia-smi loads the same one, which a
+    /// driver container's nvidia-smi would not find on the host's library path.
+    nvml_dir: Option<PathBuf>,
     timeout: Duration,
 }
 
 impl TimeSlicer {
-    /// Runs `nvidia_smi` (a path, or a name looked up on `PATH`).
-    pub fn new(nvidia_smi: PathBuf) -> TimeSlicer {
+    /// Runs `nvidia_smi` (a path, or a name looked up on `PATH`) with `LD_LIBRARY_PATH` set
+    /// to `nvml_dir` when known.
+    pub fn new(nvidia_smi: PathBuf, nvml_dir: Option<PathBuf>) -> TimeSlicer {
         TimeSlicer {
             nvidia_smi,
+            nvml_dir,
             timeout: TIMEOUT,
         }
     }
@@ -64,7 +69,8 @@ impl TimeSlicer {
         let argv = self.command_line(gpu_uuid, interval);
         let timeout = self.timeout;
         let shown = argv.join(" ");
-        let run = tokio::task::spawn_blocking(move || run_bounded(&argv, timeout))
+        let nvml_dir = self.nvml_dir.clone();
+        let run = tokio::task::spawn_blocking(move || run_bounded(&argv, nvml_dir, timeout))
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r);
@@ -75,9 +81,17 @@ impl TimeSlicer {
 }
 
 /// Runs `argv` and waits at most `timeout`; the error says how it failed, with its stderr.
-fn run_bounded(argv: &[String], timeout: Duration) -> Result<(), String> {
+fn run_bounded(
+    argv: &[String],
+    nvml_dir: Option<PathBuf>,
+    timeout: Duration,
+) -> Result<(), String> {
     let (program, args) = argv.split_first().ok_or("no command")?;
-    let mut child = Command::new(Path::new(program))
+    let mut command = Command::new(Path::new(program));
+    if let Some(dir) = nvml_dir {
+        command.env("LD_LIBRARY_PATH", dir);
+    }
+    let mut child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -131,11 +145,14 @@ mod tests {
     #[test]
     fn a_failure_carries_stderr_and_a_hang_is_cut_short() {
         let sh = |script: &str| vec!["/bin/sh".to_owned(), "-c".into(), script.into()];
-        assert_eq!(run_bounded(&sh("exit 0"), TIMEOUT), Ok(()));
-        let err = run_bounded(&sh("echo 'Not supported' >&2; exit 3"), TIMEOUT).unwrap_err();
+        assert_eq!(run_bounded(&sh("exit 0"), None, TIMEOUT), Ok(()));
+        let lib = Some(PathBuf::from("/opt/driver/lib"));
+        let check = sh("test \"$LD_LIBRARY_PATH\" = /opt/driver/lib");
+        assert_eq!(run_bounded(&check, lib, TIMEOUT), Ok(()));
+        let err = run_bounded(&sh("echo 'Not supported' >&2; exit 3"), None, TIMEOUT).unwrap_err();
         assert_eq!(err, "exit status: 3: Not supported");
         let started = Instant::now();
-        let err = run_bounded(&sh("sleep 5"), Duration::from_millis(100)).unwrap_err();
+        let err = run_bounded(&sh("sleep 5"), None, Duration::from_millis(100)).unwrap_err();
         assert_eq!(err, "no answer within 100ms; it was killed");
         assert!(started.elapsed() < Duration::from_secs(4));
     }
