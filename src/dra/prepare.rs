@@ -27,7 +27,7 @@ use kube::api::{Api, DynamicObject};
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
-use super::api_version::{ApiError, ResourceApi};
+use super::api_version::ResourceApi;
 use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
@@ -372,7 +372,7 @@ impl Preparer {
                 "ResourceClaim {}/{} does not exist",
                 claim.namespace, claim.name
             ),
-            _ => crate::telemetry::error_chain(&ApiError::from(err)),
+            _ => crate::telemetry::error_chain(&err),
         })?;
         let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
         serde_json::from_value(value).map_err(|e| {
