@@ -29,6 +29,7 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ("--test", "cargo test"),
     ("--lib", "cargo test"),
     ("--bin", "cargo build"),
+    ("--set-timeslice", "nvidia-smi compute-policy"),
     (
         "--device-id",
         "nvidia-ctk cdi generate, refused by gpud cdi generate",

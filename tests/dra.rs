@@ -47,6 +47,7 @@ impl Dra {
         for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
             std::fs::create_dir_all(node.dir.path().join(dir)).unwrap();
         }
+        write_fake_nvidia_smi(node.dir.path());
         Dra {
             node,
             api: FakeApi::start(json!({})),
@@ -96,6 +97,8 @@ impl Dra {
                 &path("driver"),
                 "--dra-pod-resources-socket",
                 &path("pod-resources.sock"),
+                "--dra-nvidia-smi-path",
+                &path("nvidia-smi"),
                 "--kmsg",
                 "",
                 "--health-poll-interval",
@@ -158,15 +161,7 @@ impl Dra {
     }
 
     fn put_claim(&self, name: &str, uid: &str, devices: &[&str]) {
-        let results: Vec<Value> = devices
-            .iter()
-            .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": d}))
-            .collect();
-        self.api.put_claim(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": results, "config": []}}}
-        }));
+        self.put_configured_claim(name, uid, devices, json!([]));
     }
 
     async fn prepare(&self, name: &str, uid: &str) -> NodePrepareResourcesResponse {
@@ -184,6 +179,27 @@ impl Dra {
         answer.claims[uid].error.clone()
     }
 
+    /// The command lines the fake nvidia-smi ran since the last call.
+    fn nvidia_smi_runs(&self) -> Vec<String> {
+        let log = self.path("nvidia-smi.log");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// A claim allocated `devices` for request `gpu`, with allocation `config`.
+    fn put_configured_claim(&self, name: &str, uid: &str, devices: &[&str], config: Value) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": d}))
+            .collect();
+        self.api.put_claim(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        }));
+    }
+
     fn uuid(&self, index: usize) -> String {
         let inventory: Value =
             serde_json::from_str(&stdout_ok(&self.node.run(&["inventory"]))).unwrap();
@@ -192,6 +208,25 @@ impl Dra {
             .unwrap()
             .to_owned()
     }
+}
+
+/// A fake `nvidia-smi` in `dir`: it appends its arguments to `nvidia-smi.log` and fails, with
+/// NVIDIA's message on stderr, for a GPU UUID listed in `nvidia-smi.fail`.
+fn write_fake_nvidia_smi(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("nvidia-smi");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         here=$(dirname \"$0\")\n\
+         echo \"$*\" >> \"$here/nvidia-smi.log\"\n\
+         if [ -e \"$here/nvidia-smi.fail\" ] && grep -qxF -- \"$3\" \"$here/nvidia-smi.fail\"; then\n\
+         \x20 echo \"Failed to set the timeslice for GPU $3: Not Supported\" >&2\n\
+         \x20 exit 3\n\
+         fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 impl Drop for Dra {
@@ -257,6 +292,76 @@ async fn registers_with_the_service_list_and_publishes_nvidias_slices() {
         let slices = dra.slices_when("slices", |_| true);
         assert_golden(&format!("dra/{fixture}.json"), &render(&slices));
     }
+}
+
+/// The `resource.k8s.io` requests other than discovery, as `METHOD path`.
+fn resource_calls(dra: &Dra) -> Vec<String> {
+    dra.api
+        .resource_requests()
+        .into_iter()
+        .filter(|r| r != "GET /apis/resource.k8s.io")
+        .collect()
+}
+
+/// Every `resource.k8s.io` request went through `version`, and `call` was one of them.
+fn assert_all_through(dra: &Dra, version: &str, call: &str) {
+    let calls = resource_calls(dra);
+    assert!(calls.iter().any(|c| c == call), "no {call} in {calls:?}");
+    let prefix = format!(" /apis/resource.k8s.io/{version}/");
+    assert!(calls.iter().all(|c| c.contains(&prefix)), "{calls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_32_api_server_gets_v1beta1_slices_with_device_data_in_basic() {
+    let mut dra = Dra::new("mixed");
+    dra.api.set_resource_versions(&["v1beta1"]);
+    dra.start();
+    dra.register().await;
+    let slices = dra.slices_when("slices", |_| true);
+    assert_golden("dra/mixed-v1beta1.json", &render(&slices));
+    assert!(
+        slices
+            .iter()
+            .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta1")
+    );
+    assert_all_through(
+        &dra,
+        "v1beta1",
+        "POST /apis/resource.k8s.io/v1beta1/resourceslices",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_read_through_v1beta2_once_the_api_server_serves_it() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.api.set_resource_versions(&["v1alpha3"]);
+    dra.start();
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-1"]);
+    assert_eq!(
+        dra.prepare("c1", "uid-1").await.claims["uid-1"].error,
+        "the API server serves resource.k8s.io in none of the versions gpud speaks (v1, \
+         v1beta2, v1beta1; it serves: v1alpha3): DRA needs Kubernetes 1.32 or newer, and on \
+         1.32 and 1.33 the beta API enabled (--runtime-config=resource.k8s.io/v1beta1=true or \
+         v1beta2=true, feature gate DynamicResourceAllocation)"
+    );
+    assert_eq!(resource_calls(&dra), Vec::<String>::new());
+
+    // The API server is upgraded (1.33): discovery is tried again, v1beta2 is preferred.
+    dra.api.set_resource_versions(&["v1beta2", "v1beta1"]);
+    let answer = dra.prepare("c1", "uid-1").await;
+    assert_eq!(answer.claims["uid-1"].error, "");
+    assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-1")]);
+    let slices = dra.slices_when("v1beta2 slices", |s| {
+        s.iter()
+            .all(|s| s["apiVersion"] == "resource.k8s.io/v1beta2")
+    });
+    assert!(device(&slices, "gpu-1")["attributes"]["uuid"].is_object());
+    assert_all_through(
+        &dra,
+        "v1beta2",
+        "GET /apis/resource.k8s.io/v1beta2/namespaces/ns/resourceclaims/c1",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,6 +485,96 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
         render(&clear).replace(&format!("\"generation\": {}", generation(&clear)), "G"),
         render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
     );
+}
+
+/// A fixture file of `count` A100 PCIe GPUs, no NVLink, bus ids 0x01 up.
+fn many_gpus_fixture(path: &std::path::Path, count: usize) {
+    let gpus: Vec<Value> = (0..count)
+        .map(|i| {
+            json!({"model": "A100-PCIE-80GB",
+                "uuid": format!("GPU-00000000-0000-4000-8000-{i:012x}"),
+                "serial": format!("1321021{i:06}"),
+                "board_part_number": "900-21001-0020-100",
+                "pci_bus_id": format!("00000000:{:02X}:00.0", i + 1),
+                "numa_node": 0, "cpu_affinity": "0-31",
+                "pcie": {"host_bridge": "hb0", "switches": ["sw0"]}, "nvlinks": []})
+        })
+        .collect();
+    let fixture = json!({"description": format!("{count}x A100 80GB PCIe"),
+        "driver_version": "570.133.20", "nvml_version": "12.570.133.20",
+        "cuda_driver_version": 12080, "seed": 7, "gpus": gpus});
+    std::fs::write(path, serde_json::to_vec_pretty(&fixture).unwrap()).unwrap();
+}
+
+/// Per slice: (name, device count, pool).
+fn layout(slices: &[Value]) -> Vec<(String, usize, Value)> {
+    let mut out: Vec<_> = slices
+        .iter()
+        .map(|s| {
+            (
+                s["metadata"]["name"].as_str().unwrap().to_owned(),
+                s["spec"]["devices"].as_array().unwrap().len(),
+                s["spec"]["pool"].clone(),
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tainted_pool_over_64_devices_is_split_and_every_slice_counts_them() {
+    let mut dra = Dra::new("pcie-4gpu");
+    let fixture = dra.path("65-gpus.json");
+    many_gpus_fixture(&fixture, 65);
+    dra.node.fixture = fixture.to_str().unwrap().to_owned();
+    dra.start();
+    dra.register().await;
+    let pool = |generation: i64, count: i64| json!({"name": "test-node", "generation": generation, "resourceSliceCount": count});
+    // 65 healthy devices fit in one slice (128 at most).
+    let one = dra.slices_when("one slice of 65", |s| {
+        s.len() == 1 && s[0]["spec"]["devices"].as_array().unwrap().len() == 65
+    });
+    let g1 = generation(&one);
+    assert_eq!(
+        layout(&one),
+        [("test-node-gpu.nvidia.com-0".to_owned(), 65, pool(g1, 1))]
+    );
+
+    // A taint on the last GPU: a slice with a tainted device holds at most 64.
+    dra.node.inject("xid 64 79");
+    let split = dra.slices_when("two slices", |s| s.len() == 2);
+    let g2 = generation(&split);
+    assert!(g2 > g1);
+    assert_eq!(
+        layout(&split),
+        [
+            ("test-node-gpu.nvidia.com-0".to_owned(), 64, pool(g2, 2)),
+            ("test-node-gpu.nvidia.com-1".to_owned(), 1, pool(g2, 2)),
+        ]
+    );
+    assert_eq!(
+        device(&split, "gpu-64")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}])
+    );
+
+    // The GPU is reset and recovers: one slice again, the second one deleted.
+    dra.node.inject("lost 64");
+    dra.slices_when("the GPU lost", |s| {
+        s.len() == 2
+            && device(s, "gpu-64")["taints"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["key"] == "gpu.nvidia.com/gpu-lost"))
+    });
+    dra.node.inject("recover 64");
+    let joined = dra.slices_when("one slice again", |s| s.len() == 1);
+    let g3 = generation(&joined);
+    assert!(g3 > g2);
+    assert_eq!(
+        layout(&joined),
+        [("test-node-gpu.nvidia.com-0".to_owned(), 65, pool(g3, 1))]
+    );
+    assert!(device(&joined, "gpu-64").get("taints").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,6 +763,84 @@ async fn the_health_stream_sends_the_complete_list_and_every_change() {
     assert!(message.contains("79"), "{message}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_v1alpha1_health_stream_marks_mig_devices_of_a_failed_gpu_and_their_recovery() {
+    use gpud::proto::drahealth_v1alpha1::{
+        HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
+    };
+    let mut dra = Dra::new("a100-mig");
+    dra.start();
+    dra.register().await;
+    let mut client = fake_dra_kubelet::health_v1alpha1(&dra.plugin_socket()).await;
+    let mut stream = client
+        .node_watch_resources(NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Each list as (device, health, message), in the order sent.
+    let mut next = async || -> Vec<(String, i32, String)> {
+        let list: NodeWatchResourcesResponse =
+            tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("no health list in time")
+                .unwrap()
+                .expect("stream ended");
+        list.devices
+            .iter()
+            .map(|d| {
+                let id = d.device.as_ref().unwrap();
+                assert_eq!(id.pool_name, "test-node");
+                if d.health == HealthStatus::Unhealthy as i32 {
+                    assert!(d.last_updated_time > 0, "{d:?}");
+                }
+                (id.device_name.clone(), d.health, d.message.clone())
+            })
+            .collect()
+    };
+    let names = [
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-0-mig-2g20gb-14-2",
+        "gpu-0-mig-1g10gb-19-1",
+    ];
+    let all = |health: HealthStatus, message: &str| -> Vec<(String, i32, String)> {
+        let mut list: Vec<_> = names
+            .iter()
+            .map(|n| ((*n).to_owned(), health as i32, message.to_owned()))
+            .collect();
+        list.sort();
+        list
+    };
+    let sorted = |mut list: Vec<(String, i32, String)>| {
+        list.sort();
+        list
+    };
+    assert_eq!(sorted(next().await), all(HealthStatus::Healthy, ""));
+
+    // A fatal XID on the GPU: every MIG device on it is unhealthy, with the GPU's reason.
+    dra.node.inject("xid 0 79");
+    assert_eq!(
+        sorted(next().await),
+        all(
+            HealthStatus::Unhealthy,
+            "XID 79: GPU has fallen off the bus"
+        )
+    );
+
+    // The GPU is reset (off the bus, then back): the complete list turns healthy again.
+    dra.node.inject("lost 0");
+    let lost = sorted(next().await);
+    assert!(
+        lost.iter().all(|d| d.1 == HealthStatus::Unhealthy as i32),
+        "{lost:?}"
+    );
+    dra.node.inject("recover 0");
+    let mut list = sorted(next().await);
+    while list.iter().any(|d| d.1 != HealthStatus::Healthy as i32) {
+        list = sorted(next().await);
+    }
+    assert_eq!(list, all(HealthStatus::Healthy, ""));
+}
+
 /// The simulated driver's MIG state for the `a100-mig` GPU: `three` = a 3g.40gb instance at
 /// slice 4, `one` = a 1g.10gb instance at slice 0.
 fn write_mig_state(node: &Node, uuid: &str, three: bool, one: bool) {
@@ -648,11 +921,14 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
             "status": {"allocation": {"devices": {"config": config, "results": [
                 {"request": "gpu", "driver": DRIVER, "pool": "test-node", "device": device}]}}}})
     };
+    let strategy_only = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {
+        "driver": DRIVER, "parameters": {"apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}}}]);
     dra.api.put_claim(claim(
         "small",
         "uid-s",
         "gpu-0-mig-1g10gb-19-1",
-        config("MigDeviceConfig"),
+        strategy_only,
     ));
     let answer = dra.prepare("small", "uid-s").await;
     assert_eq!(answer.claims["uid-s"].error, "");
@@ -679,9 +955,23 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
     let checkpoint: Value =
         serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
     assert_eq!(
-        checkpoint["claims"]["uid-s"]["devices"][0]["timeSlice"],
-        "Long"
+        checkpoint["claims"]["uid-s"]["devices"][0].get("timeSlice"),
+        None,
+        "a MIG device takes the strategy and sets no interval"
     );
+    dra.api.put_claim(claim(
+        "paced",
+        "uid-p",
+        "gpu-0-mig-3g40gb-9-4",
+        config("MigDeviceConfig"),
+    ));
+    assert_eq!(
+        dra.prepare("paced", "uid-p").await.claims["uid-p"].error,
+        "opaque config for request \"gpu\": sharing.timeSlicingConfig cannot configure a MIG \
+         device (a time-slice interval applies to a full GPU); leave it out of the \
+         MigDeviceConfig"
+    );
+    assert_eq!(dra.nvidia_smi_runs(), Vec::<String>::new());
 
     // A sibling MIG device of the same GPU goes to another claim; the wrong config kind and
     // MPS are that claim's errors.
@@ -698,6 +988,123 @@ async fn mig_devices_are_prepared_with_their_config_and_siblings_do_not_clash() 
         dra.prepare("wrong", "uid-w").await.claims["uid-w"].error,
         "opaque config for request \"gpu\": kind \"GpuConfig\" cannot configure a MIG device \
          (use MigDeviceConfig)"
+    );
+}
+
+fn time_slicing(interval: &str) -> Value {
+    json!([{"source": "FromClass", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_time_slice_interval_is_set_with_nvidia_smi_and_put_back() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let smi = dra.path("nvidia-smi");
+    let smi = smi.to_str().unwrap();
+    let (gpu0, gpu1, gpu2) = (dra.uuid(0), dra.uuid(1), dra.uuid(2));
+
+    dra.put_configured_claim("long", "uid-l", &["gpu-2"], time_slicing("Long"));
+    let answer = dra.prepare("long", "uid-l").await;
+    assert_eq!(answer.claims["uid-l"].error, "");
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [format!("compute-policy -i {gpu2} --set-timeslice 3")]
+    );
+    // Prepared again (the kubelet's retry): nothing runs.
+    assert_eq!(dra.prepare("long", "uid-l").await.claims["uid-l"].error, "");
+    assert_eq!(dra.nvidia_smi_runs(), Vec::<String>::new());
+
+    // A reboot empties the CDI folder and the compute policy: both come back.
+    dra.stop();
+    std::fs::remove_file(dra.spec_file("uid-l")).unwrap();
+    dra.start();
+    dra.register().await;
+    // The first try fails: no spec, so the kubelet's retry sets the interval again.
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu2}\n")).unwrap();
+    let failed = dra.prepare("long", "uid-l").await;
+    assert!(
+        failed.claims["uid-l"]
+            .error
+            .starts_with(&format!("GPU {gpu2}: ")),
+        "{failed:?}"
+    );
+    assert!(!dra.spec_file("uid-l").exists());
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
+    assert_eq!(dra.prepare("long", "uid-l").await.claims["uid-l"].error, "");
+    assert!(dra.spec_file("uid-l").exists());
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [
+            format!("compute-policy -i {gpu2} --set-timeslice 3"),
+            format!("compute-policy -i {gpu2} --set-timeslice 3"),
+        ]
+    );
+
+    // Unprepare, without the claim object: the GPU goes back to the default.
+    dra.api.delete_claim("ns", "long");
+    assert_eq!(dra.unprepare("long", "uid-l").await, "");
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [format!("compute-policy -i {gpu2} --set-timeslice 0")]
+    );
+
+    // The second GPU of a claim refuses: the claim gets nothing, its first GPU goes back.
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu1}\n")).unwrap();
+    dra.put_configured_claim("pair", "uid-p", &["gpu-0", "gpu-1"], time_slicing("Medium"));
+    let refused = dra.prepare("pair", "uid-p").await;
+    assert_eq!(
+        refused.claims["uid-p"].error,
+        format!(
+            "GPU {gpu1}: setting the time-slice interval Medium with `{smi} compute-policy -i \
+             {gpu1} --set-timeslice 2` failed: exit status: 3: Failed to set the timeslice for \
+             GPU {gpu1}: Not Supported"
+        )
+    );
+    assert!(refused.claims["uid-p"].devices.is_empty());
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [
+            format!("compute-policy -i {gpu0} --set-timeslice 2"),
+            format!("compute-policy -i {gpu1} --set-timeslice 2"),
+            format!("compute-policy -i {gpu0} --set-timeslice 0"),
+        ]
+    );
+    assert!(!dra.spec_file("uid-p").exists());
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    assert_eq!(checkpoint["claims"], json!({}));
+
+    // A reset that fails on unprepare is the claim's error, and the claim stays prepared
+    // until the kubelet's retry succeeds.
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
+    dra.put_configured_claim("short", "uid-s", &["gpu-1"], time_slicing("Short"));
+    assert_eq!(
+        dra.prepare("short", "uid-s").await.claims["uid-s"].error,
+        ""
+    );
+    std::fs::write(dra.path("nvidia-smi.fail"), format!("{gpu1}\n")).unwrap();
+    assert_eq!(
+        dra.unprepare("short", "uid-s").await,
+        format!(
+            "GPU {gpu1}: setting the time-slice interval Default with `{smi} compute-policy -i \
+             {gpu1} --set-timeslice 0` failed: exit status: 3: Failed to set the timeslice for \
+             GPU {gpu1}: Not Supported"
+        )
+    );
+    assert!(dra.spec_file("uid-s").exists());
+    std::fs::remove_file(dra.path("nvidia-smi.fail")).unwrap();
+    assert_eq!(dra.unprepare("short", "uid-s").await, "");
+    assert!(!dra.spec_file("uid-s").exists());
+    assert_eq!(
+        dra.nvidia_smi_runs(),
+        [
+            format!("compute-policy -i {gpu1} --set-timeslice 1"),
+            format!("compute-policy -i {gpu1} --set-timeslice 0"),
+            format!("compute-policy -i {gpu1} --set-timeslice 0"),
+        ]
     );
 }
 

@@ -77,6 +77,15 @@ pub struct DraArgs {
           env = "GPUD_DRA_POD_RESOURCES_SOCKET",
           default_value = DEFAULT_POD_RESOURCES_SOCKET)]
     pub dra_pod_resources_socket: String,
+
+    /// The nvidia-smi that applies a claim's time-slice interval [default:
+    /// <driver root>/usr/bin/nvidia-smi when it exists, else nvidia-smi on PATH].
+    #[arg(
+        long = "dra-nvidia-smi-path",
+        value_name = "PATH",
+        env = "GPUD_DRA_NVIDIA_SMI_PATH"
+    )]
+    pub dra_nvidia_smi_path: Option<PathBuf>,
 }
 
 /// Everything the DRA plugin runs with, resolved from [`DraArgs`].
@@ -90,6 +99,8 @@ pub struct DraConfig {
     pub host: HostPaths,
     pub pod_resources: Option<PathBuf>,
     pub kubeconfig: Option<PathBuf>,
+    /// The nvidia-smi that sets time-slice intervals.
+    pub nvidia_smi: PathBuf,
 }
 
 impl DraArgs {
@@ -125,7 +136,21 @@ impl DraArgs {
             pod_resources: (!self.dra_pod_resources_socket.is_empty())
                 .then(|| PathBuf::from(&self.dra_pod_resources_socket)),
             kubeconfig,
+            nvidia_smi: self.nvidia_smi(),
         })
+    }
+
+    /// The flag's nvidia-smi, else the driver root's, else the one on `PATH`.
+    fn nvidia_smi(&self) -> PathBuf {
+        if let Some(path) = &self.dra_nvidia_smi_path {
+            return path.clone();
+        }
+        let under_root = self.dra_driver_root.join("usr/bin/nvidia-smi");
+        if under_root.is_file() {
+            under_root
+        } else {
+            PathBuf::from("nvidia-smi")
+        }
     }
 }
 

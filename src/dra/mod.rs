@@ -1,14 +1,16 @@
 //! Dynamic Resource Allocation: gpud as the kubelet plugin of driver `gpu.nvidia.com`.
 //!
 //! One job per file: [`names`] (NVIDIA's device names), [`args`] (flags and paths),
-//! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`slices`] (devices, attributes,
+//! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`api_version`] (the
+//! `resource.k8s.io` version the API server serves), [`slices`] (devices, attributes,
 //! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
-//! configs), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
+//! configs), [`timeslice`] (a claim's time-slice interval on its GPU), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
 //! health for pods' status) and [`service`] (the subsystem).
 
+pub mod api_version;
 pub mod args;
 pub mod checkpoint;
 pub mod claim_cdi;
@@ -25,6 +27,7 @@ pub mod service;
 pub mod slices;
 pub mod sockets;
 pub mod taints;
+pub mod timeslice;
 
 pub use args::{DraArgs, DraConfig};
 pub use service::Dra;

@@ -1,5 +1,6 @@
 //! The parts of `resource.k8s.io/v1` objects gpud writes and reads, as small serde types:
-//! ResourceSlice specs (written whole) and the ResourceClaim fields prepare needs.
+//! ResourceSlice specs (written whole) and the ResourceClaim fields prepare needs. Older
+//! versions the API server may serve instead are translated in [`super::api_version`].
 //!
 //! Own types rather than k8s-openapi's: gpud's k8s-openapi is built for the 1.33 API, which
 //! has no `resource.k8s.io/v1`, and moving every other subsystem to a newer API feature for
@@ -9,31 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use kube::discovery::ApiResource;
 use serde::{Deserialize, Serialize};
-
-/// `resource.k8s.io/v1`.
-pub const API_VERSION: &str = "resource.k8s.io/v1";
-
-/// The API resource of ResourceSlices.
-pub fn slices_resource() -> ApiResource {
-    resource("ResourceSlice", "resourceslices")
-}
-
-/// The API resource of ResourceClaims.
-pub fn claims_resource() -> ApiResource {
-    resource("ResourceClaim", "resourceclaims")
-}
-
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "resource.k8s.io".to_owned(),
-        version: "v1".to_owned(),
-        api_version: API_VERSION.to_owned(),
-        kind: kind.to_owned(),
-        plural: plural.to_owned(),
-    }
-}
 
 /// `ResourceSlice.spec` for devices of one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

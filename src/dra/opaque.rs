@@ -3,7 +3,9 @@
 //! NVIDIA's driver carry over.
 //!
 //! Supported: `sharing.strategy: TimeSlicing` with `timeSlicingConfig.interval` (`Default`,
-//! `Short`, `Medium`, `Long`), recorded with the prepared device. Refused with a per-claim
+//! `Short`, `Medium`, `Long`) on a full GPU, recorded with the prepared device and applied by
+//! [`super::timeslice`]. On a MIG device the strategy is accepted and sets nothing, and a
+//! `timeSlicingConfig` is refused, as NVIDIA's driver does. Refused with a per-claim
 //! error that says so: `sharing.strategy: MPS` (gpud's MPS support is separate work), another
 //! API version or kind, and a config of the wrong kind for the device (`GpuConfig` on a MIG
 //! device, `MigDeviceConfig` on a GPU).
@@ -93,6 +95,17 @@ pub fn settings(
             continue;
         };
         match sharing.strategy.as_str() {
+            // A MIG device is scheduled by its GPU instance: NVIDIA's MigDeviceConfig takes
+            // the strategy but has no interval to set, and refuses one.
+            "TimeSlicing" if mig => {
+                if sharing.time_slicing_config.is_some() {
+                    return Err(format!(
+                        "opaque config for request {request:?}: sharing.timeSlicingConfig \
+                         cannot configure a MIG device (a time-slice interval applies to a \
+                         full GPU); leave it out of the MigDeviceConfig"
+                    ));
+                }
+            }
             "TimeSlicing" => {
                 let interval = sharing
                     .time_slicing_config
@@ -178,6 +191,24 @@ mod tests {
         )];
         let err = settings(&gpu_on_mig, "gpu.nvidia.com", "gpu", true).unwrap_err();
         assert!(err.contains("use MigDeviceConfig"), "{err}");
+        let mig = |sharing: serde_json::Value| {
+            [config(
+                &[],
+                json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": sharing}),
+            )]
+        };
+        let plain = mig(json!({"strategy": "TimeSlicing"}));
+        assert_eq!(
+            settings(&plain, "gpu.nvidia.com", "gpu", true),
+            Ok(DeviceSettings::default())
+        );
+        let interval =
+            mig(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}));
+        let err = settings(&interval, "gpu.nvidia.com", "gpu", true).unwrap_err();
+        assert!(
+            err.contains("timeSlicingConfig cannot configure a MIG device"),
+            "{err}"
+        );
         let bad = [config(
             &[],
             json!({"apiVersion": API_VERSION, "kind": "GpuConfig",

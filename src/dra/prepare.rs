@@ -8,11 +8,17 @@
 //! 3. Each allocation result of this driver names a device of this node's pool. The device
 //!    must exist, must not be held by another prepared claim, and must not be one the device
 //!    plugin gave to a running pod.
-//! 4. The opaque configs are applied ([`super::opaque`]), one CDI spec is written for the
-//!    claim ([`super::claim_cdi`]), the checkpoint saved, and the held devices published.
+//! 4. The opaque configs are read ([`super::opaque`]) and a time-slice interval is set on its
+//!    GPU ([`super::timeslice`]; a claim whose setting fails gets nothing, and the GPUs it
+//!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
+//!    the checkpoint saved, and the held devices published.
 //!
-//! Unprepare removes the claim's spec and checkpoint entry; it needs no API access, and a
-//! claim never prepared is fine. Both are serialised by one lock on the checkpoint.
+//! Unprepare puts a GPU whose interval the claim set back to what the other prepared claims on
+//! it ask for, or to `Default` when none asks (skipped when that is the interval already, or
+//! the GPU is gone); then it removes the claim's spec and checkpoint entry. A failed reset
+//! is the claim's error and leaves the claim prepared, so the kubelet's retry tries again.
+//! It needs no API access, and a claim never prepared is fine. Both are serialised by one
+//! lock on the checkpoint.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,14 +27,16 @@ use kube::api::{Api, DynamicObject};
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
+use super::api_version::ResourceApi;
 use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
 use super::ledger::{self, Held, Holding};
 use super::names::{self, DraDevice};
-use super::objects::{self, Claim};
+use super::objects::Claim;
 use super::opaque;
 use super::publish::PublishError;
+use super::timeslice::{self, TimeSlicer};
 use crate::inventory::Inventory;
 use crate::node_status::api::bounded;
 
@@ -43,10 +51,11 @@ pub struct ClaimRef {
 /// The claims' state and what prepare needs to reach.
 pub struct Preparer {
     config: Arc<DraConfig>,
-    client: Option<kube::Client>,
+    api: Option<Arc<ResourceApi>>,
     inventory: Inventory,
     checkpoint: Mutex<Checkpoint>,
     held: watch::Sender<Held>,
+    time_slicer: TimeSlicer,
 }
 
 impl std::fmt::Debug for Preparer {
@@ -58,19 +67,20 @@ impl std::fmt::Debug for Preparer {
 }
 
 impl Preparer {
-    /// A preparer starting from `checkpoint`, publishing held devices on `held`. Without a
-    /// client, claims not in the checkpoint cannot be prepared.
+    /// A preparer starting from `checkpoint`, publishing held devices on `held`. Without API
+    /// access, claims not in the checkpoint cannot be prepared.
     pub fn new(
         config: Arc<DraConfig>,
-        client: Option<kube::Client>,
+        api: Option<Arc<ResourceApi>>,
         inventory: Inventory,
         checkpoint: Checkpoint,
         held: watch::Sender<Held>,
     ) -> Preparer {
         held.send_replace(Arc::new(checkpoint.held()));
         Preparer {
+            time_slicer: TimeSlicer::new(config.nvidia_smi.clone(), config.host.nvml_dir.clone()),
             config,
-            client,
+            api,
             inventory,
             checkpoint: Mutex::new(checkpoint),
             held,
@@ -104,6 +114,11 @@ impl Preparer {
         let mut checkpoint = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
         for claim in claims {
+            if let Err(error) = self.reset_intervals(&checkpoint, &claim.uid).await {
+                warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %error, "Cannot unprepare claim");
+                out.insert(claim.uid, Err(error));
+                continue;
+            }
             let removed = checkpoint.claims.remove(&claim.uid);
             let mut result = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
             if removed.is_some() {
@@ -135,6 +150,11 @@ impl Preparer {
                         uuid: d.uuid.clone(),
                     })
                     .collect();
+                // A missing spec means the node rebooted (or the runtime's folder was
+                // emptied): the compute policy did not survive either. It is set first, so
+                // a failure leaves the spec missing and the kubelet's retry sets it again.
+                self.set_intervals(checkpoint, &claim.uid, &prepared.devices)
+                    .await?;
                 claim_cdi::write(
                     &snapshot,
                     &self.config.host,
@@ -218,9 +238,6 @@ impl Preparer {
                 &result.request,
                 matches!(device, DraDevice::Mig(..)),
             )?;
-            if let Some(interval) = &settings.time_slice {
-                info!(device = %result.device, interval = %interval, "Time-slicing asked for; recorded with the claim (the driver's default scheduler applies)");
-            }
             cdi_devices.push(ClaimDevice {
                 name: result.device.clone(),
                 uuid: uuid.clone(),
@@ -232,20 +249,26 @@ impl Preparer {
                 uuid,
                 gpu_uuid,
                 cdi_device_ids: vec![claim_cdi::cdi_id(&claim.uid, &result.device)],
-                time_slice: settings.time_slice,
+                // Admin access watches the GPU of another claim: it configures nothing.
+                time_slice: settings.time_slice.filter(|_| !admin_access),
                 admin_access,
             });
         }
+        self.set_intervals(checkpoint, &claim.uid, &devices).await?;
         // A claim with nothing for this driver gets no spec: a spec without devices is
         // invalid, and a runtime that reads one may refuse every spec in the folder.
-        if !cdi_devices.is_empty() {
-            claim_cdi::write(
+        if !cdi_devices.is_empty()
+            && let Err(error) = claim_cdi::write(
                 &snapshot,
                 &self.config.host,
                 &self.config.cdi_root,
                 &claim.uid,
                 &cdi_devices,
-            )?;
+            )
+        {
+            self.restore_intervals(checkpoint, &claim.uid, &devices)
+                .await;
+            return Err(error);
         }
         checkpoint.claims.insert(
             claim.uid.clone(),
@@ -258,18 +281,84 @@ impl Preparer {
         if let Err(err) = checkpoint.save(&self.config.checkpoint()) {
             checkpoint.claims.remove(&claim.uid);
             let _ = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
+            self.restore_intervals(checkpoint, &claim.uid, &devices)
+                .await;
             return Err(format!("cannot save the DRA checkpoint: {err}"));
         }
         self.held.send_replace(Arc::new(checkpoint.held()));
         Ok(devices)
     }
 
+    /// Sets the time-slice interval of each of `devices` that asks for one; on a failure the
+    /// GPUs set before it go back to what the other claims want, and the error is returned.
+    async fn set_intervals(
+        &self,
+        checkpoint: &Checkpoint,
+        uid: &str,
+        devices: &[PreparedDevice],
+    ) -> Result<(), String> {
+        for (done, device) in devices.iter().enumerate() {
+            let Some(interval) = &device.time_slice else {
+                continue;
+            };
+            if let Err(error) = self.time_slicer.set(&device.gpu_uuid, interval).await {
+                self.restore_intervals(checkpoint, uid, &devices[..done])
+                    .await;
+                return Err(error);
+            }
+            info!(device = %device.device, gpu = %device.gpu_uuid, interval = %interval, "Set the GPU's time-slice interval");
+        }
+        Ok(())
+    }
+
+    /// Best effort for a claim that is not prepared after all: each GPU `devices` set goes
+    /// back to what the other claims want.
+    async fn restore_intervals(
+        &self,
+        checkpoint: &Checkpoint,
+        uid: &str,
+        devices: &[PreparedDevice],
+    ) {
+        for device in devices.iter().filter(|d| d.time_slice.is_some()) {
+            let back = wanted_interval(checkpoint, uid, &device.gpu_uuid);
+            if let Err(error) = self.time_slicer.set(&device.gpu_uuid, &back).await {
+                warn!(error = %error, "Cannot put the GPU's time-slice interval back");
+            }
+        }
+    }
+
+    /// Before claim `uid` is unprepared: each GPU it set an interval on goes to what the
+    /// other prepared claims want, unless that is the interval already or the GPU is gone.
+    async fn reset_intervals(&self, checkpoint: &Checkpoint, uid: &str) -> Result<(), String> {
+        let Some(claim) = checkpoint.claims.get(uid) else {
+            return Ok(());
+        };
+        let snapshot = self.inventory.current();
+        for device in &claim.devices {
+            let Some(interval) = &device.time_slice else {
+                continue;
+            };
+            let back = wanted_interval(checkpoint, uid, &device.gpu_uuid);
+            let present = snapshot.gpus.iter().any(|g| g.uuid == device.gpu_uuid);
+            if back == *interval || !present {
+                continue;
+            }
+            self.time_slicer.set(&device.gpu_uuid, &back).await?;
+            info!(device = %device.device, gpu = %device.gpu_uuid, interval = %back, "Put the GPU's time-slice interval back");
+        }
+        Ok(())
+    }
+
     async fn read_claim(&self, claim: &ClaimRef) -> Result<Claim, String> {
-        let client = self.client.clone().ok_or_else(|| {
+        let resource = self.api.as_ref().ok_or_else(|| {
             "no API access to read the ResourceClaim (see --kubeconfig)".to_owned()
         })?;
+        let version = resource
+            .version()
+            .await
+            .map_err(|err| crate::telemetry::error_chain(&err))?;
         let api: Api<DynamicObject> =
-            Api::namespaced_with(client, &claim.namespace, &objects::claims_resource());
+            Api::namespaced_with(resource.client(), &claim.namespace, &version.claims());
         let object = bounded(
             || format!("reading ResourceClaim {}/{}", claim.namespace, claim.name),
             api.get(&claim.name),
@@ -307,4 +396,17 @@ impl Preparer {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// The interval GPU `gpu_uuid` should have without claim `uid`: the one another prepared claim
+/// asks for on it (the first by UID), else the default.
+fn wanted_interval(checkpoint: &Checkpoint, uid: &str, gpu_uuid: &str) -> String {
+    checkpoint
+        .claims
+        .iter()
+        .filter(|(other, _)| other.as_str() != uid)
+        .flat_map(|(_, claim)| &claim.devices)
+        .filter(|d| d.gpu_uuid == gpu_uuid)
+        .find_map(|d| d.time_slice.clone())
+        .unwrap_or_else(|| timeslice::DEFAULT_INTERVAL.to_owned())
 }

@@ -21,7 +21,10 @@ use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use tracing::{debug, info};
 
-use super::objects::{self, Device, SliceSpec};
+use std::sync::Arc;
+
+use super::api_version::{ApiError, ResourceApi, ResourceVersion};
+use super::objects::{Device, SliceSpec};
 use super::slices;
 
 /// How long one watch request stays open before it is renewed.
@@ -35,7 +38,7 @@ use crate::node_status::api::bounded;
 /// The slices of one node and driver.
 #[derive(Clone)]
 pub struct Publisher {
-    api: Api<DynamicObject>,
+    api: Arc<ResourceApi>,
     driver: String,
     node: String,
     /// The highest generation written or seen.
@@ -60,9 +63,9 @@ struct Existing {
 }
 
 impl Publisher {
-    pub fn new(client: kube::Client, driver: &str, node: &str) -> Publisher {
+    pub fn new(api: Arc<ResourceApi>, driver: &str, node: &str) -> Publisher {
         Publisher {
-            api: Api::all_with(client, &objects::slices_resource()),
+            api,
             driver: driver.to_owned(),
             node: node.to_owned(),
             generation: 0,
@@ -78,11 +81,18 @@ impl Publisher {
         format!("{}-{}-{index}", self.node, self.driver)
     }
 
-    async fn list(&self) -> Result<Vec<Existing>, PublishError> {
+    /// The slices' API in the version the server speaks.
+    async fn slices(&self) -> Result<(Api<DynamicObject>, ResourceVersion), ApiError> {
+        let version = self.api.version().await?;
+        Ok((Api::all_with(self.api.client(), &version.slices()), version))
+    }
+
+    async fn list(&self) -> Result<Vec<Existing>, ApiError> {
+        let (api, version) = self.slices().await?;
         let params = ListParams::default().fields(&self.selector());
         let list = bounded(
             || format!("listing the ResourceSlices of node {}", self.node),
-            self.api.list(&params),
+            api.list(&params),
         )
         .await?;
         let out: Vec<Existing> = list
@@ -93,7 +103,7 @@ impl Publisher {
                     .data
                     .get("spec")
                     .cloned()
-                    .and_then(|spec| serde_json::from_value(spec).ok()),
+                    .and_then(|spec| version.slice_from_wire(spec)),
                 name: object.metadata.name.unwrap_or_default(),
                 resource_version: object.metadata.resource_version,
             })
@@ -102,7 +112,7 @@ impl Publisher {
     }
 
     /// Makes the server's slices hold `devices`; returns whether anything was written.
-    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, PublishError> {
+    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, ApiError> {
         let existing = self.list().await?;
         let seen = existing
             .iter()
@@ -124,11 +134,18 @@ impl Publisher {
         }
         let generation = current + 1;
         let wanted = slices::specs(&self.driver, &self.node, devices, generation);
+        let (api, version) = self.slices().await?;
         for (index, spec) in wanted.iter().enumerate() {
             let name = self.slice_name(index);
             let old = existing.iter().find(|e| e.name == name);
-            self.write(&name, spec, old.and_then(|e| e.resource_version.clone()))
-                .await?;
+            write(
+                &api,
+                version,
+                &name,
+                spec,
+                old.and_then(|e| e.resource_version.clone()),
+            )
+            .await?;
         }
         for extra in existing
             .iter()
@@ -136,7 +153,7 @@ impl Publisher {
         {
             bounded(
                 || format!("deleting ResourceSlice {}", extra.name),
-                self.api.delete(&extra.name, &DeleteParams::default()),
+                api.delete(&extra.name, &DeleteParams::default()),
             )
             .await?;
         }
@@ -151,39 +168,14 @@ impl Publisher {
         Ok(true)
     }
 
-    async fn write(
-        &self,
-        name: &str,
-        spec: &SliceSpec,
-        resource_version: Option<String>,
-    ) -> Result<(), PublishError> {
-        let what = || format!("writing ResourceSlice {name}");
-        let data = json!({"spec": spec});
-        let mut object = DynamicObject::new(name, &objects::slices_resource()).data(data);
-        let params = PostParams {
-            field_manager: Some("gpud".to_owned()),
-            ..PostParams::default()
-        };
-        match resource_version {
-            Some(version) => {
-                object.metadata.resource_version = Some(version);
-                bounded(what, self.api.replace(name, &params, &object)).await?;
-            }
-            None => {
-                bounded(what, self.api.create(&params, &object)).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// Watches the node's slices and wakes `changed` on every event, until the watch fails
     /// (the caller restarts it after a pause).
-    pub async fn watch(&self, changed: &Notify) -> Result<(), PublishError> {
+    pub async fn watch(&self, changed: &Notify) -> Result<(), ApiError> {
+        let (api, _) = self.slices().await?;
         let params = WatchParams::default()
             .fields(&self.selector())
             .timeout(WATCH_SECONDS);
-        let stream = self
-            .api
+        let stream = api
             .watch(&params, "0")
             .await
             .map_err(|source| PublishError::Api {
@@ -200,19 +192,46 @@ impl Publisher {
                 Ok(WatchEvent::Added(_) | WatchEvent::Modified(_)) => changed.notify_one(),
                 Ok(WatchEvent::Bookmark(_)) => {}
                 Ok(WatchEvent::Error(status)) => {
-                    return Err(PublishError::Api {
+                    return Err(ApiError::Call(PublishError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source: kube::Error::Api(status),
-                    });
+                    }));
                 }
                 Err(source) => {
-                    return Err(PublishError::Api {
+                    return Err(ApiError::Call(PublishError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source,
-                    });
+                    }));
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Writes slice `name` in `version`: replaces the one at `resource_version`, or creates it.
+async fn write(
+    api: &Api<DynamicObject>,
+    version: ResourceVersion,
+    name: &str,
+    spec: &SliceSpec,
+    resource_version: Option<String>,
+) -> Result<(), PublishError> {
+    let what = || format!("writing ResourceSlice {name}");
+    let data = json!({"spec": version.slice_to_wire(spec)});
+    let mut object = DynamicObject::new(name, &version.slices()).data(data);
+    let params = PostParams {
+        field_manager: Some("gpud".to_owned()),
+        ..PostParams::default()
+    };
+    match resource_version {
+        Some(version) => {
+            object.metadata.resource_version = Some(version);
+            bounded(what, api.replace(name, &params, &object)).await?;
+        }
+        None => {
+            bounded(what, api.create(&params, &object)).await?;
+        }
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
+use super::api_version::ResourceApi;
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
 use super::ledger::Held;
@@ -95,9 +96,10 @@ impl Subsystem for Dra {
             error!(error = %message, "DRA checkpoint unreadable; serving on");
             telemetry::spawn(report_on_node(client.clone(), config.node.clone(), message));
         }
+        let resources = Arc::new(ResourceApi::new(client.clone()));
         let preparer = Arc::new(Preparer::new(
             Arc::clone(&config),
-            Some(client.clone()),
+            Some(Arc::clone(&resources)),
             inventory.clone(),
             checkpoint,
             self.held,
@@ -115,7 +117,7 @@ impl Subsystem for Dra {
         telemetry::spawn(sockets.keep());
         ctx.set_ready();
 
-        let publisher = Publisher::new(client, &config.driver, &config.node);
+        let publisher = Publisher::new(resources, &config.driver, &config.node);
         let slice_events = Arc::new(Notify::new());
         telemetry::spawn(watch_slices(
             publisher.clone(),

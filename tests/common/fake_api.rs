@@ -2,9 +2,11 @@
 //! a Node whose labels and taints merge patches change (refused with 409 when the patch names
 //! an older resourceVersion), whose status conditions server-side apply patches change with
 //! per-condition field managers, NodeFeature objects with optimistic concurrency, events, and
-//! pods, `resource.k8s.io/v1` ResourceSlices (create, replace with optimistic concurrency,
+//! pods, `resource.k8s.io` ResourceSlices (create, replace with optimistic concurrency,
 //! delete, list and watch by the `spec.nodeName`/`spec.driver` field selectors, and
-//! delete-collection, as the kubelet wipes a node's slices) and ResourceClaims (get). It can
+//! delete-collection, as the kubelet wipes a node's slices) and ResourceClaims (get), in the
+//! versions its discovery document lists (`v1` unless set; objects are kept as written, with
+//! no conversion between versions) and 404 in the others. It can
 //! fail the next requests with 500, and stop and come back on the same port (an API server
 //! restart) with what it held.
 
@@ -66,6 +68,10 @@ pub struct ApiState {
     pub slice_watches: u32,
     /// ResourceClaims by `namespace/name`.
     pub claims: BTreeMap<String, Value>,
+    /// The `resource.k8s.io` versions served, best first as the API server lists them.
+    pub resource_versions: Vec<String>,
+    /// `METHOD path` of every `resource.k8s.io` request, discovery included.
+    pub resource_requests: Vec<String>,
 }
 
 impl ApiState {
@@ -79,6 +85,42 @@ impl ApiState {
 
 type Shared = Arc<Mutex<ApiState>>;
 type Reply = Result<axum::Json<Value>, (StatusCode, axum::Json<Value>)>;
+
+/// Records a `resource.k8s.io` request; 404 when its version is not served.
+fn resource_call(
+    state: &mut ApiState,
+    method: &axum::http::Method,
+    uri: &axum::http::Uri,
+    version: &str,
+) -> Result<(), (StatusCode, axum::Json<Value>)> {
+    state
+        .resource_requests
+        .push(format!("{method} {}", uri.path()));
+    if state.resource_versions.iter().any(|v| v == version) {
+        Ok(())
+    } else {
+        Err(status(StatusCode::NOT_FOUND, "NotFound"))
+    }
+}
+
+/// `GET /apis/resource.k8s.io`: the group's discovery document, 404 when no version is served.
+async fn resource_group(State(s): State<Shared>, uri: axum::http::Uri) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    state.resource_requests.push(format!("GET {}", uri.path()));
+    let versions: Vec<Value> = state
+        .resource_versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("resource.k8s.io/{v}"), "version": v}))
+        .collect();
+    let Some(preferred) = versions.first().cloned() else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+    };
+    Ok(axum::Json(
+        json!({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+        "versions": versions, "preferredVersion": preferred}),
+    ))
+}
 
 /// A Kubernetes `Status` error body, which kube needs to tell "not found" from a failure.
 fn status(code: StatusCode, reason: &str) -> (StatusCode, axum::Json<Value>) {
@@ -264,12 +306,15 @@ fn slice_changed(state: &mut ApiState, kind: &str, object: &mut Value) {
 #[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
 async fn list_slices(
     State(s): State<Shared>,
+    UrlPath(version): UrlPath<String>,
+    method: axum::http::Method,
     uri: axum::http::Uri,
 ) -> Result<axum::response::Response, (StatusCode, axum::Json<Value>)> {
     let params = query(&uri);
     let selector = params.get("fieldSelector").cloned();
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     if params.get("watch").map(String::as_str) != Some("true") {
         let items: Vec<Value> = state
             .slices
@@ -277,7 +322,7 @@ async fn list_slices(
             .filter(|o| selected(o, selector.as_ref()))
             .cloned()
             .collect();
-        let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+        let list = json!({"apiVersion": format!("resource.k8s.io/{version}"), "kind": "ResourceSliceList",
             "metadata": {"resourceVersion": state.slice_version.to_string()}, "items": items});
         return Ok(axum::response::IntoResponse::into_response(axum::Json(
             list,
@@ -345,10 +390,14 @@ async fn list_slices(
 
 async fn create_slice(
     State(s): State<Shared>,
+    UrlPath(version): UrlPath<String>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
     body: Bytes,
 ) -> Result<(StatusCode, axum::Json<Value>), (StatusCode, axum::Json<Value>)> {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     let mut object: Value =
         serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
     let name = object["metadata"]["name"]
@@ -364,9 +413,15 @@ async fn create_slice(
     Ok((StatusCode::CREATED, axum::Json(object)))
 }
 
-async fn get_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Reply {
+async fn get_slice(
+    State(s): State<Shared>,
+    UrlPath((version, name)): UrlPath<(String, String)>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Reply {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     state
         .slices
         .get(&name)
@@ -377,11 +432,14 @@ async fn get_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> R
 
 async fn replace_slice(
     State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
+    UrlPath((version, name)): UrlPath<(String, String)>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
     body: Bytes,
 ) -> Reply {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     let mut object: Value =
         serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
     let Some(old) = state.slices.get(&name) else {
@@ -396,9 +454,15 @@ async fn replace_slice(
     Ok(axum::Json(object))
 }
 
-async fn delete_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Reply {
+async fn delete_slice(
+    State(s): State<Shared>,
+    UrlPath((version, name)): UrlPath<(String, String)>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Reply {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     let Some(mut object) = state.slices.remove(&name) else {
         return Err(status(StatusCode::NOT_FOUND, "NotFound"));
     };
@@ -408,10 +472,16 @@ async fn delete_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -
 
 /// `DELETE …/resourceslices?fieldSelector=…`: what a starting kubelet does to its node's
 /// slices.
-async fn delete_slices(State(s): State<Shared>, uri: axum::http::Uri) -> Reply {
+async fn delete_slices(
+    State(s): State<Shared>,
+    UrlPath(version): UrlPath<String>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> Reply {
     let params = query(&uri);
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     wipe(&mut state, params.get("fieldSelector"));
     Ok(axum::Json(
         json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
@@ -434,10 +504,13 @@ fn wipe(state: &mut ApiState, selector: Option<&String>) {
 
 async fn get_claim(
     State(s): State<Shared>,
-    UrlPath((ns, name)): UrlPath<(String, String)>,
+    UrlPath((version, ns, name)): UrlPath<(String, String, String)>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
 ) -> Reply {
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
+    resource_call(&mut state, &method, &uri, &version)?;
     state
         .claims
         .get(&format!("{ns}/{name}"))
@@ -658,6 +731,7 @@ impl FakeApi {
                          "metadata": {"name": "test-node", "labels": labels,
                                       "resourceVersion": "1"}}),
             node_version: 1,
+            resource_versions: vec!["v1".into()],
             ..ApiState::default()
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -783,6 +857,17 @@ impl FakeApi {
         self.state.lock().unwrap().claims.insert(key, claim);
     }
 
+    /// Serves `resource.k8s.io` in `versions` only (best first); none makes the group unknown.
+    pub fn set_resource_versions(&self, versions: &[&str]) {
+        self.state.lock().unwrap().resource_versions =
+            versions.iter().map(|v| (*v).to_owned()).collect();
+    }
+
+    /// `METHOD path` of the `resource.k8s.io` requests so far.
+    pub fn resource_requests(&self) -> Vec<String> {
+        self.state.lock().unwrap().resource_requests.clone()
+    }
+
     /// Deletes a ResourceClaim.
     pub fn delete_claim(&self, namespace: &str, name: &str) {
         self.state
@@ -822,16 +907,17 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             axum::routing::post(create_event),
         )
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+        .route("/apis/resource.k8s.io", get(resource_group))
         .route(
-            "/apis/resource.k8s.io/v1/resourceslices",
+            "/apis/resource.k8s.io/{version}/resourceslices",
             get(list_slices).post(create_slice).delete(delete_slices),
         )
         .route(
-            "/apis/resource.k8s.io/v1/resourceslices/{name}",
+            "/apis/resource.k8s.io/{version}/resourceslices/{name}",
             get(get_slice).put(replace_slice).delete(delete_slice),
         )
         .route(
-            "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+            "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}",
             get(get_claim),
         )
         .route(features, axum::routing::post(create_feature))

@@ -10,6 +10,7 @@
 use std::path::Path;
 
 use gpud::proto::drahealth_v1::dra_resource_health_client::DraResourceHealthClient;
+use gpud::proto::drahealth_v1alpha1::dra_resource_health_client::DraResourceHealthClient as DraResourceHealthClientV1alpha1;
 use gpud::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
@@ -104,14 +105,22 @@ pub async fn prepare_v1beta1(
         .unwrap()
 }
 
-/// A DRA health v1 client for the plugin socket `endpoint`.
-pub async fn health(endpoint: &Path) -> DraResourceHealthClient<Channel> {
-    let channel = Endpoint::from_shared(format!("unix:{}", endpoint.display()))
+async fn channel(endpoint: &Path) -> Channel {
+    Endpoint::from_shared(format!("unix:{}", endpoint.display()))
         .unwrap()
         .connect()
         .await
-        .unwrap();
-    DraResourceHealthClient::new(channel)
+        .unwrap()
+}
+
+/// A DRA health v1 client for the plugin socket `endpoint`.
+pub async fn health(endpoint: &Path) -> DraResourceHealthClient<Channel> {
+    DraResourceHealthClient::new(channel(endpoint).await)
+}
+
+/// A DRA health v1alpha1 client (kubelets before the v1 service) for the plugin socket.
+pub async fn health_v1alpha1(endpoint: &Path) -> DraResourceHealthClientV1alpha1<Channel> {
+    DraResourceHealthClientV1alpha1::new(channel(endpoint).await)
 }
 
 /// A claim reference for the v1 API.
