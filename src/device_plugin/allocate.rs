@@ -1,10 +1,11 @@
 //! Allocate: the container edits for a set of device IDs, as NVIDIA's device plugin makes
-//! them, for every `deviceListStrategy`. Pure: the CDI annotation key's random part and the
+//! them, for every `deviceListStrategy`, with MPS's pipe directory and shm when shared by MPS. Pure: the CDI annotation key's random part and the
 //! device nodes that exist on the host are inputs.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::mps;
 use super::resources::{PluginDevice, Resource};
 use super::settings::{CDI_KIND, ListStrategy, Settings};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
@@ -87,9 +88,14 @@ pub fn allocate(
         if strategies.contains(&ListStrategy::CdiCri) {
             response.cdi_devices = names.into_iter().map(|name| CdiDevice { name }).collect();
         }
-        if strategies.iter().all(|s| s.is_cdi()) {
-            return Ok(response);
-        }
+    }
+    // MPS clients find their daemon through the pipe directory and share memory through the
+    // daemon's tmpfs; NVIDIA adds both before deciding whether CDI alone answers.
+    if let (Some(root), Some(_)) = (&settings.mps_root, resource.replicas) {
+        mps::edit_response(&mut response, root, &resource.name);
+    }
+    if strategies.iter().all(|s| s.is_cdi()) {
+        return Ok(response);
     }
     if strategies.contains(&ListStrategy::Envvar) {
         response
@@ -100,14 +106,11 @@ pub fn allocate(
         response
             .envs
             .insert("NVIDIA_VISIBLE_DEVICES".into(), VOLUME_MOUNTS_ROOT.into());
-        response.mounts = visible
-            .iter()
-            .map(|id| Mount {
-                container_path: format!("{VOLUME_MOUNTS_ROOT}/{id}"),
-                host_path: "/dev/null".into(),
-                read_only: false,
-            })
-            .collect();
+        response.mounts.extend(visible.iter().map(|id| Mount {
+            container_path: format!("{VOLUME_MOUNTS_ROOT}/{id}"),
+            host_path: "/dev/null".into(),
+            read_only: false,
+        }));
     }
     if settings.pass_device_specs {
         response.devices = device_specs(&unique, settings, host);
