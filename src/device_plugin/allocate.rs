@@ -283,6 +283,82 @@ mod tests {
         );
     }
 
+    /// Under MPS every strategy keeps the pipe directory and shm edits: CDI alone answers with
+    /// them, and volume-mounts adds its mounts after them.
+    #[test]
+    fn mps_edits_with_cdi_and_volume_mounts() {
+        let shared = Resource {
+            name: "nvidia.com/gpu".into(),
+            replicas: Some(2),
+            devices: vec![
+                device("foo::0", "foo", 0, Some(0)),
+                device("foo::1", "foo", 0, Some(1)),
+            ],
+        };
+        let mps_mounts = vec![
+            Mount {
+                container_path: "/mps/nvidia.com/gpu/pipe".into(),
+                host_path: "/run/nvidia/mps/nvidia.com/gpu/pipe".into(),
+                read_only: false,
+            },
+            Mount {
+                container_path: "/dev/shm".into(),
+                host_path: "/run/nvidia/mps/shm".into(),
+                read_only: false,
+            },
+        ];
+        let pipe_env: HashMap<String, String> = [(
+            "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
+            "/mps/nvidia.com/gpu/pipe".to_owned(),
+        )]
+        .into();
+        let cdi = Settings {
+            list_strategies: vec![ListStrategy::CdiCri],
+            mps_root: Some("/run/nvidia/mps".into()),
+            ..Settings::default()
+        };
+        let out = allocate(&shared, &cdi, &ids(&["foo::1"]), "x", &HostView::default()).unwrap();
+        assert_eq!(
+            out,
+            ContainerAllocateResponse {
+                envs: pipe_env.clone(),
+                mounts: mps_mounts.clone(),
+                cdi_devices: vec![CdiDevice {
+                    name: "k8s.device-plugin.nvidia.com/gpu=foo".into()
+                }],
+                ..ContainerAllocateResponse::default()
+            }
+        );
+        let volumes = Settings {
+            list_strategies: vec![ListStrategy::VolumeMounts],
+            ..cdi
+        };
+        let out = allocate(
+            &shared,
+            &volumes,
+            &ids(&["foo::0"]),
+            "x",
+            &HostView::default(),
+        )
+        .unwrap();
+        let mut envs = pipe_env;
+        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), VOLUME_MOUNTS_ROOT.into());
+        let mut mounts = mps_mounts;
+        mounts.push(Mount {
+            container_path: "/var/run/nvidia-container-devices/foo".into(),
+            host_path: "/dev/null".into(),
+            read_only: false,
+        });
+        assert_eq!(
+            out,
+            ContainerAllocateResponse {
+                envs,
+                mounts,
+                ..ContainerAllocateResponse::default()
+            }
+        );
+    }
+
     #[test]
     fn pass_device_specs_under_dev_root() {
         let settings = Settings {

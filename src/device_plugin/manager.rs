@@ -164,9 +164,9 @@ impl MpsState<'_> {
                 warn!(resource = %resource.name, marker = %marker.display(),
                       "MPS daemon is down; the resource's devices are unhealthy until it is back");
             } else {
-                warn!(resource = %resource.name, marker = %marker.display(),
-                      "error waiting for MPS daemon: it has not signalled readiness (is gpud's MPS \
-                       control daemon running for this mpsRoot?); the resource is served once it has");
+                info!(resource = %resource.name, marker = %marker.display(),
+                      "Waiting for MPS daemon to be ready (gpud's MPS control daemon writes the \
+                       marker); the resource is served once it is");
             }
         }
         true

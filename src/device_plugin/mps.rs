@@ -180,7 +180,11 @@ mod tests {
     #[test]
     fn edits_match_nvidias_layout() {
         let mut response = ContainerAllocateResponse::default();
-        edit_response(&mut response, Path::new("/run/nvidia/mps"), "nvidia.com/gpu");
+        edit_response(
+            &mut response,
+            Path::new("/run/nvidia/mps"),
+            "nvidia.com/gpu",
+        );
         assert_eq!(response.envs[PIPE_ENV], "/mps/nvidia.com/gpu/pipe");
         assert_eq!(
             response.mounts,

@@ -29,6 +29,18 @@ impl ComputeMode {
     }
 }
 
+impl From<Wrapped> for ComputeMode {
+    fn from(mode: Wrapped) -> Self {
+        match mode {
+            Wrapped::Default => ComputeMode::Default,
+            Wrapped::Prohibited => ComputeMode::Prohibited,
+            // EXCLUSIVE_THREAD no longer exists; a driver that still reports it restricts
+            // processes the same way.
+            Wrapped::ExclusiveProcess | Wrapped::ExclusiveThread => ComputeMode::ExclusiveProcess,
+        }
+    }
+}
+
 impl std::fmt::Display for ComputeMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -45,13 +57,7 @@ impl Nvml {
         let mode = device
             .compute_mode()
             .map_err(call("nvmlDeviceGetComputeMode"))?;
-        Ok(match mode {
-            Wrapped::Default => ComputeMode::Default,
-            Wrapped::Prohibited => ComputeMode::Prohibited,
-            // EXCLUSIVE_THREAD no longer exists; a driver that still reports it restricts
-            // processes the same way.
-            Wrapped::ExclusiveProcess | Wrapped::ExclusiveThread => ComputeMode::ExclusiveProcess,
-        })
+        Ok(ComputeMode::from(mode))
     }
 
     /// Sets the compute mode of GPU `uuid` (needs root, as `nvidia-smi -c` does). Blocks on
