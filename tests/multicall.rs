@@ -15,7 +15,7 @@ fn list_names_exactly_the_working_applets() {
     let out = Command::new(gpud_bin()).arg("--list").output().unwrap();
     assert_eq!(
         stdout_ok(&out),
-        "cdi\ndevice-plugin\ndoctor\nexporter\nhealth\ninventory\nlabeller\nmig\nnode-status\nrun\n"
+        "cdi\ndevice-plugin\ndoctor\nexporter\nhealth\ninventory\nlabeller\nmig\nmps-control-daemon\nnode-status\nrun\n"
     );
 }
 

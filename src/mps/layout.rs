@@ -6,7 +6,8 @@
 //! folder for hosts that prepare it otherwise (and for tests, which run unprivileged).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use nix::mount::{MsFlags, mount};
 
 use crate::device_plugin::mps as paths;
 use crate::files;
@@ -92,22 +93,16 @@ pub fn prepare_root(root: &Path, skip_mount: bool) -> Result<(), LayoutError> {
         return Ok(());
     }
     let size = shm_size(std::fs::read_to_string("/proc/meminfo").ok().as_deref());
-    let options = format!("rw,nosuid,nodev,noexec,relatime,size={size}");
-    let output = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &options, "tmpfs"])
-        .arg(&shm)
-        .output();
-    match output {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(LayoutError::Mount {
-            path: shm,
-            why: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        }),
-        Err(err) => Err(LayoutError::Mount {
-            path: shm,
-            why: format!("cannot run mount: {err}"),
-        }),
-    }
+    // The mount(2) call itself: gpud's image has no mount binary. relatime is the kernel's
+    // default; the flags are NVIDIA's rw,nosuid,nodev,noexec.
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let data = format!("size={size}");
+    mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some(data.as_str())).map_err(|errno| {
+        LayoutError::Mount {
+            path: shm.clone(),
+            why: errno.desc().to_owned(),
+        }
+    })
 }
 
 /// Creates the pipe and log folders of `resource`'s daemon.
