@@ -1001,7 +1001,10 @@ fn exclusive_process_left_without_an_mps_daemon() {
          the config), or give the GPUs back: nvidia-smi -i <GPU> -c DEFAULT",
     );
     host.write("proc/5150/comm", "nvidia-cuda-mps-control\n");
-    host.write("proc/5150/status", "Name:\tnvidia-cuda-mps\nUid:\t0\t0\t0\t0\n");
+    host.write(
+        "proc/5150/status",
+        "Name:\tnvidia-cuda-mps\nUid:\t0\t0\t0\t0\n",
+    );
     let run = doctor(&node, &host, &["--only", "mps"]);
     assert_eq!(run.status("mps.compute-mode"), "ok");
     assert_eq!(
@@ -1035,7 +1038,11 @@ fn mps_server_under_another_uid_than_the_workloads() {
         "run every MPS workload as UID 1000 (securityContext.runAsUser), or stop the stray MPS \
          server; the control daemon runs as root",
     );
-    let run = doctor(&node, &host, &["--only", "mps.uid", "--mps-workload-uid", "1001"]);
+    let run = doctor(
+        &node,
+        &host,
+        &["--only", "mps.uid", "--mps-workload-uid", "1001"],
+    );
     assert_eq!(run.status("mps.uid"), "ok");
     assert_eq!(
         run.found("mps.uid"),

@@ -526,3 +526,67 @@ fn invalid_mps_configs_exit_65_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn labels_are_gfds_for_mps() {
+    let node = Node::new("dgx-h100");
+    let root = node.dir.path().join("mps");
+    let config = write_config(
+        &node,
+        &mps_config(&root, 4).replace("flags:\n", "flags:\n  gfd:\n    noTimestamp: true\n"),
+    );
+    let out = stdout_ok(&node.run(&[
+        "labeller",
+        "--oneshot",
+        "-o",
+        "-",
+        "--config-file",
+        config.to_str().unwrap(),
+    ]));
+    let mps: Vec<&str> = out
+        .lines()
+        .filter(|l| {
+            l.starts_with("nvidia.com/mps.")
+                || l.starts_with("nvidia.com/gpu.product=")
+                || l.starts_with("nvidia.com/gpu.replicas=")
+                || l.starts_with("nvidia.com/gpu.sharing-strategy=")
+                || l.starts_with("nvidia.com/gpu.count=")
+        })
+        .collect();
+    let mut mps = mps;
+    mps.sort_unstable();
+    assert_eq!(
+        mps,
+        [
+            "nvidia.com/gpu.count=8",
+            "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3-SHARED",
+            "nvidia.com/gpu.replicas=4",
+            "nvidia.com/gpu.sharing-strategy=mps",
+            "nvidia.com/mps.capable=true",
+        ]
+    );
+    // Renamed: no -SHARED suffix, the label keys stay nvidia.com/gpu.*.
+    let renamed = write_config(
+        &node,
+        &mps_config(&root, 4)
+            .replace("flags:\n", "flags:\n  gfd:\n    noTimestamp: true\n")
+            .replace("  mps:\n", "  mps:\n    renameByDefault: true\n"),
+    );
+    let out = stdout_ok(&node.run(&[
+        "labeller",
+        "--oneshot",
+        "-o",
+        "-",
+        "--config-file",
+        renamed.to_str().unwrap(),
+    ]));
+    assert!(
+        out.contains("nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("nvidia.com/gpu.sharing-strategy=mps\n"),
+        "{out}"
+    );
+    assert!(out.contains("nvidia.com/mps.capable=true\n"), "{out}");
+}

@@ -97,11 +97,16 @@ pub fn prepare_root(root: &Path, skip_mount: bool) -> Result<(), LayoutError> {
     // default; the flags are NVIDIA's rw,nosuid,nodev,noexec.
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let data = format!("size={size}");
-    mount(Some("tmpfs"), &shm, Some("tmpfs"), flags, Some(data.as_str())).map_err(|errno| {
-        LayoutError::Mount {
-            path: shm.clone(),
-            why: errno.desc().to_owned(),
-        }
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(|errno| LayoutError::Mount {
+        path: shm.clone(),
+        why: errno.desc().to_owned(),
     })
 }
 
