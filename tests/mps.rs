@@ -74,6 +74,16 @@ fn compute_modes(node: &Node) -> BTreeMap<String, u64> {
         .unwrap_or_default()
 }
 
+/// The environment a daemon of `dir` (`<mpsRoot>/<resource>`) over `gpus` is recorded with.
+fn daemon_env(dir: &Path, gpus: &[impl AsRef<str>]) -> String {
+    let gpus: Vec<&str> = gpus.iter().map(AsRef::as_ref).collect();
+    format!(
+        "CUDA_MPS_LOG_DIRECTORY={0}/log CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_VISIBLE_DEVICES={1}",
+        dir.display(),
+        gpus.join(",")
+    )
+}
+
 fn uuids(node: &Node) -> Vec<String> {
     let inv: Value = serde_json::from_str(&stdout_ok(&node.run(&["inventory"]))).unwrap();
     inv["gpus"]
@@ -187,11 +197,7 @@ async fn one_resource_start_allocate_restart_and_stop() {
     // The start sequence: one daemon over the four GPUs by UUID, its own pipe and log
     // folders, then each GPU's pinned-memory limit (80 GiB / 4) and the thread percentage.
     let resource_dir = root.join("nvidia.com/gpu");
-    let env = format!(
-        "CUDA_MPS_LOG_DIRECTORY={0}/log CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_VISIBLE_DEVICES={1}",
-        resource_dir.display(),
-        uuids.join(",")
-    );
+    let env = daemon_env(&resource_dir, &uuids);
     let started: Vec<String> = [
         "-d".to_owned(),
         "set_default_device_pinned_mem_limit 0 20480M".to_owned(),
@@ -330,11 +336,7 @@ fn standalone_daemon_with_renamed_resource_starts_and_stops() {
     );
     http::wait_for(port, "/readyz", 20, |a| a.status == 200);
     let dir = root.join("nvidia.com/gpu.shared");
-    let env = format!(
-        "CUDA_MPS_LOG_DIRECTORY={0}/log CUDA_MPS_PIPE_DIRECTORY={0}/pipe CUDA_VISIBLE_DEVICES={1}",
-        dir.display(),
-        uuids.join(",")
-    );
+    let env = daemon_env(&dir, &uuids);
     let mut expected: Vec<String> = vec![format!("-d | {env}")];
     for ordinal in 0..8 {
         expected.push(format!(
@@ -412,14 +414,8 @@ fn two_daemons_never_share_pipes_or_gpus() {
         controls[0].probe().is_err(),
         "a quit daemon does not answer"
     );
-    let a = format!(
-        "CUDA_MPS_LOG_DIRECTORY={0}/nvidia.com/gpu/log CUDA_MPS_PIPE_DIRECTORY={0}/nvidia.com/gpu/pipe CUDA_VISIBLE_DEVICES=GPU-a,GPU-b",
-        root.display()
-    );
-    let b = format!(
-        "CUDA_MPS_LOG_DIRECTORY={0}/nvidia.com/gpu.big/log CUDA_MPS_PIPE_DIRECTORY={0}/nvidia.com/gpu.big/pipe CUDA_VISIBLE_DEVICES=GPU-c",
-        root.display()
-    );
+    let a = daemon_env(&root.join("nvidia.com/gpu"), &["GPU-a", "GPU-b"]);
+    let b = daemon_env(&root.join("nvidia.com/gpu.big"), &["GPU-c"]);
     assert_eq!(
         recorded(&bin),
         [

@@ -172,34 +172,3 @@ impl Markers {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edits_match_nvidias_layout() {
-        let mut response = ContainerAllocateResponse::default();
-        edit_response(
-            &mut response,
-            Path::new("/run/nvidia/mps"),
-            "nvidia.com/gpu",
-        );
-        assert_eq!(response.envs[PIPE_ENV], "/mps/nvidia.com/gpu/pipe");
-        assert_eq!(
-            response.mounts,
-            vec![
-                Mount {
-                    container_path: "/mps/nvidia.com/gpu/pipe".into(),
-                    host_path: "/run/nvidia/mps/nvidia.com/gpu/pipe".into(),
-                    read_only: false,
-                },
-                Mount {
-                    container_path: "/dev/shm".into(),
-                    host_path: "/run/nvidia/mps/shm".into(),
-                    read_only: false,
-                },
-            ]
-        );
-    }
-}
