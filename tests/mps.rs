@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
 
@@ -14,6 +16,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{Node, http, stdout_ok};
+use fake_api::FakeApi;
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use gpud::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, Mount,
@@ -585,4 +588,55 @@ fn labels_are_gfds_for_mps() {
         "{out}"
     );
     assert!(out.contains("nvidia.com/mps.capable=true\n"), "{out}");
+}
+
+#[test]
+fn a_restart_is_an_event_on_the_node() {
+    let node = Node::new("pcie-4gpu");
+    let bin = fake_control(&node);
+    let root = node.dir.path().join("mps");
+    let config = write_config(&node, &mps_config(&root, 2));
+    let api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let port = http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let _gpud = spawn(
+        &node,
+        &bin,
+        &[
+            "mps-control-daemon",
+            "--config-file",
+            config.to_str().unwrap(),
+            "--mps-skip-shm-mount",
+            "--mps-probe-interval",
+            "100ms",
+            "--node-events",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--health-address",
+            &address,
+        ],
+    );
+    http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    assert!(api.events().is_empty(), "no event for the first start");
+    let pid = daemon_pid(&root, "nvidia.com/gpu");
+    Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events = api.events();
+        if !events.is_empty() {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "no event for the restart");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["reason"], "MPSDaemonRestarted");
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(
+        events[0]["message"],
+        "MPS control daemon for nvidia.com/gpu stopped answering and was restarted"
+    );
+    assert_eq!(events[0]["involvedObject"]["kind"], "Node");
+    assert_eq!(events[0]["involvedObject"]["name"], "test-node");
 }
