@@ -435,94 +435,64 @@ fn two_daemons_never_share_pipes_or_gpus() {
     );
 }
 
-/// Runs `gpud <args>` to completion on `node` and returns (exit code, stderr).
-fn run_failing(node: &Node, args: &[&str]) -> (Option<i32>, String) {
-    let out = node.run(args);
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// Runs `gpud <applet> --config-file <config>` on `node` and asserts exit 65 with `message`
+/// on stderr.
+fn refused(node: &Node, applet: &str, config: &Path, message: &str) {
+    let mut args = vec![applet, "--config-file", config.to_str().unwrap()];
+    if applet != "mps-control-daemon" {
+        args.extend(["--kmsg", ""]);
+    }
+    let out = node.run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{applet}: {stderr}");
+    assert!(stderr.contains(message), "{applet}: {stderr}");
 }
 
 #[test]
 fn invalid_mps_configs_exit_65_with_the_reason() {
     let h100 = Node::new("dgx-h100");
     let root = h100.dir.path().join("mps");
-    let over = write_config(&h100, &mps_config(&root, 49));
     let uuid0 = uuids(&h100)[0].clone();
+    let over = write_config(&h100, &mps_config(&root, 49));
+    let too_many = format!(
+        "sharing.mps: invalid MPS replicas for nvidia.com/gpu: 49 replicas exceed the maximum of 48 MPS clients of GPU {uuid0} (compute capability 9.0); lower sharing.mps.resources[].replicas to at most 48"
+    );
     for applet in ["device-plugin", "mps-control-daemon", "run"] {
-        let mut args = vec![applet, "--config-file", over.to_str().unwrap()];
-        if applet != "mps-control-daemon" {
-            args.extend(["--kmsg", ""]);
-        }
-        let (code, stderr) = run_failing(&h100, &args);
-        assert_eq!(code, Some(65), "{applet}: {stderr}");
-        assert!(
-            stderr.contains(&format!(
-                "sharing.mps: invalid MPS replicas for nvidia.com/gpu: 49 replicas exceed the maximum of 48 MPS clients of GPU {uuid0} (compute capability 9.0); lower sharing.mps.resources[].replicas to at most 48"
-            )),
-            "{applet}: {stderr}"
-        );
+        refused(&h100, applet, &over, &too_many);
     }
 
     let mig = Node::new("h100-mig");
-    let root = mig.dir.path().join("mps");
     let config = write_config(
         &mig,
         &mps_config(&root, 2).replace("flags:\n", "flags:\n  migStrategy: single\n"),
     );
-    let (code, stderr) = run_failing(
+    refused(
         &mig,
-        &[
-            "device-plugin",
-            "--config-file",
-            config.to_str().unwrap(),
-            "--kmsg",
-            "",
-        ],
-    );
-    assert_eq!(code, Some(65), "{stderr}");
-    assert!(
-        stderr.contains("sharing.mps: sharing using MPS is not supported for MIG devices"),
-        "{stderr}"
+        "device-plugin",
+        &config,
+        "sharing.mps: sharing using MPS is not supported for MIG devices",
     );
 
     let mixed = write_config(
         &h100,
         &mps_config(&root, 2).replace("flags:\n", "flags:\n  migStrategy: mixed\n"),
     );
-    let (code, stderr) = run_failing(
+    refused(
         &h100,
-        &[
-            "mps-control-daemon",
-            "--config-file",
-            mixed.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(code, Some(65), "{stderr}");
-    assert!(
-        stderr.contains("field flags.migStrategy: invalid value \"mixed\": sharing with MPS cannot be combined with the mixed MIG strategy"),
-        "{stderr}"
+        "mps-control-daemon",
+        &mixed,
+        "field flags.migStrategy: invalid value \"mixed\": sharing with MPS cannot be combined with the mixed MIG strategy",
     );
 
     let no_root = write_config(
         &h100,
         "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
     );
-    let (code, stderr) = run_failing(
+    refused(
         &h100,
-        &[
-            "device-plugin",
-            "--config-file",
-            no_root.to_str().unwrap(),
-            "--kmsg",
-            "",
-        ],
-    );
-    assert_eq!(code, Some(65), "{stderr}");
-    assert!(
-        stderr.contains("field flags.mpsRoot: invalid value \"\": sharing with MPS needs mpsRoot (--mps-root, MPS_ROOT)"),
-        "{stderr}"
+        "device-plugin",
+        &no_root,
+        "field flags.mpsRoot: invalid value \"\": sharing with MPS needs mpsRoot (--mps-root, MPS_ROOT)",
     );
 }
 
