@@ -311,7 +311,7 @@ async fn one_resource_start_allocate_restart_and_stop() {
 }
 
 #[test]
-fn standalone_daemon_with_renamed_resource_starts_and_stops() {
+fn standalone_daemon_starts_reconfigures_on_sighup_and_stops() {
     let node = Node::new("dgx-h100");
     let uuids = uuids(&node);
     let bin = fake_control(&node);
@@ -349,8 +349,33 @@ fn standalone_daemon_with_renamed_resource_starts_and_stops() {
     expected.push(format!("set_default_active_thread_percentage 50 | {env}"));
     assert_eq!(recorded(&bin), expected);
     assert!(dir.join(".started").exists());
-    assert!(sigterm_and_wait(&mut gpud).success());
+
+    // SIGHUP with another resource name and replica count: the old daemon quits and gives
+    // the GPUs back, the new one starts with the new limits.
+    write_config(&node, &mps_config(&root, 4));
+    Command::new("kill")
+        .args(["-HUP", &gpud.0.id().to_string()])
+        .status()
+        .unwrap();
+    let new_env = daemon_env(&root.join("nvidia.com/gpu"), &uuids);
     expected.push(format!("quit | {env}"));
+    expected.push(format!("-d | {new_env}"));
+    for ordinal in 0..8 {
+        expected.push(format!(
+            "set_default_device_pinned_mem_limit {ordinal} 20389M | {new_env}"
+        ));
+    }
+    expected.push(format!(
+        "set_default_active_thread_percentage 25 | {new_env}"
+    ));
+    assert_eq!(wait_recorded(&bin, |l| l.len() >= expected.len()), expected);
+    assert!(
+        !dir.join(".started").exists(),
+        "the old resource's marker is gone"
+    );
+
+    assert!(sigterm_and_wait(&mut gpud).success());
+    expected.push(format!("quit | {new_env}"));
     assert_eq!(recorded(&bin), expected);
     assert_eq!(compute_modes(&node), BTreeMap::new());
 }
