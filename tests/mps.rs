@@ -110,11 +110,21 @@ fn mps_config(root: &Path, replicas: u32) -> String {
     )
 }
 
-/// A running gpud, killed if the test ends before it stopped.
+/// A running gpud, stopped if the test ends before it did: SIGTERM first, so that it quits
+/// its (fake) MPS daemons, then SIGKILL.
 struct Gpud(Child);
 
 impl Drop for Gpud {
     fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -151,6 +161,15 @@ fn daemon_pid(root: &Path, resource: &str) -> String {
         .unwrap()
         .trim()
         .to_owned()
+}
+
+/// Whether process `pid` runs (a zombie waiting for its reaper does not).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(") ")
+            .next()
+            .is_some_and(|rest| !rest.starts_with('Z'))
+    })
 }
 
 fn allocate(ids: &[String]) -> AllocateRequest {
@@ -292,7 +311,10 @@ async fn one_resource_start_allocate_restart_and_stop() {
     let mut restarted = started.clone();
     restarted.extend(started.iter().cloned());
     assert_eq!(wait_recorded(&bin, |l| l.len() >= 12), restarted);
-    assert_ne!(daemon_pid(&root, "nvidia.com/gpu"), pid);
+    let killed = pid;
+    let pid = daemon_pid(&root, "nvidia.com/gpu");
+    assert_ne!(pid, killed, "a new daemon");
+    assert!(running(&pid));
 
     // SIGTERM: `quit`, compute mode back to DEFAULT, markers gone.
     let status = sigterm_and_wait(&mut gpud);
@@ -305,6 +327,12 @@ async fn one_resource_start_allocate_restart_and_stop() {
         BTreeMap::new(),
         "DEFAULT on every GPU"
     );
+    // `quit` stops the daemon: it does not inherit gpud's blocked SIGTERM.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(&pid) {
+        assert!(Instant::now() < deadline, "the daemon outlived `quit`");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(!resource_dir.join(".started").exists());
     assert!(!resource_dir.join("log").exists());
     assert!(!root.join(".ready").exists());
