@@ -20,6 +20,7 @@ pub mod http;
 pub mod inventory;
 pub mod labeller;
 pub mod mig;
+pub mod mps;
 pub mod multicall;
 pub mod node_status;
 pub mod nvidia_config;

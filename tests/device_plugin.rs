@@ -536,11 +536,12 @@ async fn bad_settings_exit_non_zero_naming_the_field() {
         "{stderr}"
     );
 
-    std::fs::write(&config, "version: v1\nflags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n").unwrap();
+    // MPS is served (tests/mps.rs), within MPS's client limit: 48 on an A100 (cc 8.0).
+    std::fs::write(&config, "version: v1\nflags:\n  mpsRoot: /run/nvidia/mps\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 49\n").unwrap();
     let out = node.run(&["device-plugin", "--config-file", config.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(65));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("field sharing.mps: invalid value \"nvidia.com/gpu×4\": MPS sharing is not supported by gpud yet"), "{stderr}");
+    assert!(stderr.contains("sharing.mps: invalid MPS replicas for nvidia.com/gpu: 49 replicas exceed the maximum of 48 MPS clients"), "{stderr}");
 }
 
 fn write_time_slicing(path: &std::path::Path, rename: bool, fail_over_one: bool) {

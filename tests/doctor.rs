@@ -96,7 +96,7 @@ fn healthy_dgx_h100_is_clean() {
     let run = doctor(&node, &host, &[]);
     assert_eq!(run.problems(), Vec::<String>::new());
     assert_eq!(run.code, 0);
-    assert_eq!(run.checks.len(), 31);
+    assert_eq!(run.checks.len(), 33);
     assert_eq!(
         run.found("driver.version"),
         "driver 570.133.20, CUDA 12.8; kernel module 570.133.20"
@@ -132,6 +132,10 @@ fn healthy_dgx_h100_is_clean() {
         "plugin socket nvidia-gpu.sock in /var/lib/kubelet/device-plugins"
     );
     assert_eq!(run.found("gpu.xid"), "no XIDs in the kernel log since boot");
+    assert_eq!(
+        run.found("mps.compute-mode"),
+        "no GPU is in compute mode EXCLUSIVE_PROCESS"
+    );
     // Every skip says why.
     for (id, check) in &run.checks {
         if check["status"] == "skip" {
@@ -176,7 +180,7 @@ fn unknown_check_names_are_usage_errors() {
     let out = node.run(&["doctor", "--only", "gpus"]);
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.starts_with("gpud doctor: unknown check or group \"gpus\" (groups: driver, devices, gpu, mig, fabric, runtime, kubelet, gpudirect, selinux, config;"), "{stderr}");
+    assert!(stderr.starts_with("gpud doctor: unknown check or group \"gpus\" (groups: driver, devices, gpu, mig, fabric, mps, runtime, kubelet, gpudirect, selinux, config;"), "{stderr}");
 }
 
 #[test]
@@ -967,5 +971,81 @@ fn mig_config_in_effect_or_the_reconcilers_reason() {
     assert_eq!(
         run.found("mig.config"),
         "no MIG config file given (--mig-config-file)"
+    );
+}
+
+/// Sets the simulated driver's compute mode of the given GPUs to EXCLUSIVE_PROCESS, as an MPS
+/// daemon that died would have left them (the mock's state file, see tests/nvml-mock).
+fn exclusive_process(node: &Node, gpus: &[usize]) {
+    let uuids = uuids(node);
+    let modes: serde_json::Map<String, Value> = gpus
+        .iter()
+        .map(|&i| (uuids[i].clone(), Value::from(3)))
+        .collect();
+    let state = serde_json::json!({"version": 1, "gpus": {}, "compute_modes": modes});
+    std::fs::write(node.state_path(), state.to_string()).unwrap();
+}
+
+#[test]
+fn exclusive_process_left_without_an_mps_daemon() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    exclusive_process(&node, &[0, 2]);
+    doctor(&node, &host, &[]).only_problem(
+        "mps.compute-mode",
+        "fail",
+        "GPUs 0, 2 are in compute mode EXCLUSIVE_PROCESS but no nvidia-cuda-mps-control runs: \
+         only one process at a time can use them (left behind by an MPS daemon that died or was \
+         stopped without restoring the mode)",
+        "start the MPS control daemon (gpud mps-control-daemon, or gpud run with sharing.mps in \
+         the config), or give the GPUs back: nvidia-smi -i <GPU> -c DEFAULT",
+    );
+    host.write("proc/5150/comm", "nvidia-cuda-mps-control\n");
+    host.write(
+        "proc/5150/status",
+        "Name:\tnvidia-cuda-mps\nUid:\t0\t0\t0\t0\n",
+    );
+    let run = doctor(&node, &host, &["--only", "mps"]);
+    assert_eq!(run.status("mps.compute-mode"), "ok");
+    assert_eq!(
+        run.found("mps.compute-mode"),
+        "GPUs 0, 2 are in EXCLUSIVE_PROCESS, served by 1 MPS control daemon(s)"
+    );
+}
+
+#[test]
+fn mps_server_under_another_uid_than_the_workloads() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let run = doctor(&node, &host, &["--only", "mps.uid"]);
+    assert_eq!(run.status("mps.uid"), "skip");
+    assert_eq!(run.found("mps.uid"), "no MPS daemon runs");
+    host.write("proc/5150/comm", "nvidia-cuda-mps-control\n");
+    host.write("proc/5150/status", "Uid:\t0\t0\t0\t0\n");
+    host.write("proc/5151/comm", "nvidia-cuda-mps-server\n");
+    host.write("proc/5151/status", "Uid:\t1001\t1001\t1001\t1001\n");
+    let run = doctor(&node, &host, &["--only", "mps.uid"]);
+    assert_eq!(run.status("mps.uid"), "skip");
+    assert_eq!(
+        run.found("mps.uid"),
+        "the workloads' UID is not given (--mps-workload-uid, GPUD_MPS_WORKLOAD_UID)"
+    );
+    doctor(&node, &host, &["--mps-workload-uid", "1000"]).only_problem(
+        "mps.uid",
+        "fail",
+        "nvidia-cuda-mps-server pid 5151 runs as UID 1001; workloads run as UID 1000, so their \
+         MPS clients wait until that server's clients finish",
+        "run every MPS workload as UID 1000 (securityContext.runAsUser), or stop the stray MPS \
+         server; the control daemon runs as root",
+    );
+    let run = doctor(
+        &node,
+        &host,
+        &["--only", "mps.uid", "--mps-workload-uid", "1001"],
+    );
+    assert_eq!(run.status("mps.uid"), "ok");
+    assert_eq!(
+        run.found("mps.uid"),
+        "1 MPS server(s) and 1 control daemon(s) run as UID 1001 or root"
     );
 }

@@ -15,7 +15,19 @@ fn list_names_exactly_the_working_applets() {
     let out = Command::new(gpud_bin()).arg("--list").output().unwrap();
     assert_eq!(
         stdout_ok(&out),
-        "cdi\ndevice-plugin\ndoctor\ndra\nexporter\nhealth\ninventory\nlabeller\nmig\nnode-status\nrun\n"
+        "cdi
+device-plugin
+doctor
+dra
+exporter
+health
+inventory
+labeller
+mig
+mps-control-daemon
+node-status
+run
+"
     );
 }
 

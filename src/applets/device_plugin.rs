@@ -55,6 +55,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
     let inventory = rescanner.discover()?;
+    crate::mps::check_at_start(&settings, &inventory.current())?;
 
     let plugin = args.plugin.clone();
     let mut daemon = Daemon::new("device-plugin", settings, move || {

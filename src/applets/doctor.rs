@@ -58,6 +58,11 @@ struct Args {
     #[arg(long, value_name = "LABEL", env = "MIG_PARTED_SELECTED_CONFIG")]
     mig_selected_config: Option<String>,
 
+    /// The UID MPS workloads run as (their pods' runAsUser): `mps.uid` fails when an MPS
+    /// server runs under another one.
+    #[arg(long, value_name = "UID", env = "GPUD_MPS_WORKLOAD_UID")]
+    mps_workload_uid: Option<u32>,
+
     /// The MIG reconciler's state directory, where it records its last state and reason.
     #[arg(long, value_name = "PATH", env = "GPUD_MIG_STATE_DIR",
           default_value = crate::mig::reconcile::args::DEFAULT_STATE_DIR)]
@@ -120,6 +125,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         mig_config: args.mig_config_file.clone(),
         mig_selected: args.mig_selected_config.clone(),
         mig_state_dir: args.mig_state_dir.clone(),
+        mps_workload_uid: args.mps_workload_uid,
     };
     let (report, driver) = runner::run(options.clone(), &selection, None);
     let text = if args.json {

@@ -9,6 +9,7 @@ mod health;
 mod inventory;
 mod labeller;
 mod mig;
+mod mps_control_daemon;
 mod node_status;
 mod run;
 
@@ -86,6 +87,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: false,
         about: "apply, assert, export and plan MIG layouts from mig-parted config files",
         run: mig::main,
+    },
+    Applet {
+        name: "mps-control-daemon",
+        daemon: true,
+        about: "run one MPS control daemon per MPS-shared resource (sharing.mps), restart them, give the GPUs back on stop",
+        run: mps_control_daemon::main,
     },
     Applet {
         name: "node-status",

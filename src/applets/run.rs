@@ -1,6 +1,8 @@
 //! `gpud run`: every subsystem in one process over one inventory — for systemd on bare metal
 //! and single-container deployments.
 //!
+//! With MPS sharing in NVIDIA's config, the MPS control daemons run here too.
+//!
 //! One discovery, one health watcher and one rescanner feed the device plugin, the labeller
 //! and the exporter: an XID withdraws the GPU from the kubelet, flips the health labels and
 //! shows in `/metrics` from the same event. Each subsystem keeps its standalone applet's flags
@@ -27,6 +29,7 @@ use crate::health::service::HealthWatcher;
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
 use crate::mig::reconcile::args::ReconcileArgs;
+use crate::mps::{self, MpsArgs, MpsControl};
 use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Rescanner};
 
@@ -80,6 +83,10 @@ struct Args {
 
     #[command(flatten)]
     kubelet: KubeletArgs,
+
+    /// The MPS control daemons, started when NVIDIA's config shares with MPS.
+    #[command(flatten)]
+    mps: MpsArgs,
 
     #[command(flatten)]
     labeller: LabellerArgs,
@@ -181,6 +188,14 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     };
     let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan_interval);
     let inventory = rescanner.discover()?;
+    mps::check_at_start(&plugin, &inventory.current())?;
+    let mps_events = node_status
+        .clone()
+        .map(|node| (node, args.labeller.kubeconfig().map(Into::into)));
+    let mps = plugin
+        .mps_root
+        .is_some()
+        .then(|| MpsControl::new(nvml.clone(), args.mps.options(mps_events)));
     let reconciler = args.mig.reconciler(
         args.node_name.as_deref(),
         args.labeller.kubeconfig(),
@@ -244,6 +259,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     } else {
         daemon.add_support(HealthWatcher::optional(nvml, health));
         daemon.serve_admin(&args.admin.address(daemon::DEFAULT_HEALTH_PORT));
+    }
+    if let Some(mps) = mps {
+        daemon.add(mps, |config: &Arc<Reloadable>| Arc::clone(&config.plugin));
     }
     let (held, claimed) = ledger::channel();
     if enabled(Optional::DevicePlugin) {

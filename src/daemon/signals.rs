@@ -7,8 +7,9 @@
 //! signal. The supervisor installs its handlers and then unblocks the signals on its own
 //! thread ([`Signals::install`]); whatever was pending is delivered to the handlers at that
 //! moment — an early SIGHUP becomes a reload, an early SIGTERM a clean stop. Applets that are
-//! not daemons give the default actions back at once ([`unblock`]). Child processes start with
-//! an empty mask (the standard library resets it), so nothing gpud starts inherits the block.
+//! not daemons give the default actions back at once ([`unblock`]). A child process inherits
+//! the mask of the thread that spawns it (seen with `gpud mps-control-daemon`'s children on
+//! Linux), so code that starts long-lived children calls [`unblock`] on its thread first.
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use tokio::signal::unix::{SignalKind, signal};

@@ -1,10 +1,11 @@
 //! Allocate: the container edits for a set of device IDs, as NVIDIA's device plugin makes
-//! them, for every `deviceListStrategy`. Pure: the CDI annotation key's random part and the
+//! them, for every `deviceListStrategy`, with MPS's pipe directory and shm when shared by MPS. Pure: the CDI annotation key's random part and the
 //! device nodes that exist on the host are inputs.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use super::mps;
 use super::resources::{PluginDevice, Resource};
 use super::settings::{CDI_KIND, ListStrategy, Settings};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
@@ -87,9 +88,14 @@ pub fn allocate(
         if strategies.contains(&ListStrategy::CdiCri) {
             response.cdi_devices = names.into_iter().map(|name| CdiDevice { name }).collect();
         }
-        if strategies.iter().all(|s| s.is_cdi()) {
-            return Ok(response);
-        }
+    }
+    // MPS clients find their daemon through the pipe directory and share memory through the
+    // daemon's tmpfs; NVIDIA adds both before deciding whether CDI alone answers.
+    if let (Some(root), Some(_)) = (&settings.mps_root, resource.replicas) {
+        mps::edit_response(&mut response, root, &resource.name);
+    }
+    if strategies.iter().all(|s| s.is_cdi()) {
+        return Ok(response);
     }
     if strategies.contains(&ListStrategy::Envvar) {
         response
@@ -100,14 +106,11 @@ pub fn allocate(
         response
             .envs
             .insert("NVIDIA_VISIBLE_DEVICES".into(), VOLUME_MOUNTS_ROOT.into());
-        response.mounts = visible
-            .iter()
-            .map(|id| Mount {
-                container_path: format!("{VOLUME_MOUNTS_ROOT}/{id}"),
-                host_path: "/dev/null".into(),
-                read_only: false,
-            })
-            .collect();
+        response.mounts.extend(visible.iter().map(|id| Mount {
+            container_path: format!("{VOLUME_MOUNTS_ROOT}/{id}"),
+            host_path: "/dev/null".into(),
+            read_only: false,
+        }));
     }
     if settings.pass_device_specs {
         response.devices = device_specs(&unique, settings, host);
@@ -277,6 +280,82 @@ mod tests {
                 "k8s.device-plugin.nvidia.com/gpu=foo",
                 "k8s.device-plugin.nvidia.com/gpu=bar"
             ]
+        );
+    }
+
+    /// Under MPS every strategy keeps the pipe directory and shm edits: CDI alone answers with
+    /// them, and volume-mounts adds its mounts after them.
+    #[test]
+    fn mps_edits_with_cdi_and_volume_mounts() {
+        let shared = Resource {
+            name: "nvidia.com/gpu".into(),
+            replicas: Some(2),
+            devices: vec![
+                device("foo::0", "foo", 0, Some(0)),
+                device("foo::1", "foo", 0, Some(1)),
+            ],
+        };
+        let mps_mounts = vec![
+            Mount {
+                container_path: "/mps/nvidia.com/gpu/pipe".into(),
+                host_path: "/run/nvidia/mps/nvidia.com/gpu/pipe".into(),
+                read_only: false,
+            },
+            Mount {
+                container_path: "/dev/shm".into(),
+                host_path: "/run/nvidia/mps/shm".into(),
+                read_only: false,
+            },
+        ];
+        let pipe_env: HashMap<String, String> = [(
+            "CUDA_MPS_PIPE_DIRECTORY".to_owned(),
+            "/mps/nvidia.com/gpu/pipe".to_owned(),
+        )]
+        .into();
+        let cdi = Settings {
+            list_strategies: vec![ListStrategy::CdiCri],
+            mps_root: Some("/run/nvidia/mps".into()),
+            ..Settings::default()
+        };
+        let out = allocate(&shared, &cdi, &ids(&["foo::1"]), "x", &HostView::default()).unwrap();
+        assert_eq!(
+            out,
+            ContainerAllocateResponse {
+                envs: pipe_env.clone(),
+                mounts: mps_mounts.clone(),
+                cdi_devices: vec![CdiDevice {
+                    name: "k8s.device-plugin.nvidia.com/gpu=foo".into()
+                }],
+                ..ContainerAllocateResponse::default()
+            }
+        );
+        let volumes = Settings {
+            list_strategies: vec![ListStrategy::VolumeMounts],
+            ..cdi
+        };
+        let out = allocate(
+            &shared,
+            &volumes,
+            &ids(&["foo::0"]),
+            "x",
+            &HostView::default(),
+        )
+        .unwrap();
+        let mut envs = pipe_env;
+        envs.insert("NVIDIA_VISIBLE_DEVICES".into(), VOLUME_MOUNTS_ROOT.into());
+        let mut mounts = mps_mounts;
+        mounts.push(Mount {
+            container_path: "/var/run/nvidia-container-devices/foo".into(),
+            host_path: "/dev/null".into(),
+            read_only: false,
+        });
+        assert_eq!(
+            out,
+            ContainerAllocateResponse {
+                envs,
+                mounts,
+                ..ContainerAllocateResponse::default()
+            }
         );
     }
 

@@ -8,12 +8,14 @@
 //! - Every inventory or settings change recomputes the resources: device lists are pushed to
 //!   the running plugins (ListAndWatch resends), plugins whose resource vanished stop and
 //!   remove their socket, new resources start and register.
+//! - An MPS-shared resource is served once its daemon's `.started` marker exists, and its
+//!   devices are unhealthy while the marker is gone (the daemon died and is being restarted).
 //! - When the kubelet recreates `kubelet.sock` (it restarted and wiped the plugin sockets),
 //!   every plugin is served and registered again.
 //! - Devices held by DRA claims ([`crate::dra::ledger`]) are withdrawn from every resource's
 //!   list while the claim lasts, so the kubelet never hands one GPU out through both.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,6 +26,7 @@ use tracing::{debug, error, info, warn};
 
 use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
+use super::mps;
 use super::registration;
 use super::resources::{self, Resource};
 use super::retry::Retry;
@@ -93,6 +96,8 @@ pub async fn run(
     let mut last_error: Option<String> = None;
     let mut restart_all = false;
     let mut held = config.held.clone().map(HeldSource::subscribe);
+    let mut markers = mps::Markers::default();
+    let mut mps_logged: BTreeSet<String> = BTreeSet::new();
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
@@ -100,6 +105,11 @@ pub async fn run(
             .as_mut()
             .map(|h| h.borrow_and_update().clone())
             .unwrap_or_default();
+        markers.follow(&current, &cancel);
+        let mps = MpsState {
+            started: markers.current(),
+            logged: &mut mps_logged,
+        };
         if restart_all {
             info!("Kubelet restarted; serving and registering every resource again");
             for (_, plugin) in std::mem::take(&mut plugins) {
@@ -107,7 +117,7 @@ pub async fn run(
             }
             restart_all = false;
         }
-        reconcile(
+        let all_served = reconcile(
             &mut plugins,
             &snapshot,
             &current,
@@ -115,12 +125,16 @@ pub async fn run(
             &dir,
             &config,
             &mut last_error,
+            mps,
         )?;
-        ready.set();
+        if all_served {
+            ready.set();
+        }
         tokio::select! {
             () = cancel.cancelled() => break,
             changed = snapshots.changed() => if changed.is_err() { break },
             changed = settings.changed() => if changed.is_err() { break },
+            () = markers.changed() => {}
             () = recreated(&mut kubelet) => restart_all = true,
             () = held_changed(&mut held) => {}
         }
@@ -151,6 +165,41 @@ async fn recreated(watch: &mut Option<KubeletWatch>) {
     }
 }
 
+/// Which MPS daemons are up, and which resources' waits were already logged.
+struct MpsState<'a> {
+    started: BTreeSet<String>,
+    logged: &'a mut BTreeSet<String>,
+}
+
+impl MpsState<'_> {
+    /// Whether `resource` is MPS-shared and its daemon is not up; says so once per outage.
+    fn down(&mut self, settings: &Settings, resource: &Resource, served: bool) -> bool {
+        let Some(root) = settings.mps_root.as_deref() else {
+            return false;
+        };
+        if resource.replicas.is_none() || self.started.contains(&resource.name) {
+            if self.logged.remove(&resource.name) {
+                info!(resource = %resource.name, "MPS daemon is ready");
+            }
+            return false;
+        }
+        if self.logged.insert(resource.name.clone()) {
+            let marker = mps::started_marker(root, &resource.name);
+            if served {
+                warn!(resource = %resource.name, marker = %marker.display(),
+                      "MPS daemon is down; the resource's devices are unhealthy until it is back");
+            } else {
+                info!(resource = %resource.name, marker = %marker.display(),
+                      "Waiting for MPS daemon to be ready (gpud's MPS control daemon writes the \
+                       marker); the resource is served once it is");
+            }
+        }
+        true
+    }
+}
+
+/// Brings the plugins in line with the node and the settings; whether every resource is
+/// served (an MPS resource waits for its daemon).
 fn reconcile(
     plugins: &mut BTreeMap<String, Plugin>,
     snapshot: &Arc<Snapshot>,
@@ -159,7 +208,8 @@ fn reconcile(
     dir: &Path,
     config: &ManagerConfig,
     last_error: &mut Option<String>,
-) -> Result<(), ManagerError> {
+    mut mps: MpsState<'_>,
+) -> Result<bool, ManagerError> {
     let mut wanted = match resources::resources(snapshot, settings) {
         Ok(wanted) => {
             *last_error = None;
@@ -196,7 +246,18 @@ fn reconcile(
         }
     }
     let host = HostFacts::read(&settings.dev_root, &config.proc_root, snapshot);
-    for resource in wanted {
+    let mut all_served = true;
+    for mut resource in wanted {
+        let served = plugins.contains_key(&resource.name);
+        if mps.down(settings, &resource, served) {
+            if !served {
+                all_served = false;
+                continue;
+            }
+            for device in &mut resource.devices {
+                device.healthy = false;
+            }
+        }
         let state = PluginState {
             resource: Arc::new(resource),
             snapshot: Arc::clone(snapshot),
@@ -215,7 +276,7 @@ fn reconcile(
             }
         }
     }
-    Ok(())
+    Ok(all_served)
 }
 
 /// Host facts Allocate needs, read once per reconcile rather than per request.

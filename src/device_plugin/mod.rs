@@ -5,6 +5,7 @@
 pub mod allocate;
 pub mod kubelet_watch;
 pub mod manager;
+pub mod mps;
 pub mod preferred;
 pub mod registration;
 pub mod resources;

@@ -9,7 +9,7 @@ pub use crate::nvidia_config::{
     DeviceListStrategy as ListStrategy, MigStrategy,
 };
 
-/// Time-slicing of one resource.
+/// Replication (time-slicing or MPS) of one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sharing {
     /// The resource being shared, e.g. `nvidia.com/gpu`.
@@ -33,10 +33,13 @@ pub struct Settings {
     /// Prefix of the CDI annotation key.
     pub cdi_annotation_prefix: String,
     pub shared_policy: SharedPolicy,
-    /// Time-sliced resources.
+    /// Replicated resources.
     pub sharing: Vec<Sharing>,
     /// Reject shared requests for more than one replica.
     pub fail_requests_greater_than_one: bool,
+    /// `mpsRoot` when the replicated resources are shared with MPS (NVIDIA's strategy `mps`);
+    /// `None` for time-slicing or no sharing.
+    pub mps_root: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -51,6 +54,7 @@ impl Default for Settings {
             shared_policy: SharedPolicy::Distributed,
             sharing: Vec::new(),
             fail_requests_greater_than_one: false,
+            mps_root: None,
         }
     }
 }

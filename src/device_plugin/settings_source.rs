@@ -9,8 +9,8 @@ use clap::Args;
 use super::manager::ManagerConfig;
 use super::settings::{Settings, Sharing};
 use crate::nvidia_config::{
-    self, Component, Config, GivenFlags, NvidiaConfigError, Origin, PluginFlags, ProcessEnv,
-    SharedFlags, SharingStrategy,
+    self, Component, Config, GivenFlags, NvidiaConfigError, PluginFlags, ProcessEnv, SharedFlags,
+    SharingStrategy,
 };
 
 /// NVIDIA's device-plugin flags.
@@ -114,28 +114,12 @@ pub fn load(args: &PluginArgs) -> Result<(Settings, Vec<String>), NvidiaConfigEr
         &ProcessEnv,
         Component::DevicePlugin,
     )?;
-    let origin = path.map_or(Origin::Merged, Origin::File);
-    let settings = from_config(&config, &origin)?;
+    let settings = from_config(&config);
     Ok((settings, config.warnings))
 }
 
 /// The device plugin's view of a resolved NVIDIA config.
-pub fn from_config(config: &Config, origin: &Origin) -> Result<Settings, NvidiaConfigError> {
-    if config.sharing.strategy() == SharingStrategy::Mps {
-        return Err(NvidiaConfigError::Invalid {
-            origin: origin.clone(),
-            field: "sharing.mps".into(),
-            value: config
-                .sharing
-                .mps
-                .resources
-                .iter()
-                .map(|r| format!("{}×{}", r.name, r.replicas))
-                .collect::<Vec<_>>()
-                .join(", "),
-            why: "MPS sharing is not supported by gpud yet; use sharing.timeSlicing".into(),
-        });
-    }
+pub fn from_config(config: &Config) -> Settings {
     let plugin = &config.flags.plugin;
     let replicated = config.sharing.replicated();
     let mut list_strategies = Vec::new();
@@ -144,7 +128,7 @@ pub fn from_config(config: &Config, origin: &Origin) -> Result<Settings, NvidiaC
             list_strategies.push(*strategy);
         }
     }
-    Ok(Settings {
+    Settings {
         mig_strategy: config.flags.mig_strategy,
         list_strategies,
         id_strategy: plugin.device_id_strategy,
@@ -163,5 +147,8 @@ pub fn from_config(config: &Config, origin: &Origin) -> Result<Settings, NvidiaC
             })
             .collect(),
         fail_requests_greater_than_one: replicated.fail_requests_greater_than_one,
-    })
+        mps_root: (config.sharing.strategy() == SharingStrategy::Mps)
+            .then(|| config.flags.mps_root.clone())
+            .flatten(),
+    }
 }

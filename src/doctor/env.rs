@@ -35,6 +35,8 @@ pub struct Options {
     pub mig_selected: Option<String>,
     /// The reconciler's state directory (its last state and reason).
     pub mig_state_dir: PathBuf,
+    /// The UID MPS workloads run as (`mps.uid`); `None` skips that check.
+    pub mps_workload_uid: Option<u32>,
 }
 
 impl Default for Options {
@@ -49,6 +51,7 @@ impl Default for Options {
             mig_config: None,
             mig_selected: None,
             mig_state_dir: PathBuf::from(crate::mig::reconcile::args::DEFAULT_STATE_DIR),
+            mps_workload_uid: None,
         }
     }
 }

@@ -80,13 +80,34 @@ impl HostRoot {
 
     /// Whether a process with this command name (`/proc/<pid>/comm`) runs on the host.
     pub fn process_running(&self, comm: &str) -> bool {
-        self.list("/proc")
+        !self.processes(comm).is_empty()
+    }
+
+    /// The processes with this command name on the host: pid and real UID (from
+    /// `/proc/<pid>/status`; `None` when unreadable), by pid.
+    pub fn processes(&self, comm: &str) -> Vec<(u32, Option<u32>)> {
+        let mut out: Vec<(u32, Option<u32>)> = self
+            .list("/proc")
             .iter()
-            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-            .any(|pid| {
+            .filter_map(|name| name.parse::<u32>().ok())
+            .filter(|pid| {
                 self.read(&format!("/proc/{pid}/comm"))
                     .is_some_and(|text| text.trim() == comm)
             })
+            .map(|pid| {
+                let uid = self
+                    .read(&format!("/proc/{pid}/status"))
+                    .and_then(|status| {
+                        status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Uid:"))
+                            .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+                    });
+                (pid, uid)
+            })
+            .collect();
+        out.sort_unstable();
+        out
     }
 }
 

@@ -124,7 +124,8 @@ pub enum ModeActivation {
     RebootRequired,
 }
 
-fn call(name: &'static str) -> impl FnOnce(E) -> NvmlError {
+/// Maps a wrapper error to the call that failed (shared by the NVML write paths).
+pub(super) fn call(name: &'static str) -> impl FnOnce(E) -> NvmlError {
     move |source| NvmlError::Call { call: name, source }
 }
 

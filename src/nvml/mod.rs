@@ -8,6 +8,7 @@
 //!
 //! Every `unsafe` block of gpud lives in [`raw`], each with a `// SAFETY:` comment.
 
+pub mod compute_mode;
 mod discover;
 mod error;
 pub mod events;

@@ -1,11 +1,12 @@
 //! The per-GPU facts `gpud doctor` judges that neither discovery nor the health poll reads:
 //! persistence mode, ECC mode now and after the next reboot, the PCIe link against its maximum,
-//! clock throttle reasons and the recovery action NVML asks for. Each is `None` when the GPU
+//! clock throttle reasons, the recovery action NVML asks for and the compute mode. Each is `None` when the GPU
 //! does not support the query.
 
 use nvml_wrapper::Device;
 use nvml_wrapper::error::NvmlError as E;
 
+use super::compute_mode::ComputeMode;
 use super::probe::Probe;
 use super::{GpuSignals, Nvml, raw};
 
@@ -37,6 +38,8 @@ pub struct GpuPreflight {
     /// `nvmlDeviceGpuRecoveryAction_t`: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
     /// 4 drain and reset.
     pub recovery_action: Option<u64>,
+    /// The compute mode (EXCLUSIVE_PROCESS while MPS serves the GPU).
+    pub compute_mode: Option<ComputeMode>,
 }
 
 impl Nvml {
@@ -77,6 +80,7 @@ fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, mut signals: GpuSignals) 
         .ok()
         .and_then(|values| values.into_iter().next())
         .and_then(Result::ok);
+    let compute_mode = probe.optional(device.compute_mode()).map(ComputeMode::from);
     signals.lost |= probe.lost;
     GpuPreflight {
         signals,
@@ -85,5 +89,6 @@ fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, mut signals: GpuSignals) 
         pcie,
         throttle_reasons,
         recovery_action,
+        compute_mode,
     }
 }

@@ -37,8 +37,16 @@ NODE_STATUS = ["node-status", "node-status-taints"]
 TOGGLES = ["sharing-config", "servicemonitor", "prometheus-rule", "runtime-class"]
 # The MIG reconciler: its own container beside the applets, or inside `gpud run`.
 MIG = {"base": "mig-manager", "all-in-one": "mig-manager-run"}
-# The one container that may run privileged: the one running the MIG reconciler.
-MIG_CONTAINER = {"mig-manager": "mig-manager", "mig-manager-run": "gpud"}
+# The MPS control daemons: their own container beside the applets, or inside `gpud run`.
+MPS = {"base": "mps", "all-in-one": "mps-run"}
+# The containers that may run privileged: the one running the MIG reconciler and the one
+# running the MPS control daemons.
+PRIVILEGED_CONTAINER = {
+    "mig-manager": "mig-manager",
+    "mig-manager-run": "gpud",
+    "mps": "mps-control-daemon",
+    "mps-run": "gpud",
+}
 
 
 def combinations():
@@ -71,6 +79,12 @@ def combinations():
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
                         [sink] if sink else []
                     ) + [MIG[overlay]] + extra
+                # MPS sharing, alone, next to the node status and next to the MIG reconciler
+                # (one DaemonSet, distinct ports, one config).
+                for extra in [[], ["node-status"], [MIG[overlay]]]:
+                    yield overlay, (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + [MPS[overlay]] + extra
 
 
 def render(overlay, components):
@@ -187,8 +201,9 @@ def check_security(container, privileged_ok):
     name = container["name"]
     assert ctx.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem"
     if privileged_ok:
-        # MIG changes need the driver's capability devices and a GPU reset (docs/mig.md).
-        assert ctx.get("privileged") is True, f"{name}: the MIG reconciler runs privileged"
+        # MIG changes need the driver's capability devices and a GPU reset (docs/mig.md);
+        # MPS needs compute mode, the shm tmpfs and a Bidirectional mount (docs/mps.md).
+        assert ctx.get("privileged") is True, f"{name}: the MIG reconciler / MPS daemons run privileged"
     else:
         assert ctx.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
         assert not ctx.get("privileged"), f"{name}: privileged"
@@ -213,7 +228,8 @@ def check_objects(objects, gpud, cache, version, components):
     assert daemonsets[0]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"], "a node selector on GPU nodes"
-    privileged = {MIG_CONTAINER[c] for c in components if c in MIG_CONTAINER}
+    privileged = {PRIVILEGED_CONTAINER[c] for c in components if c in PRIVILEGED_CONTAINER}
+    check_mps(components, daemonsets[0], pod, objects)
     ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
     assert len(ports) == len(set(ports)), f"containers share a port: {sorted(ports)}"
     for container in pod["containers"]:
@@ -256,6 +272,36 @@ def check_dra(overlay, components, objects):
     assert classes == (["gpu.nvidia.com", "mig.nvidia.com"] if dra else []), classes
     roles = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
     assert ("gpud-dra" in roles) == dra, f"ClusterRoles: {sorted(roles)}"
+
+
+def check_mps(components, daemonset, pod, objects):
+    """With MPS: host PID, the mps root shared Bidirectional by exactly the container running
+    the daemons, a config that shares with MPS under that root, and no second DaemonSet or
+    selector. Without: none of it."""
+    mps = any(c in ("mps", "mps-run") for c in components)
+    assert bool(pod.get("hostPID")) == mps, f"hostPID={pod.get('hostPID')} with MPS={mps}"
+    assert daemonset["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "gpud"}
+    runners = [
+        c["name"]
+        for c in pod["containers"]
+        for m in c.get("volumeMounts", [])
+        if m["name"] == "mps-root" and m.get("mountPropagation") == "Bidirectional"
+    ]
+    if not mps:
+        assert runners == [], runners
+        return
+    expected = "gpud" if "mps-run" in components else "mps-control-daemon"
+    assert runners == [expected], f"Bidirectional mps-root in {runners}, expected {expected}"
+    volume = next(v for v in pod["volumes"] if v["name"] == "mps-root")
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpud-nvidia-config"
+    )
+    nvidia = yaml.safe_load(config["data"]["config.yaml"])
+    assert nvidia["flags"]["mpsRoot"] == volume["hostPath"]["path"], "mpsRoot is the mounted root"
+    assert nvidia["sharing"]["mps"]["resources"], "the config shares with MPS"
+    if expected == "mps-control-daemon":
+        dp = next(c for c in pod["containers"] if c["name"] == "device-plugin")
+        assert any(m["name"] == "mps-root" for m in dp["volumeMounts"]), "device plugin sees markers"
 
 
 def check_node_status(overlay, components, objects):

@@ -9,6 +9,7 @@ mod gpu;
 mod gpudirect;
 mod kubelet;
 mod mig;
+mod mps;
 mod runtime;
 mod selinux;
 
@@ -174,6 +175,18 @@ pub static CATALOG: &[Check] = &[
         true,
         fabric::state,
         "NVSwitch fabric: fabric manager running, or NVML fabric registration completed"
+    ),
+    check!(
+        "mps.compute-mode",
+        true,
+        mps::compute_mode,
+        "no GPU is left in EXCLUSIVE_PROCESS without an MPS control daemon"
+    ),
+    check!(
+        "mps.uid",
+        false,
+        mps::uid,
+        "MPS servers run as the workloads' UID (--mps-workload-uid)"
     ),
     check!(
         "runtime.containerd",

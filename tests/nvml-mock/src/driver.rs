@@ -106,6 +106,8 @@ impl Dev {
 pub struct Runtime {
     /// MIG state per GPU (index-aligned with `node.gpus`).
     pub mig: Vec<MigState>,
+    /// Compute mode per GPU (index-aligned with `node.gpus`), starting at the fixture's.
+    pub compute_mode: Vec<u32>,
     pub faults: Vec<Faults>,
     pub registry: Registry,
     event_sets: HashMap<u64, Arc<EventSet>>,
@@ -115,6 +117,8 @@ pub struct Runtime {
     store: Option<StateStore>,
     /// State-file entries for GPUs this fixture does not have; written back untouched.
     foreign: BTreeMap<String, MigState>,
+    /// The same for compute modes.
+    foreign_compute_modes: BTreeMap<String, u32>,
     /// Messages already printed, so a repeated problem is reported once.
     warned: HashSet<String>,
 }
@@ -123,6 +127,7 @@ impl Runtime {
     fn new(node: &Node) -> Runtime {
         Runtime {
             mig: node.gpus.iter().map(|g| g.initial_mig.clone()).collect(),
+            compute_mode: node.gpus.iter().map(|g| g.compute_mode).collect(),
             faults: node.gpus.iter().map(Faults::new).collect(),
             registry: Registry::default(),
             event_sets: HashMap::new(),
@@ -131,6 +136,7 @@ impl Runtime {
             next_gpm_sample: 1,
             store: None,
             foreign: BTreeMap::new(),
+            foreign_compute_modes: BTreeMap::new(),
             warned: HashSet::new(),
         }
     }
@@ -156,6 +162,13 @@ impl Runtime {
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("state file {path}: {e}")),
         };
+        let mut foreign_modes = file.compute_modes.clone();
+        for gpu in &node.gpus {
+            if let Some(mode) = foreign_modes.remove(&gpu.uuid) {
+                self.compute_mode[gpu.index] = mode;
+            }
+        }
+        self.foreign_compute_modes = foreign_modes;
         let mut foreign = file.gpus.clone();
         for gpu in &node.gpus {
             let Some(state) = foreign.remove(&gpu.uuid) else {
@@ -178,7 +191,8 @@ impl Runtime {
         }
     }
 
-    /// Writes the MIG state of every MIG-capable GPU to the state file, if there is one.
+    /// Writes the MIG state of every MIG-capable GPU, and the compute mode of every GPU whose
+    /// mode differs from the fixture's, to the state file, if there is one.
     pub fn persist(&mut self, node: &Node) {
         let Some(store) = self.store.as_mut() else {
             return;
@@ -187,7 +201,13 @@ impl Runtime {
         for gpu in node.gpus.iter().filter(|g| g.mig_capable()) {
             gpus.insert(gpu.uuid.clone(), self.mig[gpu.index].clone());
         }
-        if let Err(e) = store.save(gpus) {
+        let mut modes = self.foreign_compute_modes.clone();
+        for gpu in &node.gpus {
+            if self.compute_mode[gpu.index] != gpu.compute_mode {
+                modes.insert(gpu.uuid.clone(), self.compute_mode[gpu.index]);
+            }
+        }
+        if let Err(e) = store.save(gpus, modes) {
             self.warn_once(format!("state file: {e}"));
         }
     }

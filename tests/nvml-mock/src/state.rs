@@ -1,6 +1,7 @@
-//! The MIG state file (`NVML_MOCK_STATE`): MIG mode, pending mode and GPU/compute instances
-//! per GPU, shared by every process using the mock so that a `mig apply` in one process is
-//! what `inventory` sees in the next.
+//! The state file (`NVML_MOCK_STATE`): MIG mode, pending mode and GPU/compute instances per
+//! GPU, and compute modes that were changed, shared by every process using the mock so that a
+//! `mig apply` in one process is what `inventory` sees in the next (and a test can read what a
+//! daemon set).
 //!
 //! Writes go to a temporary file that is renamed over the real one, so a reader never sees a
 //! half-written file. Readers re-load whenever the file's identity (inode, size, mtime)
@@ -17,13 +18,16 @@ use crate::mig::MigState;
 /// Format version written into the file.
 const VERSION: u32 = 1;
 
-/// The file's content: MIG state by GPU UUID. Entries for GPUs the current fixture does not
-/// have are preserved on rewrite.
+/// The file's content: MIG state by GPU UUID, and the compute mode (`nvmlComputeMode_t`) of
+/// every GPU whose mode `nvmlDeviceSetComputeMode` changed. Entries for GPUs the current
+/// fixture does not have are preserved on rewrite.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateFile {
     pub version: u32,
     pub gpus: BTreeMap<String, MigState>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_modes: BTreeMap<String, u32>,
 }
 
 /// What identifies one version of the file on disk.
@@ -90,10 +94,15 @@ impl StateStore {
     }
 
     /// Writes the file atomically (temporary file in the same directory, then rename).
-    pub fn save(&mut self, gpus: BTreeMap<String, MigState>) -> Result<(), String> {
+    pub fn save(
+        &mut self,
+        gpus: BTreeMap<String, MigState>,
+        compute_modes: BTreeMap<String, u32>,
+    ) -> Result<(), String> {
         let file = StateFile {
             version: VERSION,
             gpus,
+            compute_modes,
         };
         let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
         let name = self
@@ -126,7 +135,7 @@ mod tests {
         assert_eq!(a.load(), Ok(None));
         let mut gpus = BTreeMap::new();
         gpus.insert("GPU-x".to_owned(), MigState::default());
-        a.save(gpus.clone()).unwrap();
+        a.save(gpus.clone(), BTreeMap::new()).unwrap();
         assert!(!a.changed());
         assert!(b.changed());
         assert_eq!(b.load().unwrap().unwrap().gpus, gpus);

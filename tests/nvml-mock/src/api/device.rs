@@ -372,10 +372,38 @@ export! {
 }
 
 export! {
-    /// Compute mode.
+    /// Compute mode: the fixture's until `nvmlDeviceSetComputeMode` (in this or another
+    /// process sharing the state file) changes it.
     fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *mut nvmlComputeMode_t) {
-        put!(mode, with_gpu(device, |g| g.compute_mode)?);
+        let current = driver::with(|s, rt| {
+            let gpu = rt.gpu(&s.node, addr(device))?;
+            rt.sync_state(&s.node);
+            Ok(rt.compute_mode[gpu])
+        })?;
+        put!(mode, current);
         Ok(())
+    }
+}
+
+export! {
+    /// Sets the compute mode (DEFAULT, PROHIBITED or EXCLUSIVE_PROCESS; EXCLUSIVE_THREAD was
+    /// removed from the driver and is refused as NVML does) and writes it to the state file.
+    fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: nvmlComputeMode_t) {
+        driver::with(|s, rt| {
+            let gpu = rt.gpu(&s.node, addr(device))?;
+            let valid = [
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT,
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_PROHIBITED,
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+            ];
+            if !valid.contains(&mode) {
+                return Err(crate::ffi::rc::INVALID_ARGUMENT);
+            }
+            rt.sync_state(&s.node);
+            rt.compute_mode[gpu] = mode;
+            rt.persist(&s.node);
+            Ok(())
+        })
     }
 }
 

@@ -645,3 +645,63 @@ fn fabric_info_writes_fields_and_leaves_padding_as_the_real_library_does() {
     want[28] = 0;
     assert_eq!(v3.0, want);
 }
+
+#[test]
+fn compute_mode_is_set_and_persists_across_sessions() {
+    let dir = scratch("compute-mode");
+    let state = dir.join("state.json");
+    let config = Config {
+        state: Some(state.clone()),
+        ..fixture("pcie-4gpu")
+    };
+    let mode = |h| {
+        let mut m: nvmlComputeMode_t = 99;
+        assert_eq!(call!(nvmlDeviceGetComputeMode(h, &mut m)), rc::SUCCESS);
+        m
+    };
+    {
+        let _g = start(config.clone());
+        assert_eq!(mode(gpu(1)), nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT);
+        assert_eq!(
+            call!(nvmlDeviceSetComputeMode(
+                gpu(1),
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            )),
+            rc::SUCCESS
+        );
+        // EXCLUSIVE_THREAD was removed from the driver.
+        assert_eq!(
+            call!(nvmlDeviceSetComputeMode(
+                gpu(2),
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_THREAD
+            )),
+            rc::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            mode(gpu(1)),
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+        );
+        assert_eq!(mode(gpu(2)), nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT);
+    }
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(file["compute_modes"].as_object().unwrap().len(), 1);
+    {
+        // Another process sees it, and setting it back removes the entry.
+        let _g = start(config.clone());
+        assert_eq!(
+            mode(gpu(1)),
+            nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+        );
+        assert_eq!(
+            call!(nvmlDeviceSetComputeMode(
+                gpu(1),
+                nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT
+            )),
+            rc::SUCCESS
+        );
+    }
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert!(file.get("compute_modes").is_none(), "{file}");
+}

@@ -1,0 +1,291 @@
+//! The MPS subsystem: keeps one control daemon per MPS-shared resource running for as long as
+//! the configuration asks for MPS, and gives the GPUs back when it stops or stops asking.
+//!
+//! - Start: the shm tmpfs, then each daemon in resource order; `<root>/.ready` once all are up.
+//!   Ready on `/readyz` once every daemon answers its probe.
+//! - Supervision: every probe interval each daemon is asked
+//!   `get_default_active_thread_percentage`. One that does not answer is marked down (its
+//!   `.started` marker goes, so the device plugin shows its devices unhealthy) and started again
+//!   after [`BACKOFF_START`], then with backoff doubling up to [`BACKOFF_MAX`] while starts
+//!   fail. A successful restart
+//!   is logged and, with an API client configured, recorded as an event on the Node.
+//! - Reconfiguration (SIGHUP, a rescan that changed the GPUs): when the daemons the settings
+//!   call for differ, the old ones are stopped (`quit`, compute mode DEFAULT) and the new ones
+//!   started; a configuration that is invalid for MPS keeps the running daemons.
+//! - Stop: every daemon stopped, `.ready` removed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::{error, info, warn};
+
+use super::daemon::Daemon;
+use super::layout;
+use super::plan::{self, DaemonPlan};
+use crate::daemon::{Context, Subsystem};
+use crate::device_plugin::mps as paths;
+use crate::device_plugin::settings::Settings;
+use crate::inventory::Inventory;
+use crate::node_status::api::NodeApi;
+use crate::node_status::events::{Kind, NodeEvent};
+use crate::nvml::Nvml;
+use crate::telemetry;
+
+/// The first pause before restarting a daemon that failed to start again.
+pub const BACKOFF_START: Duration = Duration::from_secs(1);
+/// The longest pause between restarts.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The reason of the Node event for a restarted daemon.
+pub const RESTART_REASON: &str = "MPSDaemonRestarted";
+
+/// How the subsystem runs the daemons.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `nvidia-cuda-mps-control`, a path or a name looked up on PATH.
+    pub binary: PathBuf,
+    /// Leave `<root>/shm` unmounted.
+    pub skip_shm_mount: bool,
+    /// How often each daemon is probed.
+    pub probe_interval: Duration,
+    /// Where restart events go: the Node's name and the kubeconfig (`None`: in-cluster);
+    /// no target logs only.
+    pub events: Option<(String, Option<PathBuf>)>,
+}
+
+/// The MPS control-daemon subsystem.
+#[derive(Debug)]
+pub struct MpsControl {
+    nvml: Nvml,
+    options: Options,
+}
+
+impl MpsControl {
+    pub fn new(nvml: Nvml, options: Options) -> Self {
+        MpsControl { nvml, options }
+    }
+}
+
+/// One daemon and where it stands.
+struct Supervised {
+    daemon: Arc<Daemon>,
+    up: bool,
+    /// When to try starting it again while it is down.
+    retry_at: Instant,
+    backoff: Duration,
+    /// Whether it has been up before (a start after that is a restart).
+    was_up: bool,
+}
+
+impl Subsystem for MpsControl {
+    type Settings = Settings;
+    crate::subsystem_name!("mps");
+
+    async fn run(self, ctx: Context<Settings>, inventory: Inventory) -> anyhow::Result<()> {
+        let mut settings = ctx.settings();
+        let mut snapshots = inventory.subscribe();
+        let mut running: Vec<Supervised> = Vec::new();
+        let mut root: Option<PathBuf> = None;
+        let mut last_error: Option<String> = None;
+        let mut tick = tokio::time::interval(self.options.probe_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reconsider = true;
+        loop {
+            if reconsider {
+                reconsider = false;
+                let current = settings.borrow_and_update().clone();
+                let snapshot = snapshots.borrow_and_update().clone();
+                match plan::plan(&current, &snapshot) {
+                    Ok(plans) => {
+                        last_error = None;
+                        let wanted_root = current.mps_root.clone();
+                        if wanted_root != root || !same_plans(&running, &plans) {
+                            self.stop_all(&mut running, root.as_deref()).await;
+                            root = wanted_root;
+                            if let Some(dir) = root.clone() {
+                                let (shm_root, skip) = (dir.clone(), self.options.skip_shm_mount);
+                                blocking(move || layout::prepare_root(&shm_root, skip)).await??;
+                                running = plans
+                                    .into_iter()
+                                    .map(|p| {
+                                        Supervised::new(Daemon::new(p, &dir, &self.options.binary))
+                                    })
+                                    .collect();
+                            }
+                            self.supervise(&mut running).await;
+                            self.mark_ready(&running, root.as_deref(), &ctx).await;
+                        }
+                    }
+                    Err(err) => {
+                        let text = err.to_string();
+                        if last_error.as_deref() != Some(text.as_str()) {
+                            error!(error = %text, "Cannot run MPS as configured; keeping the running MPS daemons");
+                            last_error = Some(text);
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                () = ctx.cancelled() => break,
+                changed = settings.changed() => {
+                    if changed.is_err() { break }
+                    reconsider = true;
+                }
+                changed = snapshots.changed() => {
+                    if changed.is_err() { break }
+                    reconsider = true;
+                }
+                _ = tick.tick() => {
+                    self.supervise(&mut running).await;
+                    self.mark_ready(&running, root.as_deref(), &ctx).await;
+                }
+            }
+        }
+        self.stop_all(&mut running, root.as_deref()).await;
+        Ok(())
+    }
+}
+
+impl Supervised {
+    fn new(daemon: Daemon) -> Supervised {
+        Supervised {
+            daemon: Arc::new(daemon),
+            up: false,
+            retry_at: Instant::now(),
+            backoff: BACKOFF_START,
+            was_up: false,
+        }
+    }
+}
+
+fn same_plans(running: &[Supervised], plans: &[DaemonPlan]) -> bool {
+    running.len() == plans.len() && running.iter().zip(plans).all(|(r, p)| r.daemon.plan == *p)
+}
+
+/// Runs blocking work (NVML, child processes) off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    Ok(tokio::task::spawn_blocking(work).await?)
+}
+
+impl MpsControl {
+    /// Probes the daemons that are up and (re)starts those that are down and due.
+    async fn supervise(&self, running: &mut [Supervised]) {
+        for entry in running.iter_mut() {
+            let daemon = Arc::clone(&entry.daemon);
+            if entry.up {
+                let probe = blocking(move || daemon.probe()).await;
+                match probe {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(err)) => {
+                        warn!(resource = %entry.daemon.resource(), error = %telemetry::error_chain(&err),
+                            "MPS control daemon does not answer; marking its devices unhealthy and starting it again");
+                    }
+                    Err(err) => warn!(error = %err, "MPS probe task failed"),
+                }
+                entry.daemon.mark_down();
+                entry.up = false;
+                entry.backoff = BACKOFF_START;
+                entry.retry_at = Instant::now() + BACKOFF_START;
+                continue;
+            }
+            if Instant::now() < entry.retry_at {
+                continue;
+            }
+            let daemon = Arc::clone(&entry.daemon);
+            let nvml = self.nvml.clone();
+            match blocking(move || daemon.start(&nvml)).await {
+                Ok(Ok(())) => {
+                    entry.up = true;
+                    if entry.was_up {
+                        self.restarted(&entry.daemon);
+                    } else {
+                        info!(resource = %entry.daemon.resource(),
+                              gpus = entry.daemon.plan.gpus.len(),
+                              replicas = entry.daemon.plan.replicas,
+                              "MPS control daemon started");
+                    }
+                    entry.was_up = true;
+                }
+                outcome => {
+                    let why = match outcome {
+                        Ok(Err(err)) => telemetry::error_chain(&err),
+                        Err(err) => err.to_string(),
+                        Ok(Ok(())) => String::new(),
+                    };
+                    error!(resource = %entry.daemon.resource(), error = %why,
+                           retry_in = ?entry.backoff, "Cannot start the MPS control daemon");
+                    entry.retry_at = Instant::now() + entry.backoff;
+                    entry.backoff = (entry.backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Logs a restart and records it on the Node when an API client is configured.
+    fn restarted(&self, daemon: &Daemon) {
+        let message = format!(
+            "MPS control daemon for {} stopped answering and was restarted",
+            daemon.resource()
+        );
+        warn!(resource = %daemon.resource(), "{message}");
+        let Some((node, kubeconfig)) = self.options.events.clone() else {
+            return;
+        };
+        let event = NodeEvent {
+            kind: Kind::Warning,
+            reason: RESTART_REASON,
+            message,
+            at: SystemTime::now(),
+        };
+        telemetry::spawn(async move {
+            let posted = match crate::labeller::api::connect(kubeconfig.as_deref()).await {
+                Ok(client) => NodeApi::new(client, node)
+                    .create_event(&event, None)
+                    .await
+                    .map_err(|e| telemetry::error_chain(&e)),
+                Err(e) => Err(telemetry::error_chain(&e)),
+            };
+            if let Err(why) = posted {
+                warn!(error = %why, "Cannot record the MPS restart on the Node");
+            }
+        });
+    }
+
+    /// `.ready` and readiness once every daemon is up.
+    async fn mark_ready(
+        &self,
+        running: &[Supervised],
+        root: Option<&std::path::Path>,
+        ctx: &Context<Settings>,
+    ) {
+        if !running.iter().all(|s| s.up) {
+            return;
+        }
+        if let Some(root) = root {
+            let marker = paths::ready_marker(root);
+            if !marker.exists()
+                && let Err(err) = layout::mark(&marker)
+            {
+                warn!(error = %err, "Cannot write the MPS .ready marker");
+            }
+        }
+        ctx.set_ready();
+    }
+
+    /// Stops every daemon, in reverse order of start, and removes `.ready`.
+    async fn stop_all(&self, running: &mut Vec<Supervised>, root: Option<&std::path::Path>) {
+        if let Some(root) = root {
+            layout::unmark(&paths::ready_marker(root));
+        }
+        while let Some(entry) = running.pop() {
+            let nvml = self.nvml.clone();
+            let daemon = Arc::clone(&entry.daemon);
+            info!(resource = %daemon.resource(), "Stopping the MPS control daemon");
+            if let Err(err) = blocking(move || daemon.stop(&nvml)).await {
+                error!(error = %err, "MPS stop task failed");
+            }
+        }
+    }
+}
