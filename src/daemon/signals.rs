@@ -8,8 +8,8 @@
 //! thread ([`Signals::install`]); whatever was pending is delivered to the handlers at that
 //! moment — an early SIGHUP becomes a reload, an early SIGTERM a clean stop. Applets that are
 //! not daemons give the default actions back at once ([`unblock`]). A child process inherits
-//! the mask of the thread that spawns it (seen with `gpud mps-control-daemon`'s children on
-//! Linux), so code that starts long-lived children calls [`unblock`] on its thread first.
+//! the mask of the thread that spawns it, so every child gpud starts is started through
+//! [`with_default_mask`].
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use tokio::signal::unix::{SignalKind, signal};
@@ -33,6 +33,23 @@ pub fn block() {
 /// handlers installed meanwhile).
 pub fn unblock() {
     let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&handled()), None);
+}
+
+/// Runs `start`, which starts a child process, with the handled signals unblocked on this
+/// thread, then puts the thread's mask back. A child inherits the mask of the thread that
+/// forks it, and gpud's threads run with these signals blocked: a control daemon, hook or
+/// reset command started from one could not be stopped by SIGTERM (nor `systemctl stop`
+/// stop it) and would ignore Ctrl-C. Daemons start children only from subsystems, after the
+/// supervisor's handlers are installed, so a signal arriving meanwhile reaches a handler.
+pub fn with_default_mask<T>(start: impl FnOnce() -> T) -> T {
+    let mut before = SigSet::empty();
+    let unblocked =
+        pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&handled()), Some(&mut before)).is_ok();
+    let result = start();
+    if unblocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&before), None);
+    }
+    result
 }
 
 /// What a signal asks the daemon to do.
@@ -90,5 +107,43 @@ pub async fn shutdown() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The handled signals among a `SigBlk:` mask of /proc/<pid>/status.
+    fn handled_bits(status: &str) -> u64 {
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+            .unwrap();
+        // SIGHUP = 1, SIGINT = 2, SIGTERM = 15: bit n-1 each.
+        mask & (1 | 1 << 1 | 1 << 14)
+    }
+
+    fn own_status() -> String {
+        std::fs::read_to_string("/proc/thread-self/status").unwrap()
+    }
+
+    #[test]
+    fn children_start_with_the_signals_unblocked_and_the_thread_keeps_its_mask() {
+        std::thread::spawn(|| {
+            block();
+            assert_eq!(handled_bits(&own_status()), 0b100_0000_0000_0011);
+            let child = with_default_mask(|| {
+                std::process::Command::new("cat")
+                    .arg("/proc/self/status")
+                    .output()
+            })
+            .unwrap();
+            assert_eq!(handled_bits(&String::from_utf8_lossy(&child.stdout)), 0);
+            assert_eq!(handled_bits(&own_status()), 0b100_0000_0000_0011);
+        })
+        .join()
+        .unwrap();
     }
 }

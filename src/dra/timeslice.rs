@@ -91,12 +91,12 @@ fn run_bounded(
     if let Some(dir) = nvml_dir {
         command.env("LD_LIBRARY_PATH", dir);
     }
-    let mut child = command
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
+        .stderr(Stdio::piped());
+    let mut child = crate::daemon::signals::with_default_mask(|| command.spawn())
         .map_err(|e| format!("cannot run it: {e} (see --dra-nvidia-smi-path)"))?;
     // Read stderr beside the wait, so a chatty utility cannot fill the pipe and stall.
     let stderr = child.stderr.take().and_then(|mut pipe| {

@@ -234,13 +234,11 @@ fn reset(
         return Err(ApplyError::Failed("no GPU reset command configured".into()));
     };
     info!(gpus = %list(pending), command = %program, "resetting GPUs for the MIG mode change");
-    let status = std::process::Command::new(program)
-        .args(args)
-        .arg(buses.join(","))
-        .status()
-        .map_err(|e| {
-            ApplyError::Failed(format!("cannot run the GPU reset command {program:?}: {e}"))
-        })?;
+    let mut command = std::process::Command::new(program);
+    command.args(args).arg(buses.join(","));
+    let status = crate::daemon::signals::with_default_mask(|| command.status()).map_err(|e| {
+        ApplyError::Failed(format!("cannot run the GPU reset command {program:?}: {e}"))
+    })?;
     if !status.success() {
         return Err(ApplyError::Failed(format!(
             "GPU reset ({program:?} for {}) failed ({status}); a process may hold the GPU \

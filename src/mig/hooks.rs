@@ -112,8 +112,7 @@ impl Hooks {
             if let Some(dir) = &hook.workdir {
                 cmd.current_dir(dir);
             }
-            let status = cmd
-                .status()
+            let status = crate::daemon::signals::with_default_mask(|| cmd.status())
                 .map_err(|e| format!("hook {point}: cannot run {:?}: {e}", hook.command))?;
             if !status.success() {
                 return Err(format!(

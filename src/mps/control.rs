@@ -56,14 +56,12 @@ impl Control {
     }
 
     fn spawn(&self, cmd: &mut Command) -> Result<Child, ControlError> {
-        // A child inherits the spawning thread's signal mask, and gpud's threads start with
-        // SIGHUP, SIGTERM and SIGINT blocked (daemon::signals): a control daemon started from
-        // such a thread could never be stopped by SIGTERM, nor its servers. The supervisor's
-        // handlers are installed before any subsystem runs, so this thread may take them.
-        crate::daemon::signals::unblock();
-        cmd.spawn().map_err(|source| ControlError::Spawn {
-            binary: self.binary.clone(),
-            source,
+        // The daemon and its servers must be stoppable by SIGTERM (`quit` sends it).
+        crate::daemon::signals::with_default_mask(|| cmd.spawn()).map_err(|source| {
+            ControlError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            }
         })
     }
 

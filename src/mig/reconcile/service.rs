@@ -292,9 +292,9 @@ impl Reconciler {
         info!(command = %program, "Rebooting the node for the MIG mode change");
         let (program, args) = (program.clone(), args.to_vec());
         let ran = blocking(move || {
-            std::process::Command::new(&program)
-                .args(&args)
-                .status()
+            let mut command = std::process::Command::new(&program);
+            command.args(&args);
+            crate::daemon::signals::with_default_mask(|| command.status())
                 .map_err(|e| format!("cannot run the reboot command {program:?}: {e}"))
         })
         .await
