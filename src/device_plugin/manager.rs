@@ -106,9 +106,12 @@ pub async fn run(
             .map(|h| h.borrow_and_update().clone())
             .unwrap_or_default();
         markers.follow(&current, &cancel);
-        let mps = MpsState {
-            started: markers.current(),
-            logged: &mut mps_logged,
+        let withheld = Withheld {
+            claimed: &claimed,
+            mps: MpsState {
+                started: markers.current(),
+                logged: &mut mps_logged,
+            },
         };
         if restart_all {
             info!("Kubelet restarted; serving and registering every resource again");
@@ -121,11 +124,10 @@ pub async fn run(
             &mut plugins,
             &snapshot,
             &current,
-            &claimed,
+            withheld,
             &dir,
             &config,
             &mut last_error,
-            mps,
         )?;
         if all_served {
             ready.set();
@@ -163,6 +165,13 @@ async fn recreated(watch: &mut Option<KubeletWatch>) {
         Some(watch) => watch.recreated().await,
         None => std::future::pending().await,
     }
+}
+
+/// What keeps devices from being offered as the node and the settings say: GPUs held by DRA
+/// claims are withdrawn, and an MPS resource waits for its daemon.
+struct Withheld<'a> {
+    claimed: &'a Held,
+    mps: MpsState<'a>,
 }
 
 /// Which MPS daemons are up, and which resources' waits were already logged.
@@ -204,11 +213,10 @@ fn reconcile(
     plugins: &mut BTreeMap<String, Plugin>,
     snapshot: &Arc<Snapshot>,
     settings: &Arc<Settings>,
-    claimed: &Held,
+    mut withheld: Withheld<'_>,
     dir: &Path,
     config: &ManagerConfig,
     last_error: &mut Option<String>,
-    mut mps: MpsState<'_>,
 ) -> Result<bool, ManagerError> {
     let mut wanted = match resources::resources(snapshot, settings) {
         Ok(wanted) => {
@@ -228,7 +236,9 @@ fn reconcile(
     };
     for resource in &mut wanted {
         let before = resource.devices.len();
-        resource.devices.retain(|d| !claimed.contains(&d.uuid));
+        resource
+            .devices
+            .retain(|d| !withheld.claimed.contains(&d.uuid));
         if resource.devices.len() != before {
             debug!(resource = %resource.name, withdrawn = before - resource.devices.len(), "Devices held by DRA claims withdrawn");
         }
@@ -249,7 +259,7 @@ fn reconcile(
     let mut all_served = true;
     for mut resource in wanted {
         let served = plugins.contains_key(&resource.name);
-        if mps.down(settings, &resource, served) {
+        if withheld.mps.down(settings, &resource, served) {
             if !served {
                 all_served = false;
                 continue;
