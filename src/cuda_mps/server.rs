@@ -151,3 +151,15 @@ pub fn set_mode(nvml: &Nvml, gpus: &[String], mode: ComputeMode) -> Result<(), S
     }
     Ok(())
 }
+
+/// How gpud runs control daemons: the binary, whether it mounts the shm tmpfs, and how often
+/// a running daemon is probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// `nvidia-cuda-mps-control`, resolved on gpud's PATH.
+    pub binary: PathBuf,
+    /// Leave the shm folder a plain folder (`--mps-skip-shm-mount`).
+    pub skip_shm_mount: bool,
+    /// How often each daemon is probed (`--mps-probe-interval`).
+    pub probe_interval: Duration,
+}
