@@ -1419,3 +1419,24 @@ async fn a_bad_mps_config_is_the_claims_error_and_starts_nothing() {
     assert!(!dra.spec_file("uid-h").exists());
     assert!(!dra.path("plugins/gpu.nvidia.com/mps").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_on_a_mig_device_is_refused_to_the_claim() {
+    let mut dra = Dra::new("a100-mig");
+    mig_caps(&dra, 8, 0, 93, 94);
+    dra.start();
+    dra.register().await;
+    let config = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER,
+        "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS"}}}}]);
+    dra.put_configured_claim("mig", "uid-m", &["gpu-0-mig-1g10gb-19-1"], config);
+    assert_eq!(
+        dra.prepare("mig", "uid-m").await.claims["uid-m"].error,
+        "opaque config for request \"gpu\": sharing.strategy MPS on a MIG device is not \
+         supported by gpud (its control daemon would put the whole GPU in compute mode \
+         EXCLUSIVE_PROCESS under the other MIG devices' users); allocate a full GPU for MPS or \
+         leave sharing out"
+    );
+    assert_eq!(mps_recorded(&dra), Vec::<String>::new());
+    assert!(!dra.spec_file("uid-m").exists());
+}
