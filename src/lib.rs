@@ -7,6 +7,7 @@ pub mod applets;
 pub mod cdi;
 pub mod cli;
 pub mod config;
+pub mod cuda_mps;
 pub mod daemon;
 pub mod device_plugin;
 pub mod doctor;

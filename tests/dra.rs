@@ -48,6 +48,11 @@ impl Dra {
             std::fs::create_dir_all(node.dir.path().join(dir)).unwrap();
         }
         write_fake_nvidia_smi(node.dir.path());
+        let bin = node.dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let control = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/mps/nvidia-cuda-mps-control");
+        std::fs::copy(control, bin.join("nvidia-cuda-mps-control")).unwrap();
         Dra {
             node,
             api: FakeApi::start(json!({})),
@@ -99,6 +104,11 @@ impl Dra {
                 &path("pod-resources.sock"),
                 "--dra-nvidia-smi-path",
                 &path("nvidia-smi"),
+                "--mps-control-binary",
+                &path("bin/nvidia-cuda-mps-control"),
+                "--mps-skip-shm-mount",
+                "--mps-probe-interval",
+                "100ms",
                 "--kmsg",
                 "",
                 "--health-poll-interval",
@@ -1192,4 +1202,241 @@ async fn removed_sockets_are_served_again_and_the_plugin_registers_anew() {
         dra.prepare("c1", "uid-1").await.claims["uid-1"].devices,
         [prepared("uid-1", "gpu-0")]
     );
+}
+
+/// The fake MPS control binary's record, without the health probes (their number depends on
+/// timing).
+fn mps_recorded(dra: &Dra) -> Vec<String> {
+    std::fs::read_to_string(dra.path("bin/mps-record.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with("get_default_active_thread_percentage "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The compute modes the simulated driver holds, by GPU UUID (DEFAULT ones left out).
+fn compute_modes(dra: &Dra) -> BTreeMap<String, u64> {
+    let Ok(text) = std::fs::read_to_string(dra.node.state_path()) else {
+        return BTreeMap::new();
+    };
+    let state: Value = serde_json::from_str(&text).unwrap();
+    state["compute_modes"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+                .filter(|(_, v)| *v != 0)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mps_sharing(mps_config: Value) -> Value {
+    json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": mps_config}}}}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_claims_get_one_control_daemon_each_restarted_and_stopped_with_the_claim() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let (gpu0, gpu1, gpu2) = (dra.uuid(0), dra.uuid(1), dra.uuid(2));
+    let plugins = dra.path("plugins/gpu.nvidia.com/mps");
+    let mps_dir = |uid: &str| plugins.join(uid);
+    let env = |uid: &str, gpus: &str| {
+        let dir = mps_dir(uid);
+        format!(
+            "CUDA_MPS_LOG_DIRECTORY={0}/log CUDA_MPS_PIPE_DIRECTORY={0}/pipe \
+             CUDA_VISIBLE_DEVICES={gpus}",
+            dir.display()
+        )
+    };
+    let (env_a, env_b) = (env("uid-a", &gpu0), env("uid-b", &format!("{gpu1},{gpu2}")));
+    let lines = |env: &str, commands: &[&str]| -> Vec<String> {
+        commands.iter().map(|c| format!("{c} | {env}")).collect()
+    };
+    let start_a = lines(
+        &env_a,
+        &[
+            "-d",
+            "set_default_device_pinned_mem_limit 0 10240M",
+            "set_default_active_thread_percentage 50",
+        ],
+    );
+    let start_b = lines(
+        &env_b,
+        &[
+            "-d",
+            "set_default_device_pinned_mem_limit 0 1024M",
+            "set_default_device_pinned_mem_limit 1 2048M",
+            "set_default_active_thread_percentage 25",
+        ],
+    );
+
+    // Two claims on different GPUs: two daemons, each over its claim's GPUs only.
+    dra.put_configured_claim(
+        "a",
+        "uid-a",
+        &["gpu-0"],
+        mps_sharing(json!({"defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "10Gi"})),
+    );
+    dra.put_configured_claim(
+        "b",
+        "uid-b",
+        &["gpu-1", "gpu-2"],
+        mps_sharing(json!({"defaultActiveThreadPercentage": 25,
+            "defaultPinnedDeviceMemoryLimit": "1Gi",
+            "defaultPerDevicePinnedMemoryLimit": {gpu2.clone(): "2Gi"}})),
+    );
+    assert_eq!(dra.prepare("a", "uid-a").await.claims["uid-a"].error, "");
+    assert_eq!(dra.prepare("b", "uid-b").await.claims["uid-b"].error, "");
+    assert_eq!(
+        mps_recorded(&dra),
+        [start_a.clone(), start_b.clone()].concat()
+    );
+    let exclusive: BTreeMap<String, u64> = [&gpu0, &gpu1, &gpu2]
+        .iter()
+        .map(|u| ((*u).clone(), 3))
+        .collect();
+    assert_eq!(
+        compute_modes(&dra),
+        exclusive,
+        "EXCLUSIVE_PROCESS on the claims' GPUs"
+    );
+    for uid in ["uid-a", "uid-b"] {
+        for dir in ["pipe", "shm", "log"] {
+            assert!(mps_dir(uid).join(dir).is_dir(), "{uid}/{dir}");
+        }
+    }
+
+    // The workload's CDI edits point at its claim's daemon.
+    let spec: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dra.spec_file("uid-b")).unwrap()).unwrap();
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    let dir_b = mps_dir("uid-b");
+    for device in devices {
+        let edits = &device["containerEdits"];
+        assert_eq!(
+            edits["env"],
+            json!(["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"])
+        );
+        assert_eq!(
+            edits["mounts"],
+            json!([
+                {"hostPath": format!("{}/shm", dir_b.display()), "containerPath": "/dev/shm",
+                 "options": ["rw", "nosuid", "nodev", "bind"]},
+                {"hostPath": format!("{}/pipe", dir_b.display()), "containerPath": "/tmp/nvidia-mps",
+                 "options": ["rw", "nosuid", "nodev", "bind"]},
+            ])
+        );
+    }
+
+    // Prepared again (the kubelet's retry): the daemon answers, no second one starts.
+    assert_eq!(dra.prepare("a", "uid-a").await.claims["uid-a"].error, "");
+    assert_eq!(
+        mps_recorded(&dra),
+        [start_a.clone(), start_b.clone()].concat()
+    );
+
+    // A daemon that dies mid-run is started again by the probe. (The pid file goes too: a
+    // killed daemon whose parent gpud is gone stays a zombie here, which `kill -0` still sees.)
+    let kill = |uid: &str| {
+        let pidfile = mps_dir(uid).join("pipe/fake-daemon.pid");
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        // First the file, so a restart in between keeps its own.
+        std::fs::remove_file(pidfile).unwrap();
+        std::process::Command::new("kill")
+            .arg(pid.trim())
+            .status()
+            .unwrap();
+    };
+    kill("uid-b");
+    let restarted_b = [start_a.clone(), start_b.clone(), start_b.clone()].concat();
+    dra.until("the restarted daemon of claim b", || {
+        (mps_recorded(&dra) == restarted_b).then_some(())
+    });
+
+    // Across a gpud restart a running daemon is found again and a dead one started again.
+    dra.stop();
+    kill("uid-a");
+    dra.start();
+    dra.register().await;
+    assert_eq!(dra.prepare("a", "uid-a").await.claims["uid-a"].error, "");
+    assert_eq!(dra.prepare("b", "uid-b").await.claims["uid-b"].error, "");
+    let restarted_a = [restarted_b.clone(), start_a.clone()].concat();
+    assert_eq!(mps_recorded(&dra), restarted_a);
+
+    // Unprepare, without the claim object: `quit`, compute mode DEFAULT, folders gone; the
+    // other claim's daemon and GPUs are untouched.
+    dra.api.delete_claim("ns", "a");
+    assert_eq!(dra.unprepare("a", "uid-a").await, "");
+    assert_eq!(
+        mps_recorded(&dra),
+        [restarted_a, lines(&env_a, &["quit"])].concat()
+    );
+    assert!(!mps_dir("uid-a").exists());
+    let only_b: BTreeMap<String, u64> = [&gpu1, &gpu2].iter().map(|u| ((*u).clone(), 3)).collect();
+    assert_eq!(compute_modes(&dra), only_b);
+    assert_eq!(dra.unprepare("b", "uid-b").await, "");
+    assert_eq!(compute_modes(&dra), BTreeMap::new());
+    assert!(!dra.path("plugins/gpu.nvidia.com/mps/uid-b").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_mps_config_is_the_claims_error_and_starts_nothing() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.put_configured_claim(
+        "hot",
+        "uid-h",
+        &["gpu-0"],
+        mps_sharing(json!({"defaultActiveThreadPercentage": 150})),
+    );
+    assert_eq!(
+        dra.prepare("hot", "uid-h").await.claims["uid-h"].error,
+        "opaque config for request \"gpu\": sharing.mpsConfig.defaultActiveThreadPercentage 150 \
+         is not a percentage from 1 to 100"
+    );
+    dra.put_configured_claim(
+        "stray",
+        "uid-s",
+        &["gpu-0"],
+        mps_sharing(json!({"defaultPerDevicePinnedMemoryLimit": {"GPU-nope": "1Gi"}})),
+    );
+    assert_eq!(
+        dra.prepare("stray", "uid-s").await.claims["uid-s"].error,
+        "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[\"GPU-nope\"] names no GPU of the \
+         claim (use a GPU UUID, or an index from 0 to 0)"
+    );
+    assert_eq!(mps_recorded(&dra), Vec::<String>::new());
+    assert_eq!(compute_modes(&dra), BTreeMap::new());
+    assert!(!dra.spec_file("uid-h").exists());
+    assert!(!dra.path("plugins/gpu.nvidia.com/mps").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_on_a_mig_device_is_refused_to_the_claim() {
+    let mut dra = Dra::new("a100-mig");
+    mig_caps(&dra, 8, 0, 93, 94);
+    dra.start();
+    dra.register().await;
+    let config = json!([{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DRIVER,
+        "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS"}}}}]);
+    dra.put_configured_claim("mig", "uid-m", &["gpu-0-mig-1g10gb-19-1"], config);
+    assert_eq!(
+        dra.prepare("mig", "uid-m").await.claims["uid-m"].error,
+        "opaque config for request \"gpu\": sharing.strategy MPS on a MIG device is not \
+         supported by gpud (its control daemon would put the whole GPU in compute mode \
+         EXCLUSIVE_PROCESS under the other MIG devices' users); allocate a full GPU for MPS or \
+         leave sharing out"
+    );
+    assert_eq!(mps_recorded(&dra), Vec::<String>::new());
+    assert!(!dra.spec_file("uid-m").exists());
 }

@@ -13,6 +13,7 @@ use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::dra::{Dra, DraArgs, ledger};
 use crate::health::service::HealthWatcher;
+use crate::mps::MpsArgs;
 use crate::nvml::Rescanner;
 
 /// The admin endpoint's default port (`--health-address`).
@@ -20,8 +21,8 @@ pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 7;
 
 /// Be the kubelet's Dynamic Resource Allocation plugin for the node's GPUs and MIG devices
 /// (driver gpu.nvidia.com, as NVIDIA's DRA driver names them): publish ResourceSlices,
-/// prepare and unprepare claims with CDI specs, taint sick devices and clear the taints on
-/// recovery.
+/// prepare and unprepare claims with CDI specs (and an MPS control daemon per claim whose
+/// GpuConfig asks for MPS), taint sick devices and clear the taints on recovery.
 ///
 /// Needs the node name (NODE_NAME) and API access: get on resourceclaims;
 /// get/list/watch/create/update/delete on resourceslices; create on events.
@@ -41,6 +42,10 @@ struct Args {
     #[command(flatten)]
     dra: DraArgs,
 
+    /// The control binary, shm mount and probe interval of claims' MPS control daemons.
+    #[command(flatten)]
+    mps: MpsArgs,
+
     /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
     rescan_interval: Duration,
@@ -57,15 +62,17 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     let (health, _) = args.health.resolve()?;
     let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
-    let config = args.dra.config(node, args.kubeconfig.clone())?;
+    let config = args
+        .dra
+        .config(node, args.kubeconfig.clone(), args.mps.launch())?;
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
     let inventory = rescanner.discover()?;
     let mut daemon = Daemon::fixed("dra");
     daemon.add_support(rescanner);
-    daemon.add_support(HealthWatcher::optional(nvml, health));
+    daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
     let (held, _) = ledger::channel();
-    daemon.add_fixed(Dra::new(config, held));
+    daemon.add_fixed(Dra::new(config, held, nvml));
     daemon.serve_admin(&args.admin.address(HEALTH_PORT));
     daemon.run(inventory)
 }

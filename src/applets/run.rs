@@ -170,7 +170,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         true => {
             let node = super::node_status::node_name(args.node_name.as_deref(), "--dra")?;
             let kubeconfig = args.labeller.kubeconfig().map(Into::into);
-            Some(args.dra_args.config(node, kubeconfig)?)
+            Some(args.dra_args.config(node, kubeconfig, args.mps.launch())?)
         }
         false => None,
     };
@@ -253,11 +253,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if enabled(Optional::Exporter) {
         let (watcher, exporter) =
-            service::with_health(nvml, health, exporter, daemon.admin_routes());
+            service::with_health(nvml.clone(), health, exporter, daemon.admin_routes());
         daemon.add_support(watcher);
         daemon.add_fixed(exporter);
     } else {
-        daemon.add_support(HealthWatcher::optional(nvml, health));
+        daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
         daemon.serve_admin(&args.admin.address(daemon::DEFAULT_HEALTH_PORT));
     }
     if let Some(mps) = mps {
@@ -286,7 +286,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         daemon.add_fixed(status);
     }
     if let Some(config) = dra {
-        daemon.add_fixed(Dra::new(config, held));
+        daemon.add_fixed(Dra::new(config, held, nvml.clone()));
     }
     daemon.run(inventory)
 }

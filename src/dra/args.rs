@@ -1,12 +1,14 @@
 //! The DRA plugin's command line: driver name, the kubelet's folders, where CDI specs go, the
 //! host paths the specs describe, and the kubelet's pod-resources socket (to see what the
-//! device plugin handed out). The same flags serve `gpud dra` and `gpud run --dra`.
+//! device plugin handed out). The same flags serve `gpud dra` and `gpud run --dra`; claims'
+//! MPS control daemons take the MPS subsystem's `--mps-*` flags.
 
 use std::path::PathBuf;
 
 use clap::Args;
 
 use crate::cdi::discover::HostPaths;
+use crate::cuda_mps::server::Launch;
 
 /// NVIDIA's DRA driver name for GPUs and MIG devices.
 pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
@@ -101,6 +103,8 @@ pub struct DraConfig {
     pub kubeconfig: Option<PathBuf>,
     /// The nvidia-smi that sets time-slice intervals.
     pub nvidia_smi: PathBuf,
+    /// How claims' MPS control daemons run (the `--mps-*` flags).
+    pub mps: Launch,
 }
 
 impl DraArgs {
@@ -109,6 +113,7 @@ impl DraArgs {
         &self,
         node: String,
         kubeconfig: Option<PathBuf>,
+        mps: Launch,
     ) -> Result<DraConfig, crate::daemon::Error> {
         if !is_dns_subdomain(&self.dra_driver_name) || self.dra_driver_name.len() > 63 {
             return Err(crate::daemon::Error::Usage(format!(
@@ -137,6 +142,7 @@ impl DraArgs {
                 .then(|| PathBuf::from(&self.dra_pod_resources_socket)),
             kubeconfig,
             nvidia_smi: self.nvidia_smi(),
+            mps,
         })
     }
 

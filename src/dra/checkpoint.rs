@@ -38,6 +38,9 @@ pub struct PreparedClaim {
     pub namespace: String,
     pub name: String,
     pub devices: Vec<PreparedDevice>,
+    /// The claim's MPS control daemon, when its config asked for MPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<super::claim_mps::ClaimMps>,
 }
 
 /// One prepared device of a claim.
@@ -179,6 +182,7 @@ mod tests {
                     time_slice: None,
                     admin_access: false,
                 }],
+                mps: None,
             },
         );
         checkpoint

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::cdi::discover::{self, HostPaths};
+use crate::cdi::spec::ContainerEdits;
 use crate::cdi::{self, Format, Kind, NameStrategy, Options};
 use crate::inventory::Snapshot;
 
@@ -23,6 +24,8 @@ pub const CLASS: &str = "claim";
 pub struct ClaimDevice {
     pub name: String,
     pub uuid: String,
+    /// Whether it is served by the claim's MPS daemon (it gets the daemon's edits).
+    pub mps: bool,
 }
 
 /// Where the spec of claim `uid` lives.
@@ -35,13 +38,15 @@ pub fn cdi_id(uid: &str, device: &str) -> String {
     format!("{VENDOR}/{CLASS}={uid}-{device}")
 }
 
-/// Builds and writes the spec of claim `uid`; the error is the claim's.
+/// Builds and writes the spec of claim `uid`, the devices served by its MPS daemon with
+/// `mps_edits` added; the error is the claim's.
 pub fn write(
     snapshot: &Snapshot,
     host: &HostPaths,
     cdi_root: &Path,
     uid: &str,
     devices: &[ClaimDevice],
+    mps_edits: Option<&ContainerEdits>,
 ) -> Result<PathBuf, String> {
     let files = discover::discover(host, &snapshot.node.driver_version)
         .map_err(|e| format!("cannot read the host's driver files: {e}"))?;
@@ -69,6 +74,11 @@ pub fn write(
                 )
             })?;
         found.name = format!("{uid}-{}", device.name);
+        if let Some(extra) = mps_edits.filter(|_| device.mps) {
+            let edits = &mut found.container_edits;
+            edits.env.extend(extra.env.iter().cloned());
+            edits.mounts.extend(extra.mounts.iter().cloned());
+        }
         renamed.push(found);
     }
     generated.spec.devices = renamed;

@@ -14,6 +14,7 @@ pub mod api_version;
 pub mod args;
 pub mod checkpoint;
 pub mod claim_cdi;
+pub mod claim_mps;
 pub mod health_stream;
 pub mod ledger;
 pub mod names;

@@ -5,13 +5,19 @@
 //! Supported: `sharing.strategy: TimeSlicing` with `timeSlicingConfig.interval` (`Default`,
 //! `Short`, `Medium`, `Long`) on a full GPU, recorded with the prepared device and applied by
 //! [`super::timeslice`]. On a MIG device the strategy is accepted and sets nothing, and a
-//! `timeSlicingConfig` is refused, as NVIDIA's driver does. Refused with a per-claim
-//! error that says so: `sharing.strategy: MPS` (gpud's MPS support is separate work), another
+//! `timeSlicingConfig` is refused, as NVIDIA's driver does. `sharing.strategy: MPS` on a full
+//! GPU, with `mpsConfig` (`defaultActiveThreadPercentage`, `defaultPinnedDeviceMemoryLimit`,
+//! `defaultPerDevicePinnedMemoryLimit`), runs a control daemon for the claim
+//! ([`super::claim_mps`]). Refused with a per-claim error that says so: MPS on a MIG device
+//! (gpud would have to put the whole parent GPU in EXCLUSIVE_PROCESS under its other MIG
+//! devices' users), a thread percentage outside 1–100, a limit that is not a quantity, another
 //! API version or kind, and a config of the wrong kind for the device (`GpuConfig` on a MIG
 //! device, `MigDeviceConfig` on a GPU).
 //!
 //! Entries apply in allocation order — the class's first, then the claim's — so a claim's
 //! setting overrides its class's, as in NVIDIA's driver.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -28,6 +34,20 @@ pub const INTERVALS: [&str; 4] = ["Default", "Short", "Medium", "Long"];
 pub struct DeviceSettings {
     /// The time-slice interval, when time-slicing was asked for.
     pub time_slice: Option<String>,
+    /// MPS's limits, when MPS was asked for.
+    pub mps: Option<MpsSettings>,
+}
+
+/// What `mpsConfig` asks of a claim's control daemon; limits in MiB.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MpsSettings {
+    /// `defaultActiveThreadPercentage`, 1–100.
+    pub active_thread_percentage: Option<u32>,
+    /// `defaultPinnedDeviceMemoryLimit`: every GPU of the claim without its own limit.
+    pub pinned_default_mib: Option<u64>,
+    /// `defaultPerDevicePinnedMemoryLimit`, keyed as given: a GPU's UUID, or its position
+    /// among the claim's GPUs.
+    pub pinned_per_device_mib: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +68,19 @@ struct Sharing {
     strategy: String,
     #[serde(default)]
     time_slicing_config: Option<TimeSlicing>,
+    #[serde(default)]
+    mps_config: Option<MpsConfig>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MpsConfig {
+    #[serde(default)]
+    default_active_thread_percentage: Option<i64>,
+    #[serde(default)]
+    default_pinned_device_memory_limit: Option<serde_json::Value>,
+    #[serde(default)]
+    default_per_device_pinned_memory_limit: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -120,11 +153,19 @@ pub fn settings(
                 }
                 out.time_slice = Some(interval);
             }
-            "MPS" => {
+            "MPS" if mig => {
                 return Err(format!(
-                    "opaque config for request {request:?}: sharing.strategy MPS is not supported \
-                     by gpud's DRA plugin yet; use TimeSlicing or leave sharing out"
+                    "opaque config for request {request:?}: sharing.strategy MPS on a MIG device \
+                     is not supported by gpud (its control daemon would put the whole GPU in \
+                     compute mode EXCLUSIVE_PROCESS under the other MIG devices' users); \
+                     allocate a full GPU for MPS or leave sharing out"
                 ));
+            }
+            "MPS" => {
+                let config = sharing.mps_config.unwrap_or_default();
+                out.mps = Some(mps_settings(config).map_err(|why| {
+                    format!("opaque config for request {request:?}: sharing.mpsConfig.{why}")
+                })?);
             }
             other => {
                 return Err(format!(
@@ -135,6 +176,71 @@ pub fn settings(
         }
     }
     Ok(out)
+}
+
+/// The checked limits of `config`; the error names the field and the value.
+fn mps_settings(config: MpsConfig) -> Result<MpsSettings, String> {
+    let active_thread_percentage = match config.default_active_thread_percentage {
+        None => None,
+        Some(p) if (1..=100).contains(&p) => u32::try_from(p).ok(),
+        Some(p) => {
+            return Err(format!(
+                "defaultActiveThreadPercentage {p} is not a percentage from 1 to 100"
+            ));
+        }
+    };
+    let pinned_default_mib = config
+        .default_pinned_device_memory_limit
+        .map(|q| mebibytes(&q).map_err(|why| format!("defaultPinnedDeviceMemoryLimit {why}")))
+        .transpose()?;
+    let mut pinned_per_device_mib = BTreeMap::new();
+    for (key, q) in &config.default_per_device_pinned_memory_limit {
+        let mib = mebibytes(q)
+            .map_err(|why| format!("defaultPerDevicePinnedMemoryLimit[{key:?}] {why}"))?;
+        pinned_per_device_mib.insert(key.clone(), mib);
+    }
+    Ok(MpsSettings {
+        active_thread_percentage,
+        pinned_default_mib,
+        pinned_per_device_mib,
+    })
+}
+
+/// A Kubernetes quantity (`10Gi`, `512Mi`, `1G`, a number of bytes) in whole MiB, at least 1.
+fn mebibytes(quantity: &serde_json::Value) -> Result<u64, String> {
+    let text = match quantity {
+        serde_json::Value::String(s) => s.trim().to_owned(),
+        serde_json::Value::Number(n) => n.to_string(),
+        other => return Err(format!("{other} is not a quantity (e.g. 10Gi)")),
+    };
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let factor: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("{text:?} is not a quantity (e.g. 10Gi)")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a quantity (e.g. 10Gi)"))?;
+    let mib = (value * factor / (1024.0 * 1024.0)).floor();
+    if !(1.0..=1e15).contains(&mib) {
+        return Err(format!(
+            "{text:?} is below 1Mi, the smallest limit MPS takes"
+        ));
+    }
+    // In range by the check above.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(mib as u64)
 }
 
 #[cfg(test)]
@@ -177,14 +283,81 @@ mod tests {
     }
 
     #[test]
-    fn mps_wrong_kinds_and_bad_intervals_are_refused_by_name() {
+    fn mps_limits_are_read_and_checked() {
+        let mps = |mps_config: serde_json::Value| {
+            [config(
+                &[],
+                json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": mps_config}}),
+            )]
+        };
+        let got = settings(
+            &mps(json!({"defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"1": "512Mi", "GPU-x": "1G"}})),
+            "gpu.nvidia.com",
+            "gpu",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            got.mps,
+            Some(MpsSettings {
+                active_thread_percentage: Some(50),
+                pinned_default_mib: Some(10240),
+                pinned_per_device_mib: [("1".to_owned(), 512), ("GPU-x".to_owned(), 953)]
+                    .into_iter()
+                    .collect(),
+            })
+        );
+        let err = settings(
+            &mps(json!({"defaultActiveThreadPercentage": 150})),
+            "gpu.nvidia.com",
+            "gpu",
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "opaque config for request \"gpu\": sharing.mpsConfig.defaultActiveThreadPercentage \
+             150 is not a percentage from 1 to 100"
+        );
+        let err = settings(
+            &mps(json!({"defaultPinnedDeviceMemoryLimit": "lots"})),
+            "gpu.nvidia.com",
+            "gpu",
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            err.ends_with("\"lots\" is not a quantity (e.g. 10Gi)"),
+            "{err}"
+        );
+        let err = settings(
+            &mps(json!({"defaultPinnedDeviceMemoryLimit": "100Ki"})),
+            "gpu.nvidia.com",
+            "gpu",
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            err.ends_with("below 1Mi, the smallest limit MPS takes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mps_on_mig_wrong_kinds_and_bad_intervals_are_refused_by_name() {
         let mps = [config(
             &[],
-            json!({"apiVersion": API_VERSION, "kind": "GpuConfig",
+            json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig",
             "sharing": {"strategy": "MPS"}}),
         )];
-        let err = settings(&mps, "gpu.nvidia.com", "gpu", false).unwrap_err();
-        assert!(err.contains("MPS is not supported"), "{err}");
+        let err = settings(&mps, "gpu.nvidia.com", "gpu", true).unwrap_err();
+        assert!(
+            err.contains("MPS on a MIG device is not supported"),
+            "{err}"
+        );
         let gpu_on_mig = [config(
             &[],
             json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}),

@@ -13,7 +13,14 @@
 //!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
 //!    the checkpoint saved, and the held devices published.
 //!
-//! Unprepare puts a GPU whose interval the claim set back to what the other prepared claims on
+//! A claim whose config asks for MPS gets its own control daemon ([`super::claim_mps`]),
+//! started after the intervals and before the spec, whose devices carry the daemon's edits; a
+//! claim in the checkpoint has its daemon probed on every prepare and started again when it
+//! does not answer (a gpud or node restart), and [`Preparer::supervise_mps`] does the same
+//! every probe interval. A failed start is the claim's error and undoes the rest.
+//!
+//! Unprepare stops a claim's MPS daemon (`quit`, compute mode DEFAULT unless another claim's
+//! daemon keeps the GPU, folders removed). It puts a GPU whose interval the claim set back to what the other prepared claims on
 //! it ask for, or to `Default` when none asks (skipped when that is the interval already, or
 //! the GPU is gone); then it removes the claim's spec and checkpoint entry. A failed reset
 //! is the claim's error and leaves the claim prepared, so the kubelet's retry tries again.
@@ -31,6 +38,7 @@ use super::api_version::ResourceApi;
 use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
+use super::claim_mps::{self, ClaimMps};
 use super::ledger::{self, Held, Holding};
 use super::names::{self, DraDevice};
 use super::objects::Claim;
@@ -39,6 +47,7 @@ use super::publish::PublishError;
 use super::timeslice::{self, TimeSlicer};
 use crate::inventory::Inventory;
 use crate::node_status::api::bounded;
+use crate::nvml::Nvml;
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +65,7 @@ pub struct Preparer {
     checkpoint: Mutex<Checkpoint>,
     held: watch::Sender<Held>,
     time_slicer: TimeSlicer,
+    nvml: Nvml,
 }
 
 impl std::fmt::Debug for Preparer {
@@ -75,6 +85,7 @@ impl Preparer {
         inventory: Inventory,
         checkpoint: Checkpoint,
         held: watch::Sender<Held>,
+        nvml: Nvml,
     ) -> Preparer {
         held.send_replace(Arc::new(checkpoint.held()));
         Preparer {
@@ -84,6 +95,7 @@ impl Preparer {
             inventory,
             checkpoint: Mutex::new(checkpoint),
             held,
+            nvml,
         }
     }
 
@@ -120,6 +132,9 @@ impl Preparer {
                 continue;
             }
             let removed = checkpoint.claims.remove(&claim.uid);
+            if let Some(mps) = removed.as_ref().and_then(|c| c.mps.clone()) {
+                self.stop_mps(&checkpoint, &claim.uid, mps).await;
+            }
             let mut result = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
             if removed.is_some() {
                 if let Err(err) = checkpoint.save(&self.config.checkpoint()) {
@@ -140,6 +155,10 @@ impl Preparer {
     ) -> Result<Vec<PreparedDevice>, String> {
         let snapshot = self.inventory.current();
         if let Some(prepared) = checkpoint.claims.get(&claim.uid) {
+            // The daemon a gpud before this one started may have died with the node or alone.
+            if let Some(mps) = &prepared.mps {
+                self.ensure_mps(&claim.uid, mps).await?;
+            }
             let spec = claim_cdi::spec_path(&self.config.cdi_root, &claim.uid);
             if !prepared.devices.is_empty() && !spec.exists() {
                 let devices: Vec<ClaimDevice> = prepared
@@ -148,6 +167,10 @@ impl Preparer {
                     .map(|d| ClaimDevice {
                         name: d.device.clone(),
                         uuid: d.uuid.clone(),
+                        mps: prepared
+                            .mps
+                            .as_ref()
+                            .is_some_and(|m| m.gpus.contains(&d.uuid)),
                     })
                     .collect();
                 // A missing spec means the node rebooted (or the runtime's folder was
@@ -161,6 +184,11 @@ impl Preparer {
                     &self.config.cdi_root,
                     &claim.uid,
                     &devices,
+                    prepared
+                        .mps
+                        .as_ref()
+                        .map(|_| self.mps_edits(&claim.uid))
+                        .as_ref(),
                 )?;
             }
             return Ok(prepared.devices.clone());
@@ -187,6 +215,7 @@ impl Preparer {
         let holders = self.device_plugin_holders(&snapshot).await?;
         let mut devices = Vec::new();
         let mut cdi_devices = Vec::new();
+        let mut mps_asked: Vec<(String, opaque::MpsSettings)> = Vec::new();
         for result in results {
             if result.pool != self.config.node {
                 return Err(format!(
@@ -238,9 +267,15 @@ impl Preparer {
                 &result.request,
                 matches!(device, DraDevice::Mig(..)),
             )?;
+            // Admin access watches the GPU of another claim: it configures nothing.
+            let mps = settings.mps.filter(|_| !admin_access);
+            if let Some(mps) = mps.clone() {
+                mps_asked.push((gpu_uuid.clone(), mps));
+            }
             cdi_devices.push(ClaimDevice {
                 name: result.device.clone(),
                 uuid: uuid.clone(),
+                mps: mps.is_some(),
             });
             devices.push(PreparedDevice {
                 request_names: vec![result.request.clone()],
@@ -249,12 +284,20 @@ impl Preparer {
                 uuid,
                 gpu_uuid,
                 cdi_device_ids: vec![claim_cdi::cdi_id(&claim.uid, &result.device)],
-                // Admin access watches the GPU of another claim: it configures nothing.
                 time_slice: settings.time_slice.filter(|_| !admin_access),
                 admin_access,
             });
         }
+        let mps = claim_mps_plan(&snapshot, mps_asked)?;
         self.set_intervals(checkpoint, &claim.uid, &devices).await?;
+        if let Some(mps) = &mps
+            && let Err(error) = self.ensure_mps(&claim.uid, mps).await
+        {
+            self.stop_mps(checkpoint, &claim.uid, mps.clone()).await;
+            self.restore_intervals(checkpoint, &claim.uid, &devices)
+                .await;
+            return Err(error);
+        }
         // A claim with nothing for this driver gets no spec: a spec without devices is
         // invalid, and a runtime that reads one may refuse every spec in the folder.
         if !cdi_devices.is_empty()
@@ -264,8 +307,12 @@ impl Preparer {
                 &self.config.cdi_root,
                 &claim.uid,
                 &cdi_devices,
+                mps.as_ref().map(|_| self.mps_edits(&claim.uid)).as_ref(),
             )
         {
+            if let Some(mps) = &mps {
+                self.stop_mps(checkpoint, &claim.uid, mps.clone()).await;
+            }
             self.restore_intervals(checkpoint, &claim.uid, &devices)
                 .await;
             return Err(error);
@@ -276,11 +323,15 @@ impl Preparer {
                 namespace: claim.namespace.clone(),
                 name: claim.name.clone(),
                 devices: devices.clone(),
+                mps: mps.clone(),
             },
         );
         if let Err(err) = checkpoint.save(&self.config.checkpoint()) {
             checkpoint.claims.remove(&claim.uid);
             let _ = claim_cdi::remove(&self.config.cdi_root, &claim.uid);
+            if let Some(mps) = mps {
+                self.stop_mps(checkpoint, &claim.uid, mps).await;
+            }
             self.restore_intervals(checkpoint, &claim.uid, &devices)
                 .await;
             return Err(format!("cannot save the DRA checkpoint: {err}"));
@@ -349,6 +400,84 @@ impl Preparer {
         Ok(())
     }
 
+    /// Starts claim `uid`'s MPS daemon unless it answers; `Ok(true)` when it was started.
+    async fn ensure_mps(&self, uid: &str, mps: &ClaimMps) -> Result<bool, String> {
+        let (launch, nvml, dir) = (
+            self.config.mps.clone(),
+            self.nvml.clone(),
+            self.config.plugin_dir(),
+        );
+        let (uid, mps) = (uid.to_owned(), mps.clone());
+        let started = tokio::task::spawn_blocking(move || {
+            claim_mps::ensure(&launch, &nvml, &dir, &uid, &mps).map(|started| (started, uid, mps))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let (started, uid, mps) = started;
+        if started {
+            info!(claim = %uid, gpus = %mps.gpus.join(","), "Started the claim's MPS control daemon");
+        }
+        Ok(started)
+    }
+
+    /// Stops claim `uid`'s MPS daemon; its GPUs go back to compute mode DEFAULT unless another
+    /// prepared claim's daemon keeps them.
+    async fn stop_mps(&self, checkpoint: &Checkpoint, uid: &str, mps: ClaimMps) {
+        let still_mps: Vec<String> = checkpoint
+            .claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .filter_map(|(_, claim)| claim.mps.as_ref())
+            .flat_map(|m| m.gpus.iter().cloned())
+            .collect();
+        let (launch, nvml, dir) = (
+            self.config.mps.clone(),
+            self.nvml.clone(),
+            self.config.plugin_dir(),
+        );
+        let uid = uid.to_owned();
+        let stopped = tokio::task::spawn_blocking(move || {
+            claim_mps::stop(&launch, &nvml, &dir, &uid, &mps, &still_mps);
+        })
+        .await;
+        if let Err(err) = stopped {
+            warn!(error = %err, "Stopping the claim's MPS control daemon failed");
+        }
+    }
+
+    /// The CDI edits that point claim `uid`'s workload at its MPS daemon.
+    fn mps_edits(&self, uid: &str) -> crate::cdi::spec::ContainerEdits {
+        claim_mps::edits(&self.config.plugin_dir(), uid)
+    }
+
+    /// Probes every prepared claim's MPS daemon and starts again one that does not answer.
+    pub async fn supervise_mps(&self) {
+        let daemons: Vec<(String, ClaimMps)> = {
+            let checkpoint = self.checkpoint.lock().await;
+            checkpoint
+                .claims
+                .iter()
+                .filter_map(|(uid, c)| c.mps.clone().map(|m| (uid.clone(), m)))
+                .collect()
+        };
+        for (uid, mps) in daemons {
+            // Under the lock, so an unprepare cannot interleave with a restart.
+            let checkpoint = self.checkpoint.lock().await;
+            if checkpoint.claims.get(&uid).and_then(|c| c.mps.as_ref()) != Some(&mps) {
+                continue;
+            }
+            match self.ensure_mps(&uid, &mps).await {
+                Ok(true) => {
+                    warn!(claim = %uid, "The claim's MPS control daemon stopped answering and was started again");
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    warn!(claim = %uid, error = %error, "The claim's MPS control daemon stopped answering and cannot be started again; retrying on the next probe");
+                }
+            }
+        }
+    }
+
     async fn read_claim(&self, claim: &ClaimRef) -> Result<Claim, String> {
         let resource = self.api.as_ref().ok_or_else(|| {
             "no API access to read the ResourceClaim (see --kubeconfig)".to_owned()
@@ -396,6 +525,31 @@ impl Preparer {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// The daemon a claim's MPS requests ask for, over their GPUs in NVML index order; `None`
+/// when none asks. One daemon serves the claim, so its requests must agree on `mpsConfig`.
+fn claim_mps_plan(
+    snapshot: &crate::inventory::Snapshot,
+    asked: Vec<(String, opaque::MpsSettings)>,
+) -> Result<Option<ClaimMps>, String> {
+    let Some((_, settings)) = asked.first().cloned() else {
+        return Ok(None);
+    };
+    if asked.iter().any(|(_, other)| *other != settings) {
+        return Err(
+            "the claim's requests ask for MPS with different sharing.mpsConfig: one \
+                    MPS control daemon serves a claim, so give them one config"
+                .to_owned(),
+        );
+    }
+    let gpus: Vec<String> = snapshot
+        .gpus
+        .iter()
+        .filter(|g| asked.iter().any(|(uuid, _)| *uuid == g.uuid))
+        .map(|g| g.uuid.clone())
+        .collect();
+    claim_mps::plan(gpus, &settings).map(Some)
 }
 
 /// The interval GPU `gpu_uuid` should have without claim `uid`: the one another prepared claim

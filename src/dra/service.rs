@@ -28,6 +28,7 @@ use crate::inventory::Inventory;
 use crate::labeller::api::{Backoff, connect, node_seed};
 use crate::node_status::api::NodeApi;
 use crate::node_status::events::{Kind, NodeEvent};
+use crate::nvml::Nvml;
 use crate::telemetry;
 
 /// The reason of the event about a corrupt checkpoint.
@@ -62,15 +63,17 @@ pub enum DraError {
 pub struct Dra {
     config: Arc<DraConfig>,
     held: watch::Sender<Held>,
+    nvml: Nvml,
 }
 
 impl Dra {
     /// A plugin publishing the devices its claims hold on `held` (the device plugin of
-    /// `gpud run` listens there).
-    pub fn new(config: DraConfig, held: watch::Sender<Held>) -> Self {
+    /// `gpud run` listens there); `nvml` sets compute modes for claims' MPS daemons.
+    pub fn new(config: DraConfig, held: watch::Sender<Held>, nvml: Nvml) -> Self {
         Dra {
             config: Arc::new(config),
             held,
+            nvml,
         }
     }
 }
@@ -103,6 +106,12 @@ impl Subsystem for Dra {
             inventory.clone(),
             checkpoint,
             self.held,
+            self.nvml,
+        ));
+        telemetry::spawn(supervise_mps(
+            Arc::clone(&preparer),
+            config.mps.probe_interval,
+            ctx.cancel_token(),
         ));
         let cancel = ctx.cancel_token();
         let registered = Arc::new(Notify::new());
@@ -138,6 +147,19 @@ impl Subsystem for Dra {
             let _ = std::fs::remove_file(socket);
         }
         Ok(())
+    }
+}
+
+/// Probes the prepared claims' MPS daemons every `interval` and starts again one that stopped
+/// answering (on the next tick after it died; a failed start is tried on every tick).
+async fn supervise_mps(preparer: Arc<Preparer>, interval: Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => preparer.supervise_mps().await,
+        }
     }
 }
 

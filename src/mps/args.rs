@@ -1,4 +1,5 @@
-//! The MPS control daemons' command line, shared by `gpud mps-control-daemon` and `gpud run`.
+//! The MPS control daemons' command line, shared by `gpud mps-control-daemon`, `gpud run`
+//! and (for the per-claim daemons) `gpud dra`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,6 +35,15 @@ pub struct MpsArgs {
 }
 
 impl MpsArgs {
+    /// How daemons are run, for the DRA plugin's per-claim daemons.
+    pub fn launch(&self) -> crate::cuda_mps::server::Launch {
+        crate::cuda_mps::server::Launch {
+            binary: on_path(&self.mps_control_binary),
+            skip_shm_mount: self.mps_skip_shm_mount,
+            probe_interval: self.mps_probe_interval,
+        }
+    }
+
     /// The subsystem's options; `events` names the Node and kubeconfig for restart events.
     pub fn options(&self, events: Option<(String, Option<PathBuf>)>) -> Options {
         Options {

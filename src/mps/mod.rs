@@ -3,20 +3,21 @@
 //! `gpud mps-control-daemon`.
 //!
 //! One job per file: [`plan`] (which daemons, over which GPUs, with which limits, and what MPS
-//! refuses), [`control`] (running `nvidia-cuda-mps-control`), [`layout`] (folders, the shm
-//! tmpfs, the markers), [`daemon`] (one daemon's start and stop sequence), [`service`] (the
-//! subsystem: supervision, restarts, reconfiguration) and [`args`] (the command line).
+//! refuses), [`layout`] (the shm tmpfs, the markers), [`daemon`] (one resource's daemon over
+//! the shared start and stop sequence of [`crate::cuda_mps`], which the DRA plugin's per-claim
+//! daemons use too), [`service`] (the subsystem: supervision, restarts, reconfiguration) and
+//! [`args`] (the command line). `control` is [`crate::cuda_mps::control`], re-exported.
 //!
 //! The host layout and what Allocate adds are the device plugin's (`device_plugin::mps`): the
 //! two sides meet only through the `.started` markers, so they work in one process or two.
 
 pub mod args;
-pub mod control;
 pub mod daemon;
 pub mod layout;
 pub mod plan;
 pub mod service;
 
+pub use crate::cuda_mps::control;
 pub use args::MpsArgs;
 pub use service::MpsControl;
 

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use crate::cuda_mps::server;
 use crate::device_plugin::mps as layout;
 use crate::device_plugin::resources;
 use crate::device_plugin::settings::Settings;
@@ -119,25 +120,12 @@ pub fn max_clients(capability: &str) -> u32 {
 impl DaemonPlan {
     /// The daemon's whole environment (and that of every command sent to it).
     pub fn env(&self, root: &Path) -> Vec<(String, String)> {
-        let path = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
-        vec![
-            (
-                "CUDA_MPS_PIPE_DIRECTORY".into(),
-                path(layout::pipe_dir(root, &self.resource)),
-            ),
-            (
-                "CUDA_MPS_LOG_DIRECTORY".into(),
-                path(layout::log_dir(root, &self.resource)),
-            ),
-            (
-                "CUDA_VISIBLE_DEVICES".into(),
-                self.gpus
-                    .iter()
-                    .map(|g| g.uuid.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-        ]
+        let gpus: Vec<String> = self.gpus.iter().map(|g| g.uuid.clone()).collect();
+        server::environment(
+            &layout::pipe_dir(root, &self.resource),
+            &layout::log_dir(root, &self.resource),
+            &gpus,
+        )
     }
 
     /// The commands that set the daemon's defaults, in order: each GPU's pinned memory limit
