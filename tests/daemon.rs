@@ -69,7 +69,10 @@ impl Applet {
             if has_hup("SigBlk:") || has_hup("SigCgt:") {
                 break;
             }
-            assert!(Instant::now() < deadline, "gpud never blocked nor caught SIGHUP");
+            assert!(
+                Instant::now() < deadline,
+                "gpud never blocked nor caught SIGHUP"
+            );
             // Give the core to gpud (and the other tests' gpuds) rather than spin on it.
             std::thread::yield_now();
         }
