@@ -1440,3 +1440,27 @@ async fn mps_on_a_mig_device_is_refused_to_the_claim() {
     assert_eq!(mps_recorded(&dra), Vec::<String>::new());
     assert!(!dra.spec_file("uid-m").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_is_refused_on_a_gpu_whose_compute_mode_someone_else_set() {
+    let mut dra = Dra::new("dgx-h100");
+    let gpu1 = dra.uuid(1);
+    // The device plugin's MPS daemon (or an administrator) put GPU 1 in EXCLUSIVE_PROCESS.
+    let state = json!({"version": 1, "gpus": {}, "compute_modes": {&gpu1: 3}});
+    std::fs::write(dra.node.state_path(), state.to_string()).unwrap();
+    dra.start();
+    dra.register().await;
+    dra.put_configured_claim("taken", "uid-t", &["gpu-1"], mps_sharing(json!({})));
+    assert_eq!(
+        dra.prepare("taken", "uid-t").await.claims["uid-t"].error,
+        format!(
+            "GPU {gpu1} is in compute mode EXCLUSIVE_PROCESS, not DEFAULT: another MPS control \
+             daemon (the device plugin's sharing.mps) or an administrator set it, and this \
+             claim's daemon would take the GPU from under it; give the claim other GPUs, or set \
+             this one back to DEFAULT"
+        )
+    );
+    assert_eq!(mps_recorded(&dra), Vec::<String>::new());
+    assert_eq!(compute_modes(&dra), BTreeMap::from([(gpu1, 3)]));
+    assert!(!dra.spec_file("uid-t").exists());
+}

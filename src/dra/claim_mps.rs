@@ -90,6 +90,27 @@ pub fn server(launch: &Launch, plugin_dir: &Path, uid: &str, mps: &ClaimMps) -> 
     )
 }
 
+/// Refuses a new claim's MPS on a GPU whose compute mode is not DEFAULT: another MPS daemon
+/// (the device plugin's `sharing.mps`) or an administrator set it, and the claim's daemon
+/// would take the GPU from under it, then set it to DEFAULT on unprepare. A mode NVML cannot
+/// read is left to the start, which sets it. Blocks on the driver.
+pub fn check_modes(nvml: &Nvml, mps: &ClaimMps) -> Result<(), String> {
+    for gpu in &mps.gpus {
+        match nvml.compute_mode(gpu) {
+            Ok(ComputeMode::Default) | Err(_) => {}
+            Ok(mode) => {
+                return Err(format!(
+                    "GPU {gpu} is in compute mode {mode}, not DEFAULT: another MPS control \
+                     daemon (the device plugin's sharing.mps) or an administrator set it, and \
+                     this claim's daemon would take the GPU from under it; give the claim other \
+                     GPUs, or set this one back to DEFAULT"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Makes sure the claim's daemon runs: one that answers is left alone (`Ok(false)`), else the
 /// shm folder is prepared and the daemon started (`Ok(true)`). The error is the claim's.
 pub fn ensure(

@@ -289,6 +289,9 @@ impl Preparer {
             });
         }
         let mps = claim_mps_plan(&snapshot, mps_asked)?;
+        if let Some(mps) = &mps {
+            self.check_mps_modes(mps).await?;
+        }
         self.set_intervals(checkpoint, &claim.uid, &devices).await?;
         if let Some(mps) = &mps
             && let Err(error) = self.ensure_mps(&claim.uid, mps).await
@@ -398,6 +401,14 @@ impl Preparer {
             info!(device = %device.device, gpu = %device.gpu_uuid, interval = %back, "Put the GPU's time-slice interval back");
         }
         Ok(())
+    }
+
+    /// Refuses a new MPS claim on GPUs whose compute mode someone else set.
+    async fn check_mps_modes(&self, mps: &ClaimMps) -> Result<(), String> {
+        let (nvml, mps) = (self.nvml.clone(), mps.clone());
+        tokio::task::spawn_blocking(move || claim_mps::check_modes(&nvml, &mps))
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     /// Starts claim `uid`'s MPS daemon unless it answers; `Ok(true)` when it was started.
