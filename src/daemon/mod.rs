@@ -19,6 +19,7 @@ mod context;
 mod error;
 mod file_watch;
 mod notify;
+pub mod poll;
 mod readiness;
 pub mod signals;
 mod subsystem;

@@ -105,7 +105,7 @@ pub async fn run(
             .as_mut()
             .map(|h| h.borrow_and_update().clone())
             .unwrap_or_default();
-        markers.follow(&current, &cancel);
+        markers.follow(&current);
         let withheld = Withheld {
             claimed: &claimed,
             mps: MpsState {

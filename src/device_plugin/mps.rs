@@ -17,10 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use crate::proto::deviceplugin::{ContainerAllocateResponse, Mount};
-use crate::telemetry;
 
 /// Where containers see the MPS root (NVIDIA's `mps.ContainerRoot`).
 pub const CONTAINER_ROOT: &str = "/mps";
@@ -91,34 +89,11 @@ pub fn started(root: &Path, names: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
-/// Watches the `.started` markers of `names` under `root` until `cancel`: the receiver holds
-/// the resources whose daemon is up, updated within [`MARKER_POLL`] of a change.
-pub fn watch_started(
-    root: PathBuf,
-    names: Vec<String>,
-    cancel: CancellationToken,
-) -> watch::Receiver<BTreeSet<String>> {
-    let (tx, rx) = watch::channel(started(&root, &names));
-    telemetry::spawn(async move {
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(MARKER_POLL) => {}
-            }
-            let now = started(&root, &names);
-            tx.send_if_modified(|seen| {
-                if *seen == now {
-                    return false;
-                }
-                *seen = now;
-                true
-            });
-            if tx.is_closed() {
-                return;
-            }
-        }
-    });
-    rx
+/// Follows the `.started` markers of `names` under `root`: the receiver holds the resources
+/// whose daemon is up, updated within [`MARKER_POLL`] of a change, until it is dropped.
+pub fn watch_started(root: PathBuf, names: Vec<String>) -> watch::Receiver<BTreeSet<String>> {
+    let initial = started(&root, &names);
+    crate::daemon::poll::follow(initial, MARKER_POLL, move || Some(started(&root, &names)))
 }
 
 /// The `.started` markers the device plugin follows: those of the MPS-shared resources of the
@@ -126,13 +101,13 @@ pub fn watch_started(
 #[derive(Debug, Default)]
 pub struct Markers {
     watched: Option<(PathBuf, Vec<String>)>,
+    /// Dropping it (the settings changed) ends the old watch.
     started: Option<watch::Receiver<BTreeSet<String>>>,
-    stop: CancellationToken,
 }
 
 impl Markers {
     /// Follows the markers `settings` call for (none without MPS).
-    pub fn follow(&mut self, settings: &super::settings::Settings, cancel: &CancellationToken) {
+    pub fn follow(&mut self, settings: &super::settings::Settings) {
         let wanted = settings.mps_root.as_ref().map(|root| {
             let names = settings
                 .sharing
@@ -144,11 +119,9 @@ impl Markers {
         if wanted == self.watched {
             return;
         }
-        self.stop.cancel();
-        self.stop = cancel.child_token();
         self.started = wanted
             .clone()
-            .map(|(root, names)| watch_started(root, names, self.stop.clone()));
+            .map(|(root, names)| watch_started(root, names));
         self.watched = wanted;
     }
 

@@ -63,47 +63,42 @@ impl HeldSource {
 /// the last set (the writer replaces files atomically, so that is a corrupt file, which the
 /// DRA plugin moves aside itself).
 pub fn follow_checkpoint(path: PathBuf) -> watch::Receiver<Held> {
-    let (tx, rx) = channel();
-    crate::telemetry::spawn(async move {
-        let mut last: Option<Vec<u8>> = None;
-        let mut warned = false;
-        loop {
-            let bytes = match std::fs::read(&path) {
-                Ok(bytes) => Some(bytes),
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
-                Err(_) => None,
-            };
-            if let Some(bytes) = bytes.filter(|b| last.as_ref() != Some(b)) {
-                let parsed = if bytes.is_empty() {
-                    Ok(Checkpoint::default())
-                } else {
-                    Checkpoint::parse(&String::from_utf8_lossy(&bytes))
-                };
-                match parsed {
-                    Ok(checkpoint) => {
-                        tx.send_if_modified(|held| {
-                            let now = checkpoint.held();
-                            let changed = **held != now;
-                            *held = Arc::new(now);
-                            changed
-                        });
-                        warned = false;
-                    }
-                    Err(why) if !warned => {
-                        warn!(path = %path.display(), error = %why, "Cannot read the DRA checkpoint; keeping the devices it held withdrawn");
-                        warned = true;
-                    }
-                    Err(_) => {}
-                }
-                last = Some(bytes);
-            }
-            if tx.is_closed() {
-                return;
-            }
-            tokio::time::sleep(FOLLOW_INTERVAL).await;
+    let mut last: Option<Vec<u8>> = None;
+    let mut warned = false;
+    let mut read = move || {
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(_) => return None,
+        };
+        // Parsed only when the bytes changed: the file is read twice a second.
+        if last.as_ref() == Some(&bytes) {
+            return None;
         }
-    });
-    rx
+        let parsed = if bytes.is_empty() {
+            Ok(Checkpoint::default())
+        } else {
+            Checkpoint::parse(&String::from_utf8_lossy(&bytes))
+        };
+        last = Some(bytes);
+        match parsed {
+            Ok(checkpoint) => {
+                warned = false;
+                Some(Arc::new(checkpoint.held()))
+            }
+            Err(why) => {
+                if !warned {
+                    warn!(path = %path.display(), error = %why, "Cannot read the DRA checkpoint; keeping the devices it held withdrawn");
+                    warned = true;
+                }
+                None
+            }
+        }
+    };
+    // Read once now: a device plugin starting beside prepared claims must not offer their
+    // GPUs until the first poll.
+    let initial = read().unwrap_or_default();
+    crate::daemon::poll::follow(initial, FOLLOW_INTERVAL, read)
 }
 
 /// A device held by someone: its UUID, its GPU's UUID (the same for a whole GPU) and who.
