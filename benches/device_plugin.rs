@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use gpud::device_plugin::preferred::preferred;
-use gpud::device_plugin::resources::resources;
 use gpud::device_plugin::server::{PluginService, PluginState};
-use gpud::device_plugin::settings::{Settings, SharedPolicy};
 use gpud::grpc::rewrite::{PREFACE, Rewriter};
 use gpud::inventory::Snapshot;
 use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use gpud::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 use gpud::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use gpud::resources::resources;
+use gpud::resources::settings::{Settings, SharedPolicy};
 
 const XID_ROUNDS: usize = 100;
 const ALLOCATE_ROUNDS: usize = 2000;
@@ -156,14 +156,14 @@ async fn wrapper_round_trips(snapshot: &Snapshot, ids: &[String]) {
     let plain = dir.path().join("plain.sock");
     let listener = gpud::grpc::bind(&wrapped, gpud::grpc::SOCKET_MODE).unwrap();
     let service = DevicePluginServer::new(PluginService::new(rx.clone()));
-    gpud::telemetry::spawn(
+    gpud::logging::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(gpud::grpc::incoming(listener)),
     );
     let listener = tokio::net::UnixListener::bind(&plain).unwrap();
     let service = DevicePluginServer::new(PluginService::new(rx));
-    gpud::telemetry::spawn(
+    gpud::logging::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),

@@ -7,9 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, ValueEnum};
 
 use crate::daemon::Error;
-use crate::health::watcher::{WatcherConfig, WatcherOverrides};
+use crate::logging::{self, LogFormat};
 use crate::nvml::{self, Nvml};
-use crate::telemetry::{self, LogFormat};
 
 /// Options every applet that talks to NVML accepts.
 #[derive(Debug, Clone, Args)]
@@ -33,7 +32,7 @@ impl CommonArgs {
     /// unavailable).
     pub fn start(&self) -> Result<Nvml, Error> {
         self.stop_if_checking()?;
-        telemetry::init(self.log_format);
+        logging::init(self.log_format);
         Ok(Nvml::open(self.nvml_lib.as_deref())?)
     }
 
@@ -105,49 +104,6 @@ impl NodeArgs {
     }
 }
 
-/// The health watcher's options, shared by every applet that runs it (`health`,
-/// `device-plugin`, `exporter`, `run`): flags over gpud's config file over the defaults.
-#[derive(Debug, Clone, Args)]
-pub struct HealthArgs {
-    /// gpud config file (YAML or JSON); its `health` section applies.
-    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
-    pub config: Option<PathBuf>,
-
-    /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
-    #[arg(long = "health-poll-interval", visible_alias = "poll-interval", value_name = "DURATION",
-          env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = positive_duration)]
-    pub poll_interval: Option<std::time::Duration>,
-
-    /// How long a non-fatal XID condition must stay quiet before it clears [default: 10m].
-    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = positive_duration)]
-    pub xid_quiet_period: Option<std::time::Duration>,
-
-    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
-    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
-    pub kmsg: Option<String>,
-}
-
-impl HealthArgs {
-    /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings,
-    /// printing the warnings about malformed XID lists once. Also returns the config file for
-    /// the applet's other sections.
-    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), Error> {
-        let file = load_config(self.config.as_deref())?;
-        let (watcher, warnings) = WatcherConfig::resolve(
-            WatcherOverrides {
-                poll_interval: self.poll_interval,
-                xid_quiet_period: self.xid_quiet_period,
-                kmsg: self.kmsg.as_deref(),
-            },
-            &file.health,
-        );
-        for warning in warnings {
-            eprintln!("gpud: {warning}");
-        }
-        Ok((watcher, file))
-    }
-}
-
 /// Parses an applet's arguments; `--help` and `--version` print and exit 0, usage errors print
 /// clap's message and exit 64.
 pub fn parse<T: Parser>(args: Vec<OsString>) -> Result<T, Error> {
@@ -166,11 +122,7 @@ pub use crate::values::positive_duration;
 
 /// Loads gpud's own config file when one is named (exit 65 naming the field when it is bad).
 pub fn load_config(path: Option<&std::path::Path>) -> Result<crate::config::Config, Error> {
-    Ok(path
-        .map(crate::config::load)
-        .transpose()
-        .map_err(Error::config)?
-        .unwrap_or_default())
+    crate::config::load_optional(path).map_err(Error::config)
 }
 
 /// How an applet prints a document.

@@ -4,6 +4,7 @@
 //! subsystem reads. Applets (`gpud <applet>`) are thin shells over the subsystems.
 
 pub mod applets;
+pub mod backoff;
 pub mod cdi;
 pub mod cli;
 pub mod config;
@@ -11,21 +12,29 @@ pub mod cuda_mps;
 pub mod daemon;
 pub mod device_plugin;
 pub mod doctor;
+pub mod doctor_report;
 pub mod dra;
+pub mod dra_names;
 pub mod exit;
 pub mod exporter;
 pub mod files;
 pub mod grpc;
 pub mod health;
+pub mod holdings;
 pub mod http;
 pub mod inventory;
+pub mod kube;
 pub mod labeller;
+pub mod logging;
 pub mod mig;
+pub mod mig_config;
+pub mod mig_state;
 pub mod mps;
 pub mod multicall;
 pub mod node_status;
 pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;
-pub mod telemetry;
+pub mod resources;
 pub mod values;
+pub mod xid;

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
+use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::nvml::Rescanner;
 

@@ -14,7 +14,7 @@ use crate::daemon::Error;
 use crate::doctor::host::HostRoot;
 use crate::doctor::select::Selection;
 use crate::doctor::{bundle, checks, render, runner, validations};
-use crate::telemetry::{self, LogFormat};
+use crate::logging::{self, LogFormat};
 
 /// Check the node: driver, device nodes, every GPU, MIG, NVSwitch fabric, container runtime,
 /// CDI, kubelet, GPUDirect, SELinux and gpud's config; say what is wrong and what to do.
@@ -65,7 +65,7 @@ struct Args {
 
     /// The MIG reconciler's state directory, where it records its last state and reason.
     #[arg(long, value_name = "PATH", env = "GPUD_MIG_STATE_DIR",
-          default_value = crate::mig::reconcile::args::DEFAULT_STATE_DIR)]
+          default_value = crate::mig_state::DEFAULT_STATE_DIR)]
     mig_state_dir: PathBuf,
 
     /// Print the report as JSON (schema gpud.doctor/v1, see docs/doctor.md).
@@ -102,7 +102,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    telemetry::init(args.log_format);
+    logging::init(args.log_format);
     if args.list {
         let text: String = checks::CATALOG
             .iter()
@@ -135,7 +135,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     };
     cli::print_stdout(&text, "the report")?;
     if let Some(path) = &args.bundle {
-        bundle::write(path, &report, &driver, &options).map_err(|err| {
+        bundle::write(path, &report, &judge_health, &driver, &options).map_err(|err| {
             Error::Failure(format!(
                 "cannot write the support bundle {}: {err}",
                 path.display()
@@ -169,4 +169,19 @@ fn list_or_none(names: &[&str]) -> String {
     } else {
         names.join(", ")
     }
+}
+
+/// The bundle's `health.txt` and `health.jsonl`: the health subsystem's one-shot judgement
+/// (with the default policy) of the signals the doctor read.
+fn judge_health(
+    snapshot: &mut crate::inventory::Snapshot,
+    signals: &[&crate::nvml::GpuSignals],
+) -> (String, String) {
+    use crate::health::report;
+    report::assess(
+        snapshot,
+        signals.iter().copied(),
+        crate::health::watcher::WatcherConfig::default(),
+    );
+    (report::table(snapshot), report::json_lines(snapshot))
 }

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
 use crate::daemon::{self, Daemon, Error};
-use crate::dra::{Dra, DraArgs, ledger};
+use crate::dra::{Dra, DraArgs};
+use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
+use crate::holdings;
 use crate::mps::MpsArgs;
 use crate::nvml::Rescanner;
 
@@ -71,7 +73,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let mut daemon = Daemon::fixed("dra");
     daemon.add_support(rescanner);
     daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
-    let (held, _) = ledger::channel();
+    let (held, _) = holdings::channel();
     daemon.add_fixed(Dra::new(config, held, nvml));
     daemon.serve_admin(&args.admin.address(HEALTH_PORT));
     daemon.run(inventory)

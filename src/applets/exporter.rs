@@ -11,11 +11,16 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, CommonArgs, HealthArgs, NodeArgs};
+use crate::cli::{self, CommonArgs, NodeArgs};
 use crate::daemon::{Daemon, Error};
+use crate::exporter::ExporterConfig;
 use crate::exporter::args::ExporterArgs;
-use crate::exporter::service;
+use crate::exporter::service::Exporter;
+use crate::health::args::HealthArgs;
+use crate::health::service::HealthWatcher;
+use crate::health::watcher::WatcherConfig;
 use crate::nvml::Rescanner;
+use crate::xid::ledger::XidLedger;
 
 /// Serve dcgm-exporter-compatible GPU metrics for Prometheus.
 ///
@@ -55,8 +60,24 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
 
     let mut daemon = Daemon::fixed("exporter");
     daemon.add_support(rescanner);
-    let (watcher, exporter) = service::with_health(nvml, watcher, config, daemon.admin_routes());
+    let (watcher, exporter) = with_health(nvml, watcher, config, daemon.admin_routes());
     daemon.add_support(watcher);
     daemon.add_fixed(exporter);
     daemon.run(inventory)
+}
+
+/// The exporter and the health watcher that feeds its XID counters and `gpud_gpu_health`,
+/// wired through the XID ledger (a seam neither owns). The watcher is optional: without NVML
+/// events the metrics still flow.
+pub(super) fn with_health(
+    nvml: crate::nvml::Nvml,
+    watcher: WatcherConfig,
+    config: ExporterConfig,
+    admin: axum::Router,
+) -> (HealthWatcher, Exporter) {
+    let xids = XidLedger::new(config.xid_window);
+    (
+        HealthWatcher::optional(nvml.clone(), watcher).with_xids(xids.clone()),
+        Exporter::new(nvml, config, xids, admin),
+    )
 }

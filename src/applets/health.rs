@@ -7,8 +7,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
 use crate::daemon::{self, Daemon, Error};
+use crate::health::args::HealthArgs;
 use crate::health::report;
 use crate::health::service::{HealthWatcher, TransitionPrinter};
 

@@ -64,7 +64,7 @@ async fn watch(
     let first = updates.borrow_and_update().clone();
     print(&first, format, true)?;
     let stop = CancellationToken::new();
-    let rescans = crate::telemetry::spawn({
+    let rescans = crate::logging::spawn({
         let (stop, inventory) = (stop.clone(), inventory.clone());
         async move { rescanner.run_until(stop, &inventory).await }
     });

@@ -11,8 +11,9 @@ use std::time::Duration;
 use clap::Parser;
 use tracing::warn;
 
-use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs};
+use crate::cli::{self, AdminArgs, CommonArgs};
 use crate::daemon::{self, Daemon, Error};
+use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::inventory::Inventory;
 use crate::labeller::args::LabellerArgs;
@@ -65,7 +66,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::telemetry::init(args.common.log_format);
+    crate::logging::init(args.common.log_format);
     let (health, _) = args.health.resolve()?;
     let (config, sink, settings) = args.labeller.resolve_at_start(
         args.config_file.as_deref(),
@@ -82,7 +83,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = match Nvml::open(args.common.nvml_lib.as_deref()) {
         Ok(nvml) => Some(nvml),
         Err(err) if !config.flags.fail_on_init_error => {
-            warn!(error = %crate::telemetry::error_chain(&err), "NVML unavailable; labelling without GPUs (failOnInitError is false)");
+            warn!(error = %crate::logging::error_chain(&err), "NVML unavailable; labelling without GPUs (failOnInitError is false)");
             None
         }
         Err(err) => return Err(err.into()),

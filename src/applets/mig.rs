@@ -17,8 +17,9 @@ use crate::daemon::{self, Daemon, Error};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
 use crate::mig::reconcile::args::ReconcileArgs;
-use crate::mig::spec::{Entry, Spec};
-use crate::mig::{self as mig, assert, export, generate, plan, select};
+use crate::mig::{export, generate, plan};
+use crate::mig_config::spec::{Entry, Spec};
+use crate::mig_config::{self, assert, select};
 use crate::nvml::mig_admin::MigAdmin;
 use crate::nvml::{NodeFacts, Rescanner};
 
@@ -212,7 +213,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
 
 /// The config's selected entries.
 fn selected(config: &ConfigArgs) -> Result<(Spec, String), Error> {
-    let spec = mig::load(&config.config_file).map_err(Error::config)?;
+    let spec = mig_config::load(&config.config_file).map_err(Error::config)?;
     let label = spec
         .select(config.selected_config.as_deref())
         .map_err(|why| Error::Config(format!("{}: {why}", config.config_file.display())))?

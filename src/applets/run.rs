@@ -16,22 +16,24 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::cli::{self, AdminArgs, CommonArgs, HealthArgs};
+use crate::cli::{self, AdminArgs, CommonArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
-use crate::device_plugin::settings::Settings as PluginSettings;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
-use crate::doctor::service::{LatestReport, PeriodicDoctor};
-use crate::dra::ledger::{self, HeldSource};
+use crate::doctor::service::{self as doctor_service, PeriodicDoctor};
+use crate::doctor_report::LatestReport;
 use crate::dra::{Dra, DraArgs};
-use crate::exporter::{args::ExporterArgs, service};
+use crate::exporter::args::ExporterArgs;
+use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
+use crate::holdings::{self, HeldSource};
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
 use crate::mig::reconcile::args::ReconcileArgs;
 use crate::mps::{self, MpsArgs, MpsControl};
 use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Rescanner};
+use crate::resources::settings::Settings as PluginSettings;
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
 /// over one view of the node's GPUs.
@@ -229,7 +231,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
         status = status.map(|s| s.with_doctor(latest.clone()));
-        daemon.add_admin_routes(latest.routes());
+        daemon.add_admin_routes(doctor_service::routes(&latest));
         let options = crate::doctor::Options {
             host_root: args.host_root.clone(),
             kmsg: args
@@ -253,7 +255,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if enabled(Optional::Exporter) {
         let (watcher, exporter) =
-            service::with_health(nvml.clone(), health, exporter, daemon.admin_routes());
+            super::exporter::with_health(nvml.clone(), health, exporter, daemon.admin_routes());
         daemon.add_support(watcher);
         daemon.add_fixed(exporter);
     } else {
@@ -263,7 +265,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if let Some(mps) = mps {
         daemon.add(mps, |config: &Arc<Reloadable>| Arc::clone(&config.plugin));
     }
-    let (held, claimed) = ledger::channel();
+    let (held, claimed) = holdings::channel();
     if enabled(Optional::DevicePlugin) {
         let mut manager = args.kubelet.manager_config();
         if dra.is_some() {

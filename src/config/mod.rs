@@ -96,6 +96,11 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(path, &text)
 }
 
+/// The config file at `path`, or the defaults when none is named.
+pub fn load_optional(path: Option<&Path>) -> Result<Config, ConfigError> {
+    Ok(path.map(load).transpose()?.unwrap_or_default())
+}
+
 /// Validates config text; `path` is only used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig = if text.trim().is_empty() {

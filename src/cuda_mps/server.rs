@@ -133,7 +133,7 @@ impl Server {
     /// Sends `quit`; a daemon already gone is logged, not an error.
     pub fn quit(&self) {
         if let Err(err) = self.control.send("quit") {
-            tracing::warn!(pipe = %self.pipe_dir.display(), error = %crate::telemetry::error_chain(&err),
+            tracing::warn!(pipe = %self.pipe_dir.display(), error = %crate::logging::error_chain(&err),
                 "The MPS control daemon did not take `quit`; it may have died already");
         }
     }

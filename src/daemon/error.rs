@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use crate::exit;
+use crate::nvml::NvmlError;
 
 /// Why an applet stopped. Each variant is one exit code; the message is printed once, as
 /// `gpud: <message>`, by [`exit_code`].
@@ -61,6 +62,17 @@ pub fn exit_code(outcome: Result<ExitCode, Error>) -> ExitCode {
         Err(err) => {
             eprintln!("gpud: {err}");
             ExitCode::from(err.code())
+        }
+    }
+}
+
+/// A driver that cannot be loaded is exit 69 (`EX_UNAVAILABLE`); any other NVML failure at
+/// start is a plain failure.
+impl From<NvmlError> for Error {
+    fn from(err: NvmlError) -> Self {
+        match err {
+            NvmlError::Unavailable { .. } => Error::Unavailable(err.to_string()),
+            other => Error::Failure(other.to_string()),
         }
     }
 }

@@ -91,9 +91,9 @@ pub fn watch(paths: &[PathBuf]) -> mpsc::Receiver<PathBuf> {
     // Watches are in place before this returns: no change after it can go unseen.
     let inotify = open_watches(&files.folders());
     let spawned =
-        crate::telemetry::spawn_thread("gpud-config-watch", move || run(files, inotify, &tx));
+        crate::logging::spawn_thread("gpud-config-watch", move || run(files, inotify, &tx));
     if let Err(err) = spawned {
-        debug!(error = %crate::telemetry::error_chain(&err), "Cannot watch the config files; SIGHUP still reloads");
+        debug!(error = %crate::logging::error_chain(&err), "Cannot watch the config files; SIGHUP still reloads");
     }
     rx
 }

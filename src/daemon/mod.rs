@@ -21,6 +21,7 @@ mod file_watch;
 mod notify;
 pub mod poll;
 mod readiness;
+mod rescan;
 pub mod signals;
 mod subsystem;
 mod supervisor;

@@ -55,7 +55,7 @@ impl Notifier {
             }
         });
         if let Err(err) = sent {
-            debug!(error = %crate::telemetry::error_chain(&err), "Cannot notify systemd");
+            debug!(error = %crate::logging::error_chain(&err), "Cannot notify systemd");
         }
     }
 }

@@ -19,7 +19,7 @@ where
     T: PartialEq + Send + Sync + 'static,
 {
     let (tx, rx) = watch::channel(initial);
-    crate::telemetry::spawn(async move {
+    crate::logging::spawn(async move {
         while !tx.is_closed() {
             tokio::time::sleep(interval).await;
             if let Some(now) = read() {

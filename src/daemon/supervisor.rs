@@ -330,7 +330,7 @@ fn reload_now<C>(
             info!(trigger, "Configuration reloaded");
         }
         Err(err) => {
-            warn!(trigger, error = %crate::telemetry::error_chain(&err), "Configuration not reloaded; keeping the running one")
+            warn!(trigger, error = %crate::logging::error_chain(&err), "Configuration not reloaded; keeping the running one")
         }
     }
     if announced {
@@ -345,7 +345,7 @@ fn raise_fd_limit() {
         }
         Ok(_) => {}
         Err(err) => {
-            warn!(error = %crate::telemetry::error_chain(&err), "Cannot raise the open-file limit")
+            warn!(error = %crate::logging::error_chain(&err), "Cannot raise the open-file limit")
         }
     }
 }

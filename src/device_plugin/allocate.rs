@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::mps;
-use super::resources::{PluginDevice, Resource};
-use super::settings::{CDI_KIND, ListStrategy, Settings};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
+use crate::resources::settings::{CDI_KIND, ListStrategy, Settings};
+use crate::resources::{PluginDevice, Resource};
 
 /// Where the volume-mounts strategy lists devices inside the container.
 pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
@@ -162,7 +162,7 @@ fn host_path(root: &Path, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_plugin::resources::MigPlace;
+    use crate::resources::MigPlace;
 
     fn device(id: &str, base: &str, gpu: u32, replica: Option<u32>) -> PluginDevice {
         PluginDevice {

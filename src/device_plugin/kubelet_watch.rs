@@ -37,13 +37,13 @@ impl KubeletWatch {
         let created = match watched {
             Ok(inotify) => {
                 let (tx, rx) = mpsc::channel(1);
-                let spawned = crate::telemetry::spawn_thread("gpud-kubelet-watch", move || {
+                let spawned = crate::logging::spawn_thread("gpud-kubelet-watch", move || {
                     watch_thread(&inotify, &name, &tx)
                 });
                 spawned.ok().map(|_| rx)
             }
             Err(err) => {
-                debug!(dir = %dir.display(), error = %crate::telemetry::error_chain(&err), "Cannot watch the kubelet directory; polling the socket");
+                debug!(dir = %dir.display(), error = %crate::logging::error_chain(&err), "Cannot watch the kubelet directory; polling the socket");
                 None
             }
         };

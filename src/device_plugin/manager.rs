@@ -12,7 +12,7 @@
 //!   devices are unhealthy while the marker is gone (the daemon died and is being restarted).
 //! - When the kubelet recreates `kubelet.sock` (it restarted and wiped the plugin sockets),
 //!   every plugin is served and registered again.
-//! - Devices held by DRA claims ([`crate::dra::ledger`]) are withdrawn from every resource's
+//! - Devices held by DRA claims ([`crate::holdings`]) are withdrawn from every resource's
 //!   list while the claim lasts, so the kubelet never hands one GPU out through both.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -28,16 +28,16 @@ use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
 use super::mps;
 use super::registration;
-use super::resources::{self, Resource};
 use super::retry::Retry;
 use super::server::{PluginService, PluginState};
-use super::settings::Settings;
 use crate::daemon::ReadyLatch;
-use crate::dra::ledger::{Held, HeldSource};
 use crate::grpc;
+use crate::holdings::{Held, HeldSource};
 use crate::inventory::{Inventory, Snapshot};
+use crate::logging;
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
-use crate::telemetry;
+use crate::resources::settings::Settings;
+use crate::resources::{self, Resource};
 
 /// Where the plugins live.
 #[derive(Debug, Clone)]
@@ -193,7 +193,7 @@ impl MpsState<'_> {
             return false;
         }
         if self.logged.insert(resource.name.clone()) {
-            let marker = mps::started_marker(root, &resource.name);
+            let marker = crate::cuda_mps::layout::started_marker(root, &resource.name);
             if served {
                 warn!(resource = %resource.name, marker = %marker.display(),
                       "MPS daemon is down; the resource's devices are unhealthy until it is back");
@@ -323,7 +323,7 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     ) {
         Ok(caps) => caps,
         Err(err) => {
-            debug!(error = %crate::telemetry::error_chain(&err), "MIG capability tree unavailable");
+            debug!(error = %crate::logging::error_chain(&err), "MIG capability tree unavailable");
             return out;
         }
     };
@@ -367,7 +367,7 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
-        telemetry::spawn(register_until_accepted(
+        logging::spawn(register_until_accepted(
             kubelet,
             socket_name,
             resource.name.clone(),
@@ -402,7 +402,7 @@ async fn register_until_accepted(
                     return;
                 }
                 Err(err) => {
-                    let error = crate::telemetry::error_chain(&err);
+                    let error = crate::logging::error_chain(&err);
                     // Refusals inside the fast window are the kubelet still starting: not news.
                     if !warned && retry.past_fast_window(Instant::now()) {
                         warn!(resource = %resource, error = %error, "Kubelet not reachable; retrying with backoff");

@@ -1,63 +1,16 @@
-//! MPS on the device plugin's side: the host layout the MPS control daemons keep under
-//! `mpsRoot`, what Allocate adds for an MPS-shared resource, and which resources' daemons are
-//! up.
-//!
-//! The layout is NVIDIA's, so a node can switch between NVIDIA's daemon and gpud's:
-//! `<root>/<resource>/pipe` (the daemon's `CUDA_MPS_PIPE_DIRECTORY`), `<root>/<resource>/log`,
-//! `<root>/<resource>/.started` (written once the daemon answers and its limits are set), the
-//! global `<root>/.ready`, and `<root>/shm`, a tmpfs the containers get as `/dev/shm`.
-//!
-//! The `.started` marker is the contract between the two sides: the control daemon writes it
-//! after its start sequence and removes it while its daemon is down, and the device plugin
-//! serves an MPS resource only while it exists. It works the same whether both run in one
-//! `gpud run` or as separate applets in separate containers.
+//! MPS on the device plugin's side: what Allocate adds for an MPS-shared resource, and which
+//! resources' daemons are up (their `.started` markers in NVIDIA's host layout,
+//! [`crate::cuda_mps::layout`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::cuda_mps::layout::{
+    CONTAINER_ROOT, CONTAINER_SHM, PIPE_ENV, pipe_dir, shm_dir, watch_started,
+};
 use crate::proto::deviceplugin::{ContainerAllocateResponse, Mount};
-
-/// Where containers see the MPS root (NVIDIA's `mps.ContainerRoot`).
-pub const CONTAINER_ROOT: &str = "/mps";
-/// Where containers get the MPS shared memory.
-pub const CONTAINER_SHM: &str = "/dev/shm";
-/// The environment variable clients find their daemon by.
-pub const PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
-/// How often the device plugin looks at the `.started` markers.
-pub const MARKER_POLL: Duration = Duration::from_millis(250);
-
-/// The folder of one resource's daemon: `<root>/<resource>` (e.g. `<root>/nvidia.com/gpu`).
-pub fn resource_dir(root: &Path, resource: &str) -> PathBuf {
-    root.join(resource)
-}
-
-/// The daemon's pipe directory.
-pub fn pipe_dir(root: &Path, resource: &str) -> PathBuf {
-    resource_dir(root, resource).join("pipe")
-}
-
-/// The daemon's log directory.
-pub fn log_dir(root: &Path, resource: &str) -> PathBuf {
-    resource_dir(root, resource).join("log")
-}
-
-/// The marker that says the daemon of `resource` is up and configured.
-pub fn started_marker(root: &Path, resource: &str) -> PathBuf {
-    resource_dir(root, resource).join(".started")
-}
-
-/// The marker that says every daemon of the node was started.
-pub fn ready_marker(root: &Path) -> PathBuf {
-    root.join(".ready")
-}
-
-/// The shared-memory tmpfs.
-pub fn shm_dir(root: &Path) -> PathBuf {
-    root.join("shm")
-}
 
 /// Adds NVIDIA's MPS edits to an Allocate response: the pipe directory in the environment,
 /// and the resource's pipe directory and the shm tmpfs mounted from the host.
@@ -80,22 +33,6 @@ pub fn edit_response(response: &mut ContainerAllocateResponse, host_root: &Path,
     });
 }
 
-/// The resources (of `names`) whose `.started` marker exists under `root`.
-pub fn started(root: &Path, names: &[String]) -> BTreeSet<String> {
-    names
-        .iter()
-        .filter(|name| started_marker(root, name).exists())
-        .cloned()
-        .collect()
-}
-
-/// Follows the `.started` markers of `names` under `root`: the receiver holds the resources
-/// whose daemon is up, updated within [`MARKER_POLL`] of a change, until it is dropped.
-pub fn watch_started(root: PathBuf, names: Vec<String>) -> watch::Receiver<BTreeSet<String>> {
-    let initial = started(&root, &names);
-    crate::daemon::poll::follow(initial, MARKER_POLL, move || Some(started(&root, &names)))
-}
-
 /// The `.started` markers the device plugin follows: those of the MPS-shared resources of the
 /// settings in force, re-watched when the settings change which they are.
 #[derive(Debug, Default)]
@@ -107,7 +44,7 @@ pub struct Markers {
 
 impl Markers {
     /// Follows the markers `settings` call for (none without MPS).
-    pub fn follow(&mut self, settings: &super::settings::Settings) {
+    pub fn follow(&mut self, settings: &crate::resources::settings::Settings) {
         let wanted = settings.mps_root.as_ref().map(|root| {
             let names = settings
                 .sharing

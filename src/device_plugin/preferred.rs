@@ -14,9 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use super::resources::Resource;
-use super::settings::SharedPolicy;
 use crate::inventory::model::{PcieLevel, Snapshot};
+use crate::resources::Resource;
+use crate::resources::settings::SharedPolicy;
 
 /// Largest number of candidate sets searched exhaustively.
 const EXHAUSTIVE_LIMIT: u64 = 50_000;
@@ -274,7 +274,7 @@ fn replicas(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_plugin::resources::PluginDevice;
+    use crate::resources::PluginDevice;
 
     fn replica_resource(gpus: u32, replicas: u32) -> Resource {
         let devices = (0..gpus)

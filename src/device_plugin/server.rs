@@ -17,8 +17,6 @@ use tracing::{info, warn};
 
 use super::allocate::{self, HostView};
 use super::preferred;
-use super::resources::Resource;
-use super::settings::Settings;
 use crate::inventory::Snapshot;
 use crate::proto::deviceplugin::device_plugin_server::DevicePlugin;
 use crate::proto::deviceplugin::{
@@ -27,6 +25,8 @@ use crate::proto::deviceplugin::{
     PreStartContainerResponse, PreferredAllocationRequest, PreferredAllocationResponse,
     TopologyInfo,
 };
+use crate::resources::Resource;
+use crate::resources::settings::Settings;
 
 /// What one plugin serves from: its resource, the node snapshot and the settings, each
 /// replaced as a whole when they change.
@@ -164,7 +164,7 @@ impl DevicePlugin for PluginService {
             ) {
                 Ok(response) => container_responses.push(response),
                 Err(err) => {
-                    warn!(resource = %state.resource.name, error = %crate::telemetry::error_chain(&err), "Allocate refused");
+                    warn!(resource = %state.resource.name, error = %crate::logging::error_chain(&err), "Allocate refused");
                     return Err(Status::invalid_argument(err.to_string()));
                 }
             }

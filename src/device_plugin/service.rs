@@ -2,9 +2,9 @@
 //! config file, so SIGHUP re-registers resources that changed.
 
 use super::manager::{self, ManagerConfig};
-use super::settings::Settings;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
+use crate::resources::settings::Settings;
 
 /// Serves the node's resources to the kubelet; ready once every one is served.
 #[derive(Debug)]

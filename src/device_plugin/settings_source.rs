@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::manager::ManagerConfig;
-use super::settings::{Settings, Sharing};
 use crate::nvidia_config::{
     self, Component, Config, GivenFlags, NvidiaConfigError, PluginFlags, ProcessEnv, SharedFlags,
     SharingStrategy,
 };
+use crate::resources::settings::{Settings, Sharing};
 
 /// NVIDIA's device-plugin flags.
 #[derive(Debug, Clone, Args)]
@@ -72,7 +72,7 @@ impl KubeletArgs {
             held: self
                 .dra_checkpoint
                 .clone()
-                .map(crate::dra::ledger::HeldSource::Checkpoint),
+                .map(crate::holdings::HeldSource::Checkpoint),
         }
     }
 }

@@ -15,12 +15,17 @@ use super::checks::read_kernel_log;
 use super::env::{Driver, Options};
 use super::host::HostRoot;
 use super::render;
-use super::report::Report;
-use crate::health::report as health;
-use crate::health::watcher::WatcherConfig;
+use crate::doctor_report::Report;
+use crate::inventory::Snapshot;
+use crate::nvml::GpuSignals;
 
 /// The folder every entry is under in the archive.
 const TOP: &str = "gpud-doctor";
+
+/// What `gpud health --once` prints for a node, judged from signals already read: marks the
+/// snapshot's devices with their health and returns the table and the JSON lines. The applet
+/// passes the health subsystem's judgement in; the doctor does not decide health itself.
+pub type HealthReport<'a> = &'a dyn Fn(&mut Snapshot, &[&GpuSignals]) -> (String, String);
 
 /// Words that mark a key or variable whose value must not leave the node.
 const SECRET_WORDS: [&str; 6] = [
@@ -122,6 +127,7 @@ fn xid_lines(options: &Options, host: &HostRoot) -> String {
 pub fn write(
     path: &Path,
     report: &Report,
+    health: HealthReport<'_>,
     driver: &Driver,
     options: &Options,
 ) -> std::io::Result<()> {
@@ -141,13 +147,10 @@ pub fn write(
         let mut snapshot = snapshot.as_ref().clone();
         match preflight {
             Ok(gpus) => {
-                health::assess(
-                    &mut snapshot,
-                    gpus.iter().map(|g| &g.signals),
-                    WatcherConfig::default(),
-                );
-                files.push(("health.txt".into(), health::table(&snapshot)));
-                files.push(("health.jsonl".into(), health::json_lines(&snapshot)));
+                let signals: Vec<&GpuSignals> = gpus.iter().map(|g| &g.signals).collect();
+                let (table, json_lines) = health(&mut snapshot, &signals);
+                files.push(("health.txt".into(), table));
+                files.push(("health.jsonl".into(), json_lines));
             }
             Err(why) => files.push(("health.txt".into(), format!("no health: {why}\n"))),
         }

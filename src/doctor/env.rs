@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::host::HostRoot;
-use super::report::Verdict;
+use crate::doctor_report::Verdict;
 use crate::inventory::Snapshot;
 use crate::nvml::GpuPreflight;
 use crate::nvml::mig_admin::MigGpu;
@@ -50,7 +50,7 @@ impl Default for Options {
             timeout: DEFAULT_TIMEOUT,
             mig_config: None,
             mig_selected: None,
-            mig_state_dir: PathBuf::from(crate::mig::reconcile::args::DEFAULT_STATE_DIR),
+            mig_state_dir: PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR),
             mps_workload_uid: None,
         }
     }

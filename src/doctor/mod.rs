@@ -8,7 +8,7 @@
 //!
 //! The result is a [`Report`] (JSON schema `gpud.doctor/v1`, `docs/doctor.md`). `gpud run`
 //! repeats it on an interval ([`service::PeriodicDoctor`]) and keeps the latest in a
-//! [`service::LatestReport`], which the admin endpoint serves at `/doctor` and other subsystems
+//! [`crate::doctor_report::LatestReport`], which the admin endpoint serves at `/doctor` and other subsystems
 //! may read. A check whose thread from an earlier run still hangs is not started again
 //! ([`busy::Busy`]), so repeating the doctor never piles up abandoned threads.
 
@@ -18,12 +18,11 @@ pub mod checks;
 pub mod env;
 pub mod host;
 pub mod render;
-pub mod report;
 pub mod runner;
 pub mod select;
 pub mod service;
 pub mod validations;
 
+pub use crate::doctor_report::{CheckResult, Report, SCHEMA, Status, Verdict};
 pub use env::Options;
-pub use report::{CheckResult, Report, SCHEMA, Status, Verdict};
 pub use runner::run;

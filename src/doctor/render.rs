@@ -1,6 +1,6 @@
 //! The report as a table for people (colour only on a terminal) and as JSON for machines.
 
-use super::report::{Report, Status};
+use crate::doctor_report::{Report, Status};
 
 /// The table: one line per check (`CHECK  STATUS  FOUND`), the fix on the line below when
 /// there is one, and a summary line.
@@ -60,7 +60,7 @@ pub fn json(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::CheckResult;
+    use crate::doctor_report::CheckResult;
 
     #[test]
     fn table_lines_and_fix_below() {

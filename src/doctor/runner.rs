@@ -13,8 +13,8 @@ use super::busy::Busy;
 use super::checks::{CATALOG, Check};
 use super::env::{Driver, Env, Options};
 use super::host::HostRoot;
-use super::report::{CheckResult, Report, Verdict};
 use super::select::Selection;
+use crate::doctor_report::{CheckResult, Report, Verdict};
 use crate::nvml::{NodeFacts, Nvml};
 
 /// Why started work has no result.
@@ -57,7 +57,7 @@ pub fn start<T: Send + 'static>(
 ) -> Started<T> {
     let claim = busy.claim(name).map_err(Missing::StillRunning)?;
     let (tx, rx) = mpsc::sync_channel(1);
-    crate::telemetry::spawn_thread("gpud-doctor", move || {
+    crate::logging::spawn_thread("gpud-doctor", move || {
         let result = work();
         // Released before the result is sent: whoever sees the result sees the name free.
         drop(claim);
@@ -114,7 +114,7 @@ pub fn gather(options: &Options, nvml: Option<Nvml>, busy: &Busy) -> Driver {
         start(busy, "nvml.mig", move || {
             admin
                 .gpus()
-                .map_err(|err| crate::telemetry::error_chain(&err))
+                .map_err(|err| crate::logging::error_chain(&err))
         })
     });
     let snapshot = wait(discovered, deadline, timeout)
@@ -257,7 +257,7 @@ pub fn run_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::Status;
+    use crate::doctor_report::Status;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A check that counts its starts and, given a gate, blocks until the gate opens.

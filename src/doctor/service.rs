@@ -1,83 +1,47 @@
 //! The doctor inside `gpud run`: a subsystem that runs every check on an interval and keeps
-//! the latest report in a [`LatestReport`], served at `/doctor` on the admin endpoint.
-//!
-//! [`LatestReport`] is the handle other subsystems read (the node-status publisher puts the
-//! result on the Node): clone it, then `subscribe()` for a `watch` receiver that changes after
-//! every run, or `get()` for the report now. It is `None` until the first run finishes.
+//! the latest report in a [`LatestReport`] (a seam other subsystems read), served at `/doctor`
+//! on the admin endpoint.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::routing::get;
-use tokio::sync::watch;
 
 use super::busy::Busy;
 use super::env::Options;
 use super::render;
-use super::report::Report;
 use super::runner;
 use super::select::Selection;
 use crate::daemon::{Context, Subsystem};
+use crate::doctor_report::LatestReport;
 use crate::inventory::Inventory;
 use crate::nvml::Nvml;
 
-/// The latest report of the periodic doctor, shared with whoever reads it.
-#[derive(Debug, Clone)]
-pub struct LatestReport {
-    tx: Arc<watch::Sender<Option<Arc<Report>>>>,
-}
-
-impl Default for LatestReport {
-    fn default() -> Self {
-        LatestReport {
-            tx: Arc::new(watch::channel(None).0),
-        }
-    }
-}
-
-impl LatestReport {
-    /// The report now (`None` before the first run finished).
-    pub fn get(&self) -> Option<Arc<Report>> {
-        self.tx.borrow().clone()
-    }
-
-    /// A receiver that sees every new report.
-    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Report>>> {
-        self.tx.subscribe()
-    }
-
-    /// Replaces the report.
-    pub fn publish(&self, report: Report) {
-        self.tx.send_replace(Some(Arc::new(report)));
-    }
-
-    /// `GET /doctor`: the latest report as JSON (the `gpud doctor --json` schema); 503 with a
-    /// one-line reason before the first run.
-    pub fn routes(&self) -> Router {
-        let latest = self.clone();
-        Router::new().route(
-            "/doctor",
-            get(move || {
-                let report = latest.get();
-                async move {
-                    match report {
-                        Some(report) => (
-                            StatusCode::OK,
-                            [(header::CONTENT_TYPE, "application/json")],
-                            render::json(&report),
-                        ),
-                        None => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            [(header::CONTENT_TYPE, "text/plain")],
-                            "the first doctor run has not finished\n".to_owned(),
-                        ),
-                    }
+/// `GET /doctor`: the latest report as JSON (the `gpud doctor --json` schema); 503 with a
+/// one-line reason before the first run.
+pub fn routes(latest: &LatestReport) -> Router {
+    let latest = latest.clone();
+    Router::new().route(
+        "/doctor",
+        get(move || {
+            let report = latest.get();
+            async move {
+                match report {
+                    Some(report) => (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        render::json(&report),
+                    ),
+                    None => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(header::CONTENT_TYPE, "text/plain")],
+                        "the first doctor run has not finished\n".to_owned(),
+                    ),
                 }
-            }),
-        )
-    }
+            }
+        }),
+    )
 }
 
 /// Runs the doctor every `interval` over the daemon's NVML.

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::env::Driver;
-use super::report::{Report, Status};
+use crate::doctor_report::{Report, Status};
 
 /// The operator's default status directory.
 pub const DEFAULT_DIR: &str = "/run/nvidia/validations";

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use super::objects::SliceSpec;
-use crate::node_status::api::{CallError, bounded};
+use crate::kube::{ApiError as CallError, bounded};
 
 /// The API group.
 pub const GROUP: &str = "resource.k8s.io";
@@ -109,7 +109,7 @@ fn devices_mut(spec: &mut Value) -> impl Iterator<Item = &mut Value> {
 
 /// A call to the API server failed, or it serves no version gpud speaks.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub enum ResourceApiError {
     #[error(transparent)]
     Call(#[from] CallError),
     #[error(
@@ -149,7 +149,7 @@ impl ResourceApi {
     }
 
     /// The version to use, discovered on the first call that succeeds.
-    pub async fn version(&self) -> Result<ResourceVersion, ApiError> {
+    pub async fn version(&self) -> Result<ResourceVersion, ResourceApiError> {
         self.version
             .get_or_try_init(|| async {
                 let served = self.served().await?;
@@ -162,11 +162,11 @@ impl ResourceApi {
     }
 
     /// The versions the server lists for the group; none when it does not know the group.
-    async fn served(&self) -> Result<Vec<String>, ApiError> {
+    async fn served(&self) -> Result<Vec<String>, ResourceApiError> {
         let request = http::Request::get(format!("/apis/{GROUP}"))
             .body(Vec::new())
             .map_err(|e| {
-                ApiError::Call(CallError::Api {
+                ResourceApiError::Call(CallError::Api {
                     what: format!("discovering the served {GROUP} versions"),
                     source: kube::Error::HttpError(e),
                 })
@@ -189,11 +189,11 @@ impl ResourceApi {
 }
 
 /// The best version of `served` gpud speaks.
-pub fn choose(served: &[String]) -> Result<ResourceVersion, ApiError> {
+pub fn choose(served: &[String]) -> Result<ResourceVersion, ResourceApiError> {
     ResourceVersion::PREFERENCE
         .into_iter()
         .find(|v| served.iter().any(|s| s == v.name()))
-        .ok_or_else(|| ApiError::NotServed {
+        .ok_or_else(|| ResourceApiError::NotServed {
             served: served.to_vec(),
         })
 }

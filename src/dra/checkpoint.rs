@@ -17,9 +17,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// The checkpoint's file name in the plugin folder.
-pub const FILE_NAME: &str = "checkpoint.json";
+pub use crate::holdings::checkpoint::FILE_NAME;
 /// The format version written.
-pub const VERSION: u32 = 1;
+pub use crate::holdings::checkpoint::VERSION;
 /// The checkpoint's mode: it names pods' claims, so only root reads it.
 const MODE: u32 = 0o600;
 
@@ -147,12 +147,12 @@ impl Checkpoint {
     /// The UUIDs held by claims: each device's own and its GPU's (a GPU one of whose MIG
     /// devices is in a claim cannot be handed out whole).
     pub fn held(&self) -> BTreeSet<String> {
-        self.claims
-            .values()
-            .flat_map(|claim| &claim.devices)
-            .filter(|device| !device.admin_access)
-            .flat_map(|device| [device.uuid.clone(), device.gpu_uuid.clone()])
-            .collect()
+        crate::holdings::held_by(
+            self.claims
+                .values()
+                .flat_map(|claim| &claim.devices)
+                .map(|d| (d.uuid.as_str(), d.gpu_uuid.as_str(), d.admin_access)),
+        )
     }
 }
 

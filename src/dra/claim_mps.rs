@@ -125,11 +125,11 @@ pub fn ensure(
         return Ok(false);
     }
     let started = shm::prepare(&root(plugin_dir, uid).join("shm"), launch.skip_shm_mount)
-        .map_err(|e| crate::telemetry::error_chain(&e))
+        .map_err(|e| crate::logging::error_chain(&e))
         .and_then(|()| {
             server
                 .start(nvml)
-                .map_err(|e| crate::telemetry::error_chain(&e))
+                .map_err(|e| crate::logging::error_chain(&e))
         });
     started.map(|()| true).map_err(|why| {
         format!(
@@ -159,7 +159,7 @@ pub fn stop(
         .cloned()
         .collect();
     if let Err(err) = server::set_mode(nvml, &back, ComputeMode::Default) {
-        tracing::error!(claim = %uid, error = %crate::telemetry::error_chain(&err),
+        tracing::error!(claim = %uid, error = %crate::logging::error_chain(&err),
             "Cannot set the claim's GPUs back to compute mode DEFAULT; `gpud doctor` reports it");
     }
     let root = root(plugin_dir, uid);

@@ -11,7 +11,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use super::names::{self, DraDevice};
+use crate::dra_names::{self, DraDevice};
 use crate::inventory::Snapshot;
 use crate::inventory::health::{Health, HealthState};
 use crate::proto::{drahealth_v1 as v1, drahealth_v1alpha1 as v1alpha1};
@@ -31,7 +31,7 @@ pub struct DeviceState {
 
 /// The health of every device of `snapshot`.
 pub fn states(snapshot: &Snapshot) -> Vec<DeviceState> {
-    names::devices(snapshot)
+    dra_names::devices(snapshot)
         .map(|(device, d)| {
             let worst: &Health = match d {
                 DraDevice::Mig(gpu, mig) if gpu.health.state >= mig.health.state => &gpu.health,

@@ -1,13 +1,13 @@
 //! Dynamic Resource Allocation: gpud as the kubelet plugin of driver `gpu.nvidia.com`.
 //!
-//! One job per file: [`names`] (NVIDIA's device names), [`args`] (flags and paths),
+//! One job per file (device names are [`crate::dra_names`]): [`args`] (flags and paths),
 //! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`api_version`] (the
 //! `resource.k8s.io` version the API server serves), [`slices`] (devices, attributes,
 //! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
-//! configs), [`timeslice`] (a claim's time-slice interval on its GPU), [`ledger`] (coexistence with the device plugin), [`health_stream`] (device
+//! configs), [`timeslice`] (a claim's time-slice interval on its GPU), coexistence with the device plugin through [`crate::holdings`], [`health_stream`] (device
 //! health for pods' status) and [`service`] (the subsystem).
 
 pub mod api_version;
@@ -16,8 +16,6 @@ pub mod checkpoint;
 pub mod claim_cdi;
 pub mod claim_mps;
 pub mod health_stream;
-pub mod ledger;
-pub mod names;
 pub mod objects;
 pub mod opaque;
 pub mod plugin;

@@ -39,14 +39,15 @@ use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
 use super::claim_mps::{self, ClaimMps};
-use super::ledger::{self, Held, Holding};
-use super::names::{self, DraDevice};
 use super::objects::Claim;
 use super::opaque;
 use super::publish::PublishError;
 use super::timeslice::{self, TimeSlicer};
+use crate::dra_names::{self, DraDevice};
+use crate::holdings::Held;
+use crate::holdings::pod_resources::{self, Holding};
 use crate::inventory::Inventory;
-use crate::node_status::api::bounded;
+use crate::kube::bounded;
 use crate::nvml::Nvml;
 
 /// A claim as the kubelet names it.
@@ -223,7 +224,7 @@ impl Preparer {
                     result.device, result.pool, self.config.node
                 ));
             }
-            let device = names::find(&snapshot, &result.device).ok_or_else(|| {
+            let device = dra_names::find(&snapshot, &result.device).ok_or_else(|| {
                 format!(
                     "device {} is not on this node (any more): it was removed or reconfigured \
                      after the claim was allocated",
@@ -496,7 +497,7 @@ impl Preparer {
         let version = resource
             .version()
             .await
-            .map_err(|err| crate::telemetry::error_chain(&err))?;
+            .map_err(|err| crate::logging::error_chain(&err))?;
         let api: Api<DynamicObject> =
             Api::namespaced_with(resource.client(), &claim.namespace, &version.claims());
         let object = bounded(
@@ -512,7 +513,7 @@ impl Preparer {
                 "ResourceClaim {}/{} does not exist",
                 claim.namespace, claim.name
             ),
-            _ => crate::telemetry::error_chain(&err),
+            _ => crate::logging::error_chain(&err),
         })?;
         let value = serde_json::to_value(&object).map_err(|e| e.to_string())?;
         serde_json::from_value(value).map_err(|e| {
@@ -531,7 +532,7 @@ impl Preparer {
     ) -> Result<Vec<Holding>, String> {
         match &self.config.pod_resources {
             Some(socket) if socket.exists() => {
-                ledger::device_plugin_holders(socket, snapshot).await
+                pod_resources::device_plugin_holders(socket, snapshot).await
             }
             _ => Ok(Vec::new()),
         }

@@ -23,7 +23,7 @@ use tracing::{debug, info};
 
 use std::sync::Arc;
 
-use super::api_version::{ApiError, ResourceApi, ResourceVersion};
+use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion};
 use super::objects::{Device, SliceSpec};
 use super::slices;
 
@@ -32,8 +32,8 @@ const WATCH_SECONDS: u32 = 290;
 
 /// A failed API call, with what it was doing (the node status's: the same calls, bounded by
 /// the same timeout).
-pub use crate::node_status::api::CallError as PublishError;
-use crate::node_status::api::bounded;
+pub use crate::kube::ApiError as PublishError;
+use crate::kube::bounded;
 
 /// The slices of one node and driver.
 #[derive(Clone)]
@@ -82,12 +82,12 @@ impl Publisher {
     }
 
     /// The slices' API in the version the server speaks.
-    async fn slices(&self) -> Result<(Api<DynamicObject>, ResourceVersion), ApiError> {
+    async fn slices(&self) -> Result<(Api<DynamicObject>, ResourceVersion), ResourceApiError> {
         let version = self.api.version().await?;
         Ok((Api::all_with(self.api.client(), &version.slices()), version))
     }
 
-    async fn list(&self) -> Result<Vec<Existing>, ApiError> {
+    async fn list(&self) -> Result<Vec<Existing>, ResourceApiError> {
         let (api, version) = self.slices().await?;
         let params = ListParams::default().fields(&self.selector());
         let list = bounded(
@@ -112,7 +112,7 @@ impl Publisher {
     }
 
     /// Makes the server's slices hold `devices`; returns whether anything was written.
-    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, ApiError> {
+    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, ResourceApiError> {
         let existing = self.list().await?;
         let seen = existing
             .iter()
@@ -170,7 +170,7 @@ impl Publisher {
 
     /// Watches the node's slices and wakes `changed` on every event, until the watch fails
     /// (the caller restarts it after a pause).
-    pub async fn watch(&self, changed: &Notify) -> Result<(), ApiError> {
+    pub async fn watch(&self, changed: &Notify) -> Result<(), ResourceApiError> {
         let (api, _) = self.slices().await?;
         let params = WatchParams::default()
             .fields(&self.selector())
@@ -192,13 +192,13 @@ impl Publisher {
                 Ok(WatchEvent::Added(_) | WatchEvent::Modified(_)) => changed.notify_one(),
                 Ok(WatchEvent::Bookmark(_)) => {}
                 Ok(WatchEvent::Error(status)) => {
-                    return Err(ApiError::Call(PublishError::Api {
+                    return Err(ResourceApiError::Call(PublishError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source: kube::Error::Api(status),
                     }));
                 }
                 Err(source) => {
-                    return Err(ApiError::Call(PublishError::Api {
+                    return Err(ResourceApiError::Call(PublishError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source,
                     }));

@@ -17,19 +17,19 @@ use tracing::{debug, error, warn};
 use super::api_version::ResourceApi;
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
-use super::ledger::Held;
 use super::prepare::Preparer;
 use super::publish::Publisher;
 use super::slices;
 use super::sockets::Sockets;
+use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
 use crate::grpc;
+use crate::holdings::Held;
 use crate::inventory::Inventory;
-use crate::labeller::api::{Backoff, connect, node_seed};
-use crate::node_status::api::NodeApi;
-use crate::node_status::events::{Kind, NodeEvent};
+use crate::kube::events::{COMPONENT, Kind, NodeEvent};
+use crate::kube::{self, NodeClient};
+use crate::logging;
 use crate::nvml::Nvml;
-use crate::telemetry;
 
 /// The reason of the event about a corrupt checkpoint.
 pub const CHECKPOINT_CORRUPT: &str = "DRACheckpointCorrupt";
@@ -93,11 +93,11 @@ impl Subsystem for Dra {
             source,
         })?;
         let (checkpoint, problem) = Checkpoint::load(&config.checkpoint());
-        let client = connect(config.kubeconfig.as_deref()).await?;
+        let client = kube::connect(config.kubeconfig.as_deref()).await?;
         if let Some(problem) = problem {
-            let message = telemetry::error_chain(&problem);
+            let message = logging::error_chain(&problem);
             error!(error = %message, "DRA checkpoint unreadable; serving on");
-            telemetry::spawn(report_on_node(client.clone(), config.node.clone(), message));
+            logging::spawn(report_on_node(client.clone(), config.node.clone(), message));
         }
         let resources = Arc::new(ResourceApi::new(client.clone()));
         let preparer = Arc::new(Preparer::new(
@@ -108,7 +108,7 @@ impl Subsystem for Dra {
             self.held,
             self.nvml,
         ));
-        telemetry::spawn(supervise_mps(
+        logging::spawn(supervise_mps(
             Arc::clone(&preparer),
             config.mps.probe_interval,
             ctx.cancel_token(),
@@ -123,12 +123,12 @@ impl Subsystem for Dra {
             cancel.clone(),
         )
         .map_err(DraError::Bind)?;
-        telemetry::spawn(sockets.keep());
+        logging::spawn(sockets.keep());
         ctx.set_ready();
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
         let slice_events = Arc::new(Notify::new());
-        telemetry::spawn(watch_slices(
+        logging::spawn(watch_slices(
             publisher.clone(),
             Arc::clone(&slice_events),
             cancel.clone(),
@@ -165,8 +165,8 @@ async fn supervise_mps(preparer: Arc<Preparer>, interval: Duration, cancel: Canc
 
 /// A Warning event `DRACheckpointCorrupt` on the Node, so the moved-aside checkpoint shows in
 /// `kubectl describe node` and not only in gpud's log.
-async fn report_on_node(client: kube::Client, node: String, message: String) {
-    let api = NodeApi::new(client, node);
+async fn report_on_node(client: ::kube::Client, node: String, message: String) {
+    let api = NodeClient::new(client, node, COMPONENT);
     let event = NodeEvent {
         kind: Kind::Warning,
         reason: CHECKPOINT_CORRUPT,
@@ -174,7 +174,7 @@ async fn report_on_node(client: kube::Client, node: String, message: String) {
         at: std::time::SystemTime::now(),
     };
     if let Err(err) = api.create_event(&event, None).await {
-        warn!(error = %telemetry::error_chain(&err), "Cannot report the corrupt DRA checkpoint on the Node");
+        warn!(error = %logging::error_chain(&err), "Cannot report the corrupt DRA checkpoint on the Node");
     }
 }
 
@@ -190,7 +190,7 @@ async fn watch_slices(publisher: Publisher, events: Arc<Notify>, cancel: Cancell
                     backoff.reset();
                     continue;
                 }
-                Err(err) => debug!(error = %telemetry::error_chain(&err), "ResourceSlice watch ended"),
+                Err(err) => debug!(error = %logging::error_chain(&err), "ResourceSlice watch ended"),
             },
         }
         // A watch that reopens may have missed events.
@@ -211,7 +211,7 @@ async fn publish_loop(
     cancel: &CancellationToken,
 ) {
     let mut snapshots = inventory.subscribe();
-    let mut backoff = Backoff::capped(node_seed(driver), RETRY_MAX);
+    let mut backoff = Backoff::capped(backoff::seed_from(driver), RETRY_MAX);
     let mut last_error: Option<String> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
@@ -224,7 +224,7 @@ async fn publish_loop(
                 RESYNC
             }
             Err(err) => {
-                let text = telemetry::error_chain(&err);
+                let text = logging::error_chain(&err);
                 if last_error.as_deref() != Some(text.as_str()) {
                     warn!(error = %text, "Cannot publish the node's ResourceSlices; retrying with backoff");
                     last_error = Some(text);

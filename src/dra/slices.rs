@@ -14,9 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use super::names::{self, DraDevice};
 use super::objects::{Attribute, Capacity, Device, Pool, SliceSpec};
 use super::taints;
+use crate::dra_names::{self, DraDevice};
 use crate::inventory::Snapshot;
 
 /// Most devices in one slice.
@@ -30,7 +30,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// The devices of the node, in inventory order.
 pub fn devices(snapshot: &Snapshot, driver: &str) -> Vec<Device> {
-    names::devices(snapshot)
+    dra_names::devices(snapshot)
         .map(|(name, device)| Device {
             attributes: attributes(snapshot, &device),
             capacity: capacity(&device),

@@ -125,14 +125,14 @@ impl Sockets {
             if plugin_gone {
                 warn!(socket = %paths[0].display(), "The DRA plugin socket was removed; serving it again");
                 if let Err(err) = self.serve_plugin() {
-                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot serve the DRA plugin socket again; retrying");
+                    warn!(error = %crate::logging::error_chain(&err), "Cannot serve the DRA plugin socket again; retrying");
                     continue;
                 }
             }
             if plugin_gone || !paths[1].exists() {
                 warn!(socket = %paths[1].display(), "Serving the DRA registration socket again, for the kubelet to register the plugin");
                 if let Err(err) = self.serve_registration() {
-                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot serve the DRA registration socket again; retrying");
+                    warn!(error = %crate::logging::error_chain(&err), "Cannot serve the DRA registration socket again; retrying");
                 }
             }
         }

@@ -13,8 +13,8 @@
 
 use crate::inventory::health::{Health, HealthState, LOST_REASON};
 
-use super::names::DraDevice;
 use super::objects::Taint;
+use crate::dra_names::DraDevice;
 
 /// XIDs that NVIDIA's DRA driver and device plugin count as application errors, not a sick
 /// GPU: their taint is information only.

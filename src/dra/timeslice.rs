@@ -100,7 +100,7 @@ fn run_bounded(
         .map_err(|e| format!("cannot run it: {e} (see --dra-nvidia-smi-path)"))?;
     // Read stderr beside the wait, so a chatty utility cannot fill the pipe and stall.
     let stderr = child.stderr.take().and_then(|mut pipe| {
-        crate::telemetry::spawn_thread("nvidia-smi-stderr", move || {
+        crate::logging::spawn_thread("nvidia-smi-stderr", move || {
             let mut text = String::new();
             let _ = pipe.read_to_string(&mut text);
             text

@@ -13,7 +13,6 @@ use super::podresources::{DEFAULT_SOCKET, PodResourcesConfig};
 use super::pods::ResourceFilter;
 use super::render::LabelOptions;
 use super::{ExporterConfig, fields};
-use crate::cli;
 use crate::daemon::Error;
 use crate::nvml::Nvml;
 
@@ -78,7 +77,7 @@ pub struct ExporterArgs {
 
     /// Time between two pod-resources List calls.
     #[arg(long, value_name = "DURATION", env = "GPUD_POD_RESOURCES_POLL_INTERVAL",
-          default_value = "5s", value_parser = cli::positive_duration)]
+          default_value = "5s", value_parser = crate::values::positive_duration)]
     pod_resources_poll_interval: Duration,
 
     /// Leave out the host label.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use nvml_wrapper::enums::gpm::GpmMetricId;
 
 use super::counters::{CounterRow, CountersError, MetricKind};
-use crate::nvml::telemetry::{Reading, TelemetryPlan};
+use crate::nvml::sampling::{Reading, TelemetryPlan};
 
 /// How a reading in NVML's unit becomes the metric value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +128,7 @@ const NOT_READ: &str = "gpud does not collect it";
 
 /// Every DCGM field gpud knows, in DCGM field-id order.
 static CATALOG: &[FieldDef] = {
-    use crate::nvml::telemetry::Reading as R;
+    use crate::nvml::sampling::Reading as R;
     use Conv::*;
     use Source::{Label, LastXid, NvLinkRate, Unavailable, XidCount};
     const fn f(name: &'static str, source: Source) -> FieldDef {

@@ -36,10 +36,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::health::ledger::XidLedger;
 use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
+use crate::xid::ledger::XidLedger;
 use fields::Selection;
 use podresources::{PodResourcesConfig, PodsState};
 use render::{Frame, LabelOptions, OwnStats};
@@ -72,7 +72,7 @@ pub struct ExporterConfig {
     /// Bounds on the HTTP connections.
     pub http: http::Limits,
     /// The MIG reconciler's counters, when it runs in the same process (`gpud run`).
-    pub mig: Option<crate::mig::reconcile::metrics::Metrics>,
+    pub mig: Option<crate::mig_state::metrics::Metrics>,
 }
 
 /// What stops the exporter from starting.
@@ -118,7 +118,7 @@ pub async fn run(
     )?;
     let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
     let poller = config.kubernetes.clone().map(|k8s| {
-        crate::telemetry::spawn(podresources::run(
+        crate::logging::spawn(podresources::run(
             cancel.clone(),
             k8s,
             inventory.clone(),
@@ -127,7 +127,7 @@ pub async fn run(
     });
     let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
     let http_stats = Arc::new(http::Stats::default());
-    let renderer = crate::telemetry::spawn(render_loop(
+    let renderer = crate::logging::spawn(render_loop(
         cancel.clone(),
         config.clone(),
         inventory,

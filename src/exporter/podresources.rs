@@ -101,7 +101,7 @@ pub async fn run(
                 if reported != Some(false) {
                     warn!(
                         socket = %config.socket.display(),
-                        error = %crate::telemetry::error_chain(&err),
+                        error = %crate::logging::error_chain(&err),
                         interval = ?config.poll_interval,
                         "Pod attribution off: the kubelet's pod-resources API does not answer; metrics carry no pod labels, retrying every interval"
                     );

@@ -15,7 +15,7 @@
 //! Devices allocated through Dynamic Resource Allocation come in the answer's
 //! `dynamic_resources`: a claim's devices are attributed when their driver is the GPU driver
 //! (`gpu.nvidia.com` unless configured) and their pool is this node, and their device name is
-//! resolved by [`crate::dra::names::find`] to a whole GPU (`gpu-<minor>`) or a MIG device
+//! resolved by [`crate::dra_names::find`] to a whole GPU (`gpu-<minor>`) or a MIG device
 //! (`gpu-<minor>-mig-…`). Such a device gets the same `pod`, `namespace` and `container`
 //! labels as one from the device plugin, and no other label, so series keep their identity
 //! whichever way the GPU was allocated. A name the node does not have (a MIG device already
@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::dra::names::{self, DraDevice};
+use crate::dra_names::{self, DraDevice};
 use crate::inventory::Snapshot;
 use crate::proto::podresources::ListPodResourcesResponse;
 
@@ -252,7 +252,7 @@ pub fn attribute(
                     r.driver_name == filter.dra_driver && r.pool_name == snapshot.node.hostname
                 });
             for resource in claimed {
-                match names::find(snapshot, &resource.device_name) {
+                match dra_names::find(snapshot, &resource.device_name) {
                     Some(device) => holders.add(
                         DeviceRef {
                             key: dra_key(device),

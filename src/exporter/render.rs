@@ -20,14 +20,14 @@ use std::time::SystemTime;
 use super::fields::{LabelSource, MetricDef, Selection, Source, Value};
 use super::pods::{Attribution, DeviceKey, PodLabels};
 use super::xids;
-use crate::health::xid_counts::{DropSource, XidCounts};
 use crate::http::StatsSnapshot;
 use crate::inventory::model::{Gpu, MigDevice};
 use crate::inventory::{HealthState, Snapshot};
-use crate::mig::reconcile::metrics::{DURATION_BUCKETS, Reading as MigReading, STATES};
-use crate::nvml::telemetry::{
+use crate::mig_state::metrics::{DURATION_BUCKETS, Reading as MigReading, STATES};
+use crate::nvml::sampling::{
     GpuTelemetry, InstanceTelemetry, NodeTelemetry, SampleStatus, gpm_per_instance,
 };
+use crate::xid::counts::{DropSource, XidCounts};
 
 /// How device labels are spelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -694,7 +694,7 @@ mod tests {
     use crate::exporter::pods::{self, ResourceFilter};
     use crate::inventory::health::Health;
     use crate::inventory::model::{MigEngines, Node, Pci};
-    use crate::nvml::telemetry::Reading;
+    use crate::nvml::sampling::Reading;
     use crate::proto::podresources::{
         ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
     };
@@ -1020,8 +1020,8 @@ mod tests {
 
     #[test]
     fn mig_families_count_applies_and_set_the_state() {
-        use crate::mig::reconcile::metrics::Metrics;
-        use crate::mig::reconcile::node::State;
+        use crate::mig_state::State;
+        use crate::mig_state::metrics::Metrics;
         let metrics = Metrics::default();
         metrics.applied(true, Duration::from_millis(2500));
         metrics.applied(false, Duration::from_secs(700));

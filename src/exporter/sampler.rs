@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::inventory::{Inventory, Snapshot};
-use crate::nvml::telemetry::{
+use crate::nvml::sampling::{
     GpuTarget, InstanceTarget, NodeTelemetry, Reading, SampleStatus, TelemetryPlan,
 };
 use crate::nvml::{Nvml, NvmlError};
@@ -59,7 +59,7 @@ pub fn start(
     tx: watch::Sender<Option<Arc<Sampled>>>,
 ) -> Result<SamplerThread, NvmlError> {
     let (stop, stopped) = mpsc::channel();
-    let thread = crate::telemetry::spawn_thread("gpud-sampler", move || {
+    let thread = crate::logging::spawn_thread("gpud-sampler", move || {
         run(&nvml, &inventory, &plan, interval, &tx, &stopped)
     })
     .map_err(|source| NvmlError::Thread {

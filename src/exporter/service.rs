@@ -3,11 +3,9 @@
 
 use super::ExporterConfig;
 use crate::daemon::{Context, Subsystem};
-use crate::health::ledger::XidLedger;
-use crate::health::service::HealthWatcher;
-use crate::health::watcher::WatcherConfig;
 use crate::inventory::Inventory;
 use crate::nvml::Nvml;
+use crate::xid::ledger::XidLedger;
 
 /// The metrics exporter.
 #[derive(Debug)]
@@ -49,19 +47,4 @@ impl Subsystem for Exporter {
         .await?;
         Ok(())
     }
-}
-
-/// The exporter and the health watcher that feeds its XID counters and `gpud_gpu_health`.
-/// The watcher is optional: without NVML events the metrics still flow.
-pub fn with_health(
-    nvml: Nvml,
-    watcher: WatcherConfig,
-    config: ExporterConfig,
-    admin: axum::Router,
-) -> (HealthWatcher, Exporter) {
-    let xids = XidLedger::new(config.xid_window);
-    (
-        HealthWatcher::optional(nvml.clone(), watcher).with_xids(xids.clone()),
-        Exporter::new(nvml, config, xids, admin),
-    )
 }

@@ -1,5 +1,5 @@
 //! How the exporter spells XIDs. The counts themselves live in the health module's ledger
-//! ([`crate::health::ledger`]), which the health watcher writes and the renderer reads.
+//! ([`crate::xid::ledger`]), which the health watcher writes and the renderer reads.
 
 /// The text dcgm-exporter puts in `err_msg` for an XID: the catalog's description, or
 /// `Unknown Error` for a code the catalog lacks; XID 0 is `No Error`.
@@ -7,7 +7,7 @@ pub fn message(code: u32) -> &'static str {
     if code == 0 {
         return "No Error";
     }
-    crate::health::xid::find(code).map_or("Unknown Error", |info| info.description)
+    crate::xid::catalog::find(code).map_or("Unknown Error", |info| info.description)
 }
 
 #[cfg(test)]

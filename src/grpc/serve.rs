@@ -14,12 +14,12 @@ pub fn spawn(
     stop: CancellationToken,
     what: String,
 ) {
-    crate::telemetry::spawn(async move {
+    crate::logging::spawn(async move {
         let served = router
             .serve_with_incoming_shutdown(super::incoming(listener), stop.cancelled())
             .await;
         if let Err(err) = served {
-            error!(server = %what, error = %crate::telemetry::error_chain(&err), "gRPC server failed");
+            error!(server = %what, error = %crate::logging::error_chain(&err), "gRPC server failed");
         }
     });
 }

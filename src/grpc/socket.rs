@@ -66,7 +66,7 @@ pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
     let result = bind_staged(&staging, &staged, path, mode);
     if let Err(err) = remove_staging(&staging, &staged) {
         // The socket is in place; an empty hidden folder left behind harms nobody.
-        warn!(error = %crate::telemetry::error_chain(&err), "Cannot remove the socket staging folder");
+        warn!(error = %crate::logging::error_chain(&err), "Cannot remove the socket staging folder");
     }
     result
 }

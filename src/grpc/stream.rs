@@ -88,7 +88,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 return Poll::Ready(Ok(()));
             }
             if let Err(err) = this.rewriter.push(received, &mut this.output) {
-                warn!(error = %crate::telemetry::error_chain(&err), "Closing a gRPC connection: the client sent malformed HTTP/2");
+                warn!(error = %crate::logging::error_chain(&err), "Closing a gRPC connection: the client sent malformed HTTP/2");
                 this.failed = Some(err.to_string());
                 this.output.clear();
                 this.sent = 0;

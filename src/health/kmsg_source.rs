@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::kmsg::{KmsgEvent, KmsgParser};
+use crate::xid::kmsg::{KmsgEvent, KmsgParser};
 
 /// Default kernel log device.
 pub const DEFAULT_KMSG_PATH: &str = "/dev/kmsg";
@@ -53,7 +53,7 @@ pub fn start(path: &Path, tx: mpsc::Sender<KmsgEvent>) -> Option<KmsgSource> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(err) => {
-            warn!(path = %path.display(), error = %crate::telemetry::error_chain(&err), "Cannot read the kernel log; XIDs come from NVML events only");
+            warn!(path = %path.display(), error = %crate::logging::error_chain(&err), "Cannot read the kernel log; XIDs come from NVML events only");
             return None;
         }
     };
@@ -64,7 +64,7 @@ pub fn start(path: &Path, tx: mpsc::Sender<KmsgEvent>) -> Option<KmsgSource> {
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = Arc::clone(&stop);
     let owned: PathBuf = path.to_path_buf();
-    let thread = crate::telemetry::spawn_thread("gpud-kmsg", move || {
+    let thread = crate::logging::spawn_thread("gpud-kmsg", move || {
         if is_device {
             follow_device(file, &tx, &thread_stop);
         } else {
@@ -78,7 +78,7 @@ pub fn start(path: &Path, tx: mpsc::Sender<KmsgEvent>) -> Option<KmsgSource> {
             _thread: thread,
         }),
         Err(err) => {
-            warn!(error = %crate::telemetry::error_chain(&err), "Cannot start the kernel log reader");
+            warn!(error = %crate::logging::error_chain(&err), "Cannot start the kernel log reader");
             None
         }
     }
@@ -117,7 +117,7 @@ fn follow_device(mut file: File, tx: &mpsc::Sender<KmsgEvent>, stop: &AtomicBool
             }
             Err(err) if err.kind() == ErrorKind::Interrupted => {}
             Err(err) => {
-                warn!(error = %crate::telemetry::error_chain(&err), "Kernel log read failed; stopping the kernel log reader");
+                warn!(error = %crate::logging::error_chain(&err), "Kernel log read failed; stopping the kernel log reader");
                 return;
             }
         }
@@ -149,7 +149,7 @@ fn follow_file(mut file: File, tx: &mpsc::Sender<KmsgEvent>, stop: &AtomicBool) 
             }
             Err(err) if err.kind() == ErrorKind::Interrupted => {}
             Err(err) => {
-                warn!(error = %crate::telemetry::error_chain(&err), "Kernel log file read failed; stopping the kernel log reader");
+                warn!(error = %crate::logging::error_chain(&err), "Kernel log file read failed; stopping the kernel log reader");
                 return;
             }
         }

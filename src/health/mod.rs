@@ -1,14 +1,13 @@
-//! Health watching: NVML events, polled counters and the kernel log, folded into per-device
-//! health states on the shared inventory, and every XID counted in the [`ledger::XidLedger`].
+//! Health watching: NVML events, polled counters and the kernel log, folded by the
+//! [`tracker`] into per-device health verdicts on the shared inventory, and every XID counted
+//! in the [`crate::xid::ledger::XidLedger`]. The verdict is made here once, with the configured
+//! XID policy; the device plugin, the DRA plugin, the labeller, the exporter and the node
+//! status all read it from the inventory.
 
+pub mod args;
 pub mod dedup;
-pub mod kmsg;
 pub mod kmsg_source;
-pub mod ledger;
 pub mod report;
 pub mod service;
 pub mod tracker;
-pub mod transitions;
 pub mod watcher;
-pub mod xid;
-pub mod xid_counts;

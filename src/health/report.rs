@@ -4,8 +4,8 @@
 use std::time::SystemTime;
 
 use super::tracker::Tracker;
-use super::transitions::state_word;
 use super::watcher::WatcherConfig;
+use crate::inventory::transitions::state_word;
 use crate::inventory::{Health, HealthState, Inventory, Snapshot};
 use crate::nvml::{GpuSignals, Nvml};
 

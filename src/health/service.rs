@@ -5,12 +5,12 @@ use std::time::SystemTime;
 
 use tracing::warn;
 
-use super::ledger::XidLedger;
-use super::transitions;
 use super::watcher::{self, WatcherConfig};
 use crate::daemon::{Context, Subsystem};
+use crate::inventory::transitions;
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::Nvml;
+use crate::xid::ledger::XidLedger;
 
 /// The health watcher: NVML events, polled signals and the kernel log folded into the
 /// inventory's health states.
@@ -67,7 +67,7 @@ impl Subsystem for HealthWatcher {
             Ok(()) => Ok(()),
             Err(err) if self.required => Err(err.into()),
             Err(err) => {
-                warn!(error = %crate::telemetry::error_chain(&err), "Health watching is off: devices keep discovery's state");
+                warn!(error = %crate::logging::error_chain(&err), "Health watching is off: devices keep discovery's state");
                 Ok(())
             }
         }

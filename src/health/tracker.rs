@@ -26,10 +26,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, SystemTime};
 
-use super::xid::{self, Action, Severity, XidPolicy};
 use crate::inventory::health::{Health, HealthSource, HealthState};
 use crate::inventory::model::Snapshot;
 use crate::nvml::GpuSignals;
+use crate::xid::catalog::{self as xid, Action, Severity, XidPolicy};
 
 /// Tunables of the tracker.
 #[derive(Debug, Clone, PartialEq)]

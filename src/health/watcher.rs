@@ -20,16 +20,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::dedup::{Deduper, Occurrence, XidSource};
-use super::kmsg::KmsgEvent;
 use super::kmsg_source;
-use super::ledger::XidLedger;
 use super::tracker::{Tracker, TrackerConfig};
-use super::transitions;
-use super::xid::XidPolicy;
-use super::xid_counts::DropSource;
+use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{GpuSignals, Nvml, NvmlError};
+use crate::xid::catalog::XidPolicy;
+use crate::xid::counts::DropSource;
+use crate::xid::kmsg::KmsgEvent;
+use crate::xid::ledger::XidLedger;
 
 /// Settings of the watcher.
 #[derive(Debug, Clone)]
@@ -82,8 +82,8 @@ impl WatcherConfig {
         flags: WatcherOverrides<'_>,
         file: &crate::config::HealthSection,
     ) -> (WatcherConfig, Vec<String>) {
-        let disable = std::env::var(super::xid::ENV_DISABLE_HEALTHCHECKS).ok();
-        let enable = std::env::var(super::xid::ENV_ENABLE_HEALTHCHECKS).ok();
+        let disable = std::env::var(crate::xid::catalog::ENV_DISABLE_HEALTHCHECKS).ok();
+        let enable = std::env::var(crate::xid::catalog::ENV_ENABLE_HEALTHCHECKS).ok();
         let (policy, warnings) =
             XidPolicy::from_config_and_env(&file.xid, disable.as_deref(), enable.as_deref());
         let kmsg_path = match (flags.kmsg, &file.kmsg_path) {
@@ -201,7 +201,7 @@ async fn watch(
                 let poller = nvml.clone();
                 match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
                     Ok(signals) => observe_all(&mut state.tracker, &signals),
-                    Err(err) => warn!(error = %crate::telemetry::error_chain(&err), "Signal poll failed"),
+                    Err(err) => warn!(error = %crate::logging::error_chain(&err), "Signal poll failed"),
                 }
             }
         }

@@ -71,7 +71,7 @@ pub async fn serve(
             biased;
             ended = conn.as_mut() => {
                 if let Err(err) = ended {
-                    debug!(error = %crate::telemetry::error_chain(&err), "HTTP connection ended with an error");
+                    debug!(error = %crate::logging::error_chain(&err), "HTTP connection ended with an error");
                 }
                 return;
             }

@@ -103,7 +103,7 @@ async fn accept_failed(table: &Table, err: &io::Error, last_warned: &mut Option<
         err.kind(),
         ConnectionAborted | ConnectionRefused | ConnectionReset
     ) {
-        debug!(error = %crate::telemetry::error_chain(&err), "A connection closed before it was accepted");
+        debug!(error = %crate::logging::error_chain(&err), "A connection closed before it was accepted");
         return;
     }
     let out_of_fds = matches!(
@@ -113,9 +113,9 @@ async fn accept_failed(table: &Table, err: &io::Error, last_warned: &mut Option<
     if last_warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
         *last_warned = Some(Instant::now());
         if out_of_fds {
-            warn!(error = %crate::telemetry::error_chain(&err), "Out of file descriptors: closing the longest idle HTTP connection to accept new ones");
+            warn!(error = %crate::logging::error_chain(&err), "Out of file descriptors: closing the longest idle HTTP connection to accept new ones");
         } else {
-            warn!(error = %crate::telemetry::error_chain(&err), "Cannot accept HTTP connections; retrying");
+            warn!(error = %crate::logging::error_chain(&err), "Cannot accept HTTP connections; retrying");
         }
     }
     if out_of_fds && table.evict_oldest() {
@@ -151,7 +151,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let stats = Arc::new(Stats::default());
         let cancel = CancellationToken::new();
-        let server = crate::telemetry::spawn(serve(
+        let server = crate::logging::spawn(serve(
             listener,
             router,
             limits,
@@ -256,7 +256,7 @@ mod tests {
         let accepted = Instant::now();
         let mut silent = TcpStream::connect(server.address).await.unwrap();
         let mut trickling = TcpStream::connect(server.address).await.unwrap();
-        let trickle = crate::telemetry::spawn(async move {
+        let trickle = crate::logging::spawn(async move {
             for byte in b"GET / HTTP/1.1\r\nHost: t\r\n".iter().cycle().take(40) {
                 if trickling.write_all(&[*byte]).await.is_err() {
                     break;

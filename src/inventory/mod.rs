@@ -14,6 +14,7 @@ mod rescan;
 pub mod table;
 #[cfg(test)]
 pub mod test_support;
+pub mod transitions;
 
 use std::sync::Arc;
 

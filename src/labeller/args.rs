@@ -7,8 +7,9 @@ use clap::ValueEnum;
 use tracing::{debug, info, warn};
 
 use super::service::Labeller;
-use super::{ApiSink, ApiSinkError, NodeFeatureSink, NodeSink, Settings};
+use super::{ApiSink, NodeFeatureSink, NodeSink, Settings};
 use crate::daemon::Error;
+use crate::kube::ApiError;
 use crate::nvidia_config::{
     self, Component, GfdFlags, GivenFlags, NvidiaConfigError, ProcessEnv, SharedFlags,
 };
@@ -187,11 +188,11 @@ impl LabellerArgs {
         &self,
         sink: Sink,
         node_name: Option<&str>,
-    ) -> Result<Option<ApiSink>, ApiSinkError> {
+    ) -> Result<Option<ApiSink>, ApiError> {
         if sink == Sink::File {
             return Ok(None);
         }
-        let client = super::api::connect(self.kubeconfig.as_deref()).await?;
+        let client = crate::kube::connect(self.kubeconfig.as_deref()).await?;
         let node = node_name.unwrap_or_default().to_owned();
         Ok(Some(if sink == Sink::NodeFeature {
             ApiSink::NodeFeature(Box::new(NodeFeatureSink::new(

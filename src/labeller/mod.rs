@@ -8,14 +8,13 @@
 //!   arrive (SIGHUP); [`service`] runs it as a daemon subsystem. The features file is rewritten when a label other than the timestamp
 //!   changed or the interval passed; an API sink writes when what it holds differs.
 //! - [`features_file`], [`node`] and [`node_feature`] are the sinks; the last two go through
-//!   the Kubernetes API and share [`api`] (connection, errors, backoff). [`pci`] reads the
+//!   the Kubernetes API through [`crate::kube`] (connection, errors, the Node client). [`pci`] reads the
 //!   PCI facts NVML lacks (class, configuration space) and [`vgpu`] finds a vGPU in the
 //!   configuration space.
 //!
 //! Writing failures are logged and retried (an API sink with backoff); only `--oneshot`
 //! turns them into an error, since it has no later pass to recover in.
 
-pub mod api;
 pub mod args;
 pub mod features_file;
 pub mod labels;
@@ -36,15 +35,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-pub use api::ApiSinkError;
 pub use labels::{LabelConfig, Labels, labels, warnings};
 pub use node::NodeSink;
 pub use node_feature::NodeFeatureSink;
 pub use sink::ApiSink;
 
+use crate::backoff::Backoff;
 use crate::daemon::ReadyLatch;
 use crate::inventory::model::Node as NodeFacts;
 use crate::inventory::{Inventory, Snapshot};
+use crate::kube::ApiError;
 use crate::nvidia_config::{self, MigStrategy, OutputTarget, Sharing, SleepInterval};
 
 /// The labeller's settings: GFD's (from NVIDIA's config) and gpud's own.
@@ -113,8 +113,11 @@ pub enum LabellerError {
     Stdout(#[source] std::io::Error),
     /// An API sink could not be written (after retries, in oneshot mode).
     #[error(transparent)]
-    Api(#[from] ApiSinkError),
+    Api(#[from] ApiError),
 }
+
+/// The field manager of the labeller's writes.
+pub const FIELD_MANAGER: &str = "gpud-labeller";
 
 /// Attempts at the API in oneshot mode before giving up.
 pub const ONESHOT_API_ATTEMPTS: u32 = 5;
@@ -150,7 +153,7 @@ fn read_machine_type(path: &Path) -> Option<String> {
     match std::fs::read_to_string(path) {
         Ok(text) => Some(text.trim().to_owned()),
         Err(err) => {
-            tracing::debug!(path = %path.display(), error = %crate::telemetry::error_chain(&err), "Machine type unreadable; using unknown");
+            tracing::debug!(path = %path.display(), error = %crate::logging::error_chain(&err), "Machine type unreadable; using unknown");
             None
         }
     }
@@ -184,7 +187,7 @@ struct ApiState {
     sink: ApiSink,
     pending: Option<Labels>,
     retry_at: Option<Instant>,
-    backoff: api::Backoff,
+    backoff: Backoff,
 }
 
 impl ApiState {
@@ -194,22 +197,18 @@ impl ApiState {
             sink,
             pending: None,
             retry_at: None,
-            backoff: api::Backoff::new(seed ^ timestamp),
+            backoff: Backoff::new(seed ^ timestamp),
         }
     }
 
     /// Tries to write the pending labels once; schedules a retry on failure.
-    async fn push(&mut self) -> Result<(), ApiSinkError> {
+    async fn push(&mut self) -> Result<(), ApiError> {
         let Some(wanted) = self.pending.clone() else {
             return Ok(());
         };
-        let result = match tokio::time::timeout(API_SYNC_TIMEOUT, self.sink.sync(&wanted)).await {
-            Ok(result) => result,
-            Err(_) => Err(ApiSinkError::Timeout {
-                target: self.sink.target(),
-                after: API_SYNC_TIMEOUT,
-            }),
-        };
+        let target = self.sink.target();
+        let result =
+            crate::kube::within(API_SYNC_TIMEOUT, || target.clone(), self.sink.sync(&wanted)).await;
         match result {
             Ok(written) => {
                 if written {
@@ -222,7 +221,7 @@ impl ApiState {
             }
             Err(err) => {
                 let delay = self.backoff.next_delay();
-                warn!(error = %crate::telemetry::error_chain(&err), retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
+                warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
                 self.retry_at = Some(Instant::now() + delay);
                 Err(err)
             }
@@ -313,7 +312,7 @@ pub async fn run(
                     Err(err) if settings.oneshot => return Err(err),
                     Err(err @ LabellerError::Stdout(_)) => return Err(err),
                     Err(err) => {
-                        error!(error = %crate::telemetry::error_chain(&err), "Cannot write the features file; retrying on the next pass")
+                        error!(error = %crate::logging::error_chain(&err), "Cannot write the features file; retrying on the next pass")
                     }
                 }
             } else {
@@ -379,7 +378,7 @@ pub async fn run(
     if let Some(path) = removes_on_exit(&settings)
         && let Err(err) = features_file::remove(path)
     {
-        warn!(path = %path.display(), error = %crate::telemetry::error_chain(&err), "Cannot remove the features file");
+        warn!(path = %path.display(), error = %crate::logging::error_chain(&err), "Cannot remove the features file");
     }
     Ok(())
 }

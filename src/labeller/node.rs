@@ -11,14 +11,13 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
-use super::api::{ApiSinkError, FIELD_MANAGER};
+use super::FIELD_MANAGER;
 use super::labels::Labels;
 use super::syntax::{is_valid_label_key, is_valid_label_value};
+use crate::kube::{ApiError, NodeClient};
 
 /// Node annotation listing the label keys the labeller manages (comma-separated, sorted).
 pub const OWNED_ANNOTATION: &str = "gpud.io/labels";
@@ -90,43 +89,29 @@ pub fn plan(
     }
 }
 
-/// A client for one node's labels.
-#[derive(Clone)]
+/// Writes the labels on this node's Node, through the one Node client.
+#[derive(Debug)]
 pub struct NodeSink {
-    api: Api<Node>,
-    node: String,
-}
-
-impl std::fmt::Debug for NodeSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeSink")
-            .field("node", &self.node)
-            .finish()
-    }
+    client: NodeClient,
 }
 
 impl NodeSink {
     /// A sink for `node`'s labels over an existing connection.
-    pub fn new(client: kube::Client, node: String) -> Self {
+    pub fn new(client: ::kube::Client, node: String) -> Self {
         NodeSink {
-            api: Api::all(client),
-            node,
+            client: NodeClient::new(client, node, FIELD_MANAGER),
         }
     }
 
     /// The node this sink labels.
     pub fn node(&self) -> &str {
-        &self.node
+        self.client.node()
     }
 
     /// One attempt: reads the node and patches its labels if they differ. Returns whether a
     /// patch was sent.
-    pub async fn sync(&self, wanted: &Labels) -> Result<bool, ApiSinkError> {
-        let api_err = |source| ApiSinkError::Api {
-            target: format!("node {}", self.node),
-            source,
-        };
-        let node = self.api.get(&self.node).await.map_err(api_err)?;
+    pub async fn sync(&self, wanted: &Labels) -> Result<bool, ApiError> {
+        let node = self.client.get().await?;
         let labels = node.metadata.labels.unwrap_or_default();
         let owned = node
             .metadata
@@ -136,19 +121,12 @@ impl NodeSink {
             .map(String::as_str);
         let plan = plan(&labels, owned, wanted);
         for label in &plan.rejected {
-            warn!(node = %self.node, label = %label, "Label is not valid Kubernetes syntax; not set on the node");
+            warn!(node = %self.node(), label = %label, "Label is not valid Kubernetes syntax; not set on the node");
         }
         let Some(patch) = plan.patch else {
             return Ok(false);
         };
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        self.api
-            .patch(&self.node, &params, &Patch::Merge(&patch))
-            .await
-            .map_err(api_err)?;
+        self.client.merge(&patch, "writing the labels").await?;
         Ok(true)
     }
 }

@@ -24,8 +24,9 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use super::api::{ApiSinkError, FIELD_MANAGER};
+use super::FIELD_MANAGER;
 use super::labels::Labels;
+use crate::kube::ApiError;
 
 /// NFD's API group.
 pub const GROUP: &str = "nfd.k8s-sigs.io";
@@ -229,7 +230,7 @@ impl NodeFeatureSink {
     /// The owner references, read from the labeller's pod on first use. A pod that cannot
     /// be read for good (gone, or RBAC without `get` on pods) means no owners, with a
     /// warning, as GFD carries on; any other failure fails this sync, to be retried.
-    async fn owners(&mut self) -> Result<Vec<OwnerReference>, ApiSinkError> {
+    async fn owners(&mut self) -> Result<Vec<OwnerReference>, ApiError> {
         if let Some(owners) = &self.owners {
             return Ok(owners.clone());
         }
@@ -249,13 +250,13 @@ impl NodeFeatureSink {
                     owners
                 }
                 Err(kube::Error::Api(status)) if matches!(status.code, 403 | 404) => {
-                    warn!(pod = %pod, namespace = %self.namespace, error = %crate::telemetry::error_chain(&status),
+                    warn!(pod = %pod, namespace = %self.namespace, error = %crate::logging::error_chain(&status),
                           "Cannot read the labeller's pod; the NodeFeature object gets no owner references");
                     Vec::new()
                 }
                 Err(source) => {
-                    return Err(ApiSinkError::Api {
-                        target: format!("pod {}/{pod}", self.namespace),
+                    return Err(ApiError::Api {
+                        what: format!("pod {}/{pod}", self.namespace),
                         source,
                     });
                 }
@@ -267,15 +268,15 @@ impl NodeFeatureSink {
 
     /// One attempt: reads the object, then creates or replaces it if it differs. Returns
     /// whether anything was written.
-    pub async fn sync(&mut self, wanted: &Labels) -> Result<bool, ApiSinkError> {
+    pub async fn sync(&mut self, wanted: &Labels) -> Result<bool, ApiError> {
         let owners = self.owners().await?;
         let target = self.target();
         let current = self
             .api
             .get_opt(&self.name)
             .await
-            .map_err(|source| ApiSinkError::Api {
-                target: target.clone(),
+            .map_err(|source| ApiError::Api {
+                what: target.clone(),
                 source,
             })?;
         let params = PostParams {
@@ -296,12 +297,15 @@ impl NodeFeatureSink {
                     .await
                     .map_err(|source| match &source {
                         // The collection itself is missing: nothing serves the kind.
-                        kube::Error::Api(status) if status.code == 404 => ApiSinkError::Hinted {
-                            target,
+                        kube::Error::Api(status) if status.code == 404 => ApiError::Hinted {
+                            what: target,
                             hint: "is NFD's NodeFeature CRD (nodefeatures.nfd.k8s-sigs.io) installed?",
                             source,
                         },
-                        _ => ApiSinkError::Api { target, source },
+                        _ => ApiError::Api {
+                            what: target,
+                            source,
+                        },
                     })?;
                 Ok(true)
             }
@@ -309,7 +313,10 @@ impl NodeFeatureSink {
                 self.api
                     .replace(&self.name, &params, &object)
                     .await
-                    .map_err(|source| ApiSinkError::Api { target, source })?;
+                    .map_err(|source| ApiError::Api {
+                        what: target,
+                        source,
+                    })?;
                 Ok(true)
             }
         }

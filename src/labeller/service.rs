@@ -8,7 +8,7 @@ use crate::inventory::Inventory;
 /// How the labeller reaches the Kubernetes API, resolved when it starts (connecting is
 /// async, the applet's set-up is not).
 pub type ApiConnect = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Option<ApiSink>, super::ApiSinkError>> + Send>,
+    Box<dyn std::future::Future<Output = Result<Option<ApiSink>, crate::kube::ApiError>> + Send>,
 >;
 
 /// Labels the node; ready once the labels reached every sink.

@@ -2,10 +2,10 @@
 //! whichever Kubernetes API sink the settings chose. Both sinks answer "did this sync write
 //! anything?" so the loop logs real changes only.
 
-use super::api::ApiSinkError;
 use super::labels::Labels;
 use super::node::NodeSink;
 use super::node_feature::NodeFeatureSink;
+use crate::kube::ApiError;
 
 /// The API sink the labeller writes through (at most one: the Node and a NodeFeature
 /// object would make gpud and nfd-master fight over the same Node labels). Boxed: the
@@ -33,11 +33,11 @@ impl ApiSink {
             ApiSink::Node(sink) => sink.node(),
             ApiSink::NodeFeature(sink) => sink.node(),
         };
-        super::api::node_seed(node)
+        crate::backoff::seed_from(node)
     }
 
     /// One attempt at bringing the sink up to `wanted`; returns whether anything was written.
-    pub async fn sync(&mut self, wanted: &Labels) -> Result<bool, ApiSinkError> {
+    pub async fn sync(&mut self, wanted: &Labels) -> Result<bool, ApiError> {
         match self {
             ApiSink::Node(sink) => sink.sync(wanted).await,
             ApiSink::NodeFeature(sink) => sink.sync(wanted).await,

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use super::assert::{self, Scope};
 use super::hooks::Hooks;
 use super::plan::{self, GpuPlan};
-use super::select::{self, Target};
-use super::spec::Entry;
+use crate::mig_config::assert::{self, Scope};
+use crate::mig_config::select::{self, Target};
+use crate::mig_config::spec::Entry;
 use crate::nvml::mig_admin::{MigAdmin, MigGpu, ModeActivation};
 
 /// How to apply.

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::live;
-use super::spec::{DeviceFilter, Devices, Entry, Spec};
+use crate::mig_config::live;
+use crate::mig_config::spec::{DeviceFilter, Devices, Entry, Spec};
 use crate::nvml::mig_admin::MigGpu;
 
 /// Builds the config that describes `gpus` as they are now.

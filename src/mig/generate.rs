@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::spec::{DeviceFilter, Devices, Entry, Spec};
+use crate::mig_config::spec::{DeviceFilter, Devices, Entry, Spec};
 use crate::nvml::mig_admin::{GiProfile, MigGpu};
 
 /// The config set for `gpus`.

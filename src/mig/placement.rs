@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::profile::ProfileName;
+use crate::mig_config::profile::ProfileName;
 use crate::nvml::mig_admin::{GiProfile, MigGpu, ci_enum, ci_fits};
 
 /// A GPU instance as a layout wants it: its profile and its compute instances' slices.

@@ -5,9 +5,9 @@
 
 use serde::Serialize;
 
-use super::live;
 use super::placement::{self, Placed, Shape};
-use super::select::Target;
+use crate::mig_config::live;
+use crate::mig_config::select::Target;
 use crate::nvml::mig_admin::{GpuInstance, MigGpu};
 
 /// An existing GPU instance in a plan.
@@ -192,7 +192,9 @@ fn assign(gpu: &MigGpu, placed: &[Placed], mut shapes: Vec<Shape>) -> Vec<Creati
                 devices: shape
                     .compute
                     .iter()
-                    .map(|&c| super::profile::device_name(&profile.name, profile.slices, c))
+                    .map(|&c| {
+                        crate::mig_config::profile::device_name(&profile.name, profile.slices, c)
+                    })
                     .collect(),
                 compute: shape.compute,
             })

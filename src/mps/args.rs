@@ -30,7 +30,7 @@ pub struct MpsArgs {
     /// How often each MPS control daemon is probed (get_default_active_thread_percentage); a
     /// daemon that does not answer is restarted.
     #[arg(long, value_name = "DURATION", env = "GPUD_MPS_PROBE_INTERVAL", default_value = "5s",
-          value_parser = crate::cli::positive_duration)]
+          value_parser = crate::values::positive_duration)]
     pub mps_probe_interval: Duration,
 }
 

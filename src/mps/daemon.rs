@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use super::layout::{self, LayoutError};
 use super::plan::DaemonPlan;
 use crate::cuda_mps::control::ControlError;
+use crate::cuda_mps::layout as paths;
 use crate::cuda_mps::server::{Server, ServerError};
-use crate::device_plugin::mps as paths;
 use crate::nvml::Nvml;
 use crate::nvml::compute_mode::ComputeMode;
 
@@ -78,7 +78,7 @@ impl Daemon {
         self.mark_down();
         self.server.quit();
         if let Err(err) = self.server.set_mode(nvml, ComputeMode::Default) {
-            tracing::error!(resource = %self.resource(), error = %crate::telemetry::error_chain(&err),
+            tracing::error!(resource = %self.resource(), error = %crate::logging::error_chain(&err),
                 "Cannot set the GPUs back to compute mode DEFAULT; `gpud doctor` reports it");
         }
         layout::clear_resource(&self.root, self.resource());

@@ -1,11 +1,11 @@
 //! The host layout under `mpsRoot` that the daemons keep: the shm tmpfs ([`crate::cuda_mps::shm`])
-//! and the markers (paths in `device_plugin::mps`, which both sides share). Each daemon's pipe
+//! and the markers (paths in [`crate::cuda_mps::layout`], which both sides share). Each daemon's pipe
 //! and log folders are created by its start ([`crate::cuda_mps::server`]).
 
 use std::path::{Path, PathBuf};
 
+use crate::cuda_mps::layout as paths;
 use crate::cuda_mps::shm::{self, ShmError};
-use crate::device_plugin::mps as paths;
 use crate::files;
 
 /// Why the layout could not be prepared.

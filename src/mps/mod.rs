@@ -22,8 +22,8 @@ pub use args::MpsArgs;
 pub use service::MpsControl;
 
 use crate::daemon::Error;
-use crate::device_plugin::settings::Settings;
 use crate::inventory::Snapshot;
+use crate::resources::settings::Settings;
 
 /// Checks at start that MPS can run as configured on this node (no MIG devices, replicas
 /// within MPS's client limit): exit 65 with NVIDIA's wording otherwise.

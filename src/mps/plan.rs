@@ -6,11 +6,11 @@
 
 use std::path::Path;
 
+use crate::cuda_mps::layout;
 use crate::cuda_mps::server;
-use crate::device_plugin::mps as layout;
-use crate::device_plugin::resources;
-use crate::device_plugin::settings::Settings;
 use crate::inventory::Snapshot;
+use crate::resources;
+use crate::resources::settings::Settings;
 
 /// Most MPS clients per GPU from compute capability 7.5 (Turing) on.
 pub const MAX_CLIENTS_NEW: u32 = 48;

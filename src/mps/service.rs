@@ -23,14 +23,14 @@ use tracing::{error, info, warn};
 use super::daemon::Daemon;
 use super::layout;
 use super::plan::{self, DaemonPlan};
+use crate::cuda_mps::layout as paths;
 use crate::daemon::{Context, Subsystem};
-use crate::device_plugin::mps as paths;
-use crate::device_plugin::settings::Settings;
 use crate::inventory::Inventory;
-use crate::node_status::api::NodeApi;
-use crate::node_status::events::{Kind, NodeEvent};
+use crate::kube::events::{COMPONENT, Kind, NodeEvent};
+use crate::kube::{self, NodeClient};
+use crate::logging;
 use crate::nvml::Nvml;
-use crate::telemetry;
+use crate::resources::settings::Settings;
 
 /// The first pause before restarting a daemon that failed to start again.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -179,7 +179,7 @@ impl MpsControl {
                 match probe {
                     Ok(Ok(())) => continue,
                     Ok(Err(err)) => {
-                        warn!(resource = %entry.daemon.resource(), error = %telemetry::error_chain(&err),
+                        warn!(resource = %entry.daemon.resource(), error = %logging::error_chain(&err),
                             "MPS control daemon does not answer; marking its devices unhealthy and starting it again");
                     }
                     Err(err) => warn!(error = %err, "MPS probe task failed"),
@@ -210,7 +210,7 @@ impl MpsControl {
                 }
                 outcome => {
                     let why = match outcome {
-                        Ok(Err(err)) => telemetry::error_chain(&err),
+                        Ok(Err(err)) => logging::error_chain(&err),
                         Err(err) => err.to_string(),
                         Ok(Ok(())) => String::new(),
                     };
@@ -239,13 +239,13 @@ impl MpsControl {
             message,
             at: SystemTime::now(),
         };
-        telemetry::spawn(async move {
-            let posted = match crate::labeller::api::connect(kubeconfig.as_deref()).await {
-                Ok(client) => NodeApi::new(client, node)
+        logging::spawn(async move {
+            let posted = match kube::connect(kubeconfig.as_deref()).await {
+                Ok(client) => NodeClient::new(client, node, COMPONENT)
                     .create_event(&event, None)
                     .await
-                    .map_err(|e| telemetry::error_chain(&e)),
-                Err(e) => Err(telemetry::error_chain(&e)),
+                    .map_err(|e| logging::error_chain(&e)),
+                Err(e) => Err(logging::error_chain(&e)),
             };
             if let Err(why) = posted {
                 warn!(error = %why, "Cannot record the MPS restart on the Node");

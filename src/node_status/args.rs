@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use super::taints::{Effect, MinHealthy, Policy};
-use crate::cli;
 
 /// How the node status holds, retries and taints.
 #[derive(Debug, Clone, clap::Args)]
@@ -11,18 +10,18 @@ pub struct NodeStatusArgs {
     /// A condition or taint changes at most once per this long, and a GPU that failed must be
     /// healthy this long before it counts as recovered.
     #[arg(long, value_name = "DURATION", env = "GPUD_NODE_STATUS_HOLD", default_value = "5m",
-          value_parser = cli::positive_duration)]
+          value_parser = crate::values::positive_duration)]
     pub node_status_hold: Duration,
 
     /// The conditions are re-applied this often even when nothing changed (their heartbeat),
     /// which also restores them if someone removed them.
     #[arg(long, value_name = "DURATION", env = "GPUD_NODE_STATUS_RESYNC", default_value = "5m",
-          value_parser = cli::positive_duration)]
+          value_parser = crate::values::positive_duration)]
     pub node_status_resync: Duration,
 
     /// The longest wait between retries while the API server fails.
     #[arg(long, value_name = "DURATION", env = "GPUD_NODE_STATUS_RETRY_MAX", default_value = "30s",
-          value_parser = cli::positive_duration)]
+          value_parser = crate::values::positive_duration)]
     pub node_status_retry_max: Duration,
 
     /// Taint the node with gpud.io/gpu-unhealthy=true:EFFECT while any GPU is unhealthy

@@ -8,10 +8,10 @@
 //! - [`DOCTOR_CONDITION`] (`GPUStackValidated`): the latest doctor run found no failing
 //!   check; `False` lists the failing checks, `Unknown` until the first run finished.
 
-use crate::doctor::report::{Report, Status as CheckStatus};
-use crate::health::transitions::state_word;
+use crate::doctor_report::{Report, Status as CheckStatus};
 use crate::inventory::health::{Health, HealthState};
 use crate::inventory::model::Snapshot;
+use crate::inventory::transitions::state_word;
 
 use super::hold::Severity;
 
@@ -267,7 +267,7 @@ fn truncate(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::CheckResult;
+    use crate::doctor_report::CheckResult;
     use crate::inventory::health::HealthSource;
 
     fn gpu(index: u32, health: Health) -> GpuHealth {

@@ -3,10 +3,10 @@
 //!
 //! One job per file: [`conditions`] (what the conditions say), [`hold`] (anti-flap),
 //! [`state`] (the desired Node, held), [`taints`] (policy and the taint list), [`events`]
-//! (de-duplicated, rate-limited events), [`api`] (the API calls), [`service`] (the
-//! subsystem's level-triggered loop) and [`args`] (the command line).
+//! (which events a change makes), [`service`] (the subsystem's level-triggered loop) and
+//! [`args`] (the command line). The API calls, the event outbox and the backoff are the
+//! Kubernetes seam's ([`crate::kube`]).
 
-pub mod api;
 pub mod args;
 pub mod conditions;
 pub mod events;

@@ -14,19 +14,23 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::api::{CallError, NodeApi, Written};
 use super::args::Settings;
 use super::conditions::{Condition, Status};
-use super::events::{NodeEvent, Outbox};
+use super::events;
 use super::state::Desired;
 use super::taints::{self, Wanted};
+use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
-use crate::doctor::service::LatestReport;
-use crate::health::transitions;
+use crate::doctor_report::LatestReport;
 use crate::inventory::Inventory;
-use crate::labeller::api::{Backoff, connect, node_seed};
+use crate::inventory::transitions;
+use crate::kube::events::Outbox;
+use crate::kube::{self, ApiError, ConditionRecord, NodeClient};
 
 /// The node-status subsystem for one node.
+/// The field manager of gpud's conditions and taints, and the component of its events.
+pub const FIELD_MANAGER: &str = "gpud";
+
 #[derive(Debug)]
 pub struct NodeStatus {
     node: String,
@@ -65,8 +69,8 @@ impl Subsystem for NodeStatus {
     crate::subsystem_name!("node-status");
 
     async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
-        let client = connect(self.kubeconfig.as_deref()).await?;
-        let api = NodeApi::new(client, self.node.clone());
+        let client = kube::connect(self.kubeconfig.as_deref()).await?;
+        let api = NodeClient::new(client, self.node.clone(), FIELD_MANAGER);
         let settings = self.settings;
         let mut updates = inventory.subscribe();
         let mut last = updates.borrow_and_update().clone();
@@ -82,7 +86,7 @@ impl Subsystem for NodeStatus {
         );
         ctx.set_ready();
 
-        let mut backoff = Backoff::capped(node_seed(&self.node), settings.retry_max);
+        let mut backoff = Backoff::capped(backoff::seed_from(&self.node), settings.retry_max);
         let mut outbox = Outbox::new(Instant::now().into_std());
         let mut wrote: Option<Wrote> = None;
         let mut uid: Option<String> = None;
@@ -92,7 +96,7 @@ impl Subsystem for NodeStatus {
             let now = Instant::now();
             if let Some(changed) = desired.settle(now.into_std()) {
                 outbox.push(
-                    NodeEvent::condition(&changed, SystemTime::now()),
+                    events::condition(&changed, SystemTime::now()),
                     now.into_std(),
                 );
             }
@@ -119,7 +123,7 @@ impl Subsystem for NodeStatus {
                     }
                     Err(err) => {
                         let delay = backoff.next_delay();
-                        warn!(error = %crate::telemetry::error_chain(&err), retry_in = ?delay, "Node status not written; retrying with the state of that moment");
+                        warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Node status not written; retrying with the state of that moment");
                         next_attempt = Instant::now() + delay;
                     }
                 }
@@ -144,7 +148,7 @@ impl Subsystem for NodeStatus {
                     let snapshot = updates.borrow_and_update().clone();
                     let at = SystemTime::now();
                     for change in transitions::between(&last, &snapshot) {
-                        outbox.push(NodeEvent::transition(&change, at), Instant::now().into_std());
+                        outbox.push(events::transition(&change, at), Instant::now().into_std());
                     }
                     desired.observe_gpus(&snapshot, Instant::now().into_std());
                     last = snapshot;
@@ -154,7 +158,7 @@ impl Subsystem for NodeStatus {
                         let report = reports.as_mut().and_then(|r| r.borrow_and_update().clone());
                         let now = Instant::now().into_std();
                         if let Some(condition) = desired.observe_doctor(report.as_deref(), now) {
-                            outbox.push(NodeEvent::condition(&condition, SystemTime::now()), now);
+                            outbox.push(events::condition(&condition, SystemTime::now()), now);
                         }
                     } else {
                         reports = None;
@@ -170,7 +174,7 @@ impl Subsystem for NodeStatus {
 /// a doctor.
 async fn next_report(
     reports: &mut Option<
-        tokio::sync::watch::Receiver<Option<std::sync::Arc<crate::doctor::report::Report>>>,
+        tokio::sync::watch::Receiver<Option<std::sync::Arc<crate::doctor_report::Report>>>,
     >,
 ) -> bool {
     match reports {
@@ -181,7 +185,11 @@ async fn next_report(
 
 /// One write of the whole desired state from a fresh read: gpud's taints first (the read's
 /// resourceVersion guards them), then the conditions. Returns the Node's uid for events.
-async fn write(api: &NodeApi, want: &Wrote, taints_on: bool) -> Result<Option<String>, CallError> {
+async fn write(
+    api: &NodeClient,
+    want: &Wrote,
+    taints_on: bool,
+) -> Result<Option<String>, ApiError> {
     let view = api.read().await?;
     let now = SystemTime::now();
     if taints_on {
@@ -195,7 +203,7 @@ async fn write(api: &NodeApi, want: &Wrote, taints_on: bool) -> Result<Option<St
         }
     }
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let written: Vec<Written> = want
+    let transitions: Vec<String> = want
         .conditions
         .iter()
         .map(|condition| {
@@ -208,23 +216,32 @@ async fn write(api: &NodeApi, want: &Wrote, taints_on: bool) -> Result<Option<St
                     kind == condition.kind && Status::parse(status) == condition.status
                 })
                 .and_then(|(_, _, at)| at.clone());
-            Written {
-                condition: condition.clone(),
-                transition: kept.unwrap_or_else(|| stamp.clone()),
-                heartbeat: stamp.clone(),
-            }
+            kept.unwrap_or_else(|| stamp.clone())
         })
         .collect();
-    api.apply_conditions(&written).await?;
+    let records: Vec<ConditionRecord<'_>> = want
+        .conditions
+        .iter()
+        .zip(&transitions)
+        .map(|(condition, transition)| ConditionRecord {
+            kind: condition.kind,
+            status: condition.status.as_str(),
+            reason: condition.reason,
+            message: &condition.message,
+            transition,
+            heartbeat: &stamp,
+        })
+        .collect();
+    api.apply_conditions(&records).await?;
     Ok(view.uid)
 }
 
 /// Sends the waiting events, oldest first, until one fails.
 async fn send_events(
-    api: &NodeApi,
+    api: &NodeClient,
     outbox: &mut Outbox,
     uid: Option<&str>,
-) -> Result<(), CallError> {
+) -> Result<(), ApiError> {
     while let Some(event) = outbox.front() {
         api.create_event(event, uid).await?;
         outbox.sent();

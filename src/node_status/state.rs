@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::doctor::report::Report;
+use crate::doctor_report::Report;
 use crate::inventory::model::Snapshot;
 
 use super::conditions::{self, Condition, Counts, GpuHealth};

@@ -65,7 +65,7 @@ pub fn discover(lib: &Lib, facts: &NodeFacts) -> Result<Snapshot, NvmlError> {
                 gpus.push(gpu);
             }
             Err(err) => {
-                debug!(index, error = %crate::telemetry::error_chain(&err), "GPU handle unavailable");
+                debug!(index, error = %crate::logging::error_chain(&err), "GPU handle unavailable");
                 gpus.push(unreachable_gpu(index, &err, now));
                 handles.push(None);
             }

@@ -36,17 +36,6 @@ pub enum NvmlError {
     },
 }
 
-/// A driver that cannot be loaded is exit 69 (`EX_UNAVAILABLE`); any other NVML failure at
-/// start is a plain failure.
-impl From<NvmlError> for crate::daemon::Error {
-    fn from(err: NvmlError) -> Self {
-        match err {
-            NvmlError::Unavailable { .. } => crate::daemon::Error::Unavailable(err.to_string()),
-            other => crate::daemon::Error::Failure(other.to_string()),
-        }
-    }
-}
-
 /// What to do when NVML cannot be initialised.
 fn next_step(explicit: bool) -> &'static str {
     if explicit {

@@ -99,7 +99,7 @@ impl Nvml {
             let types = match device.supported_event_types() {
                 Ok(supported) => supported & wanted(),
                 Err(err) => {
-                    debug!(gpu = index, error = %crate::telemetry::error_chain(&err), "Event types unavailable");
+                    debug!(gpu = index, error = %crate::logging::error_chain(&err), "Event types unavailable");
                     continue;
                 }
             };
@@ -111,7 +111,7 @@ impl Nvml {
                 // Registration failed and NVML may have left the set undefined: start a new
                 // one and carry on without this GPU.
                 Err(err) => {
-                    warn!(gpu = index, error = %crate::telemetry::error_chain(&err.error), "Cannot register for events");
+                    warn!(gpu = index, error = %crate::logging::error_chain(&err.error), "Cannot register for events");
                     lib.create_event_set().map_err(|source| NvmlError::Call {
                         call: "nvmlEventSetCreate",
                         source,
@@ -124,7 +124,7 @@ impl Nvml {
 
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = Arc::clone(&stop);
-        let thread = crate::telemetry::spawn_thread("gpud-nvml-events", move || {
+        let thread = crate::logging::spawn_thread("gpud-nvml-events", move || {
             event_loop(lib, set, handles, tx, thread_stop)
         })
         .map_err(|source| NvmlError::Thread {
@@ -152,7 +152,7 @@ fn event_loop(
             Err(E::Timeout) => continue,
             Err(err) => {
                 // A lost GPU can make every wait fail at once; back off instead of spinning.
-                debug!(error = %crate::telemetry::error_chain(&err), "Event wait failed");
+                debug!(error = %crate::logging::error_chain(&err), "Event wait failed");
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }

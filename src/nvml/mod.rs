@@ -17,19 +17,19 @@ pub mod mig_admin;
 mod preflight;
 mod probe;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
+mod health_signals;
 #[allow(unsafe_code)]
 mod raw;
 mod rescan;
-mod signals;
-pub mod telemetry;
+pub mod sampling;
 
 use std::path::{Path, PathBuf};
 
 pub use discover::{DEFAULT_MACHINE_TYPE_FILE, NodeFacts};
 pub use error::NvmlError;
+pub use health_signals::GpuSignals;
 pub use preflight::{GpuPreflight, PcieLink};
 pub use rescan::Rescanner;
-pub use signals::GpuSignals;
 
 use crate::inventory::{Inventory, Snapshot};
 

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{NodeFacts, Nvml, NvmlError};
-use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
 
 /// Rescans the node every `every`.
@@ -101,20 +100,9 @@ impl Rescanner {
                 }
                 Err(err) => {
                     failing = true;
-                    warn!(error = %crate::telemetry::error_chain(&err), "Rescan failed; keeping the last inventory");
+                    warn!(error = %crate::logging::error_chain(&err), "Rescan failed; keeping the last inventory");
                 }
             }
         }
-    }
-}
-
-impl Subsystem for Rescanner {
-    type Settings = ();
-    crate::subsystem_name!("rescan");
-
-    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
-        ctx.set_ready();
-        self.run_until(ctx.cancel_token(), &inventory).await;
-        Ok(())
     }
 }

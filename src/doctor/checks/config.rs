@@ -2,7 +2,7 @@
 //! loaded with the very code that reads them at start, so a file that passes here starts.
 
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 const FIX: &str = "correct the field named above: gpud refuses to start with this file (exit 65) and keeps the old one on reload";
 

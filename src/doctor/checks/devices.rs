@@ -3,7 +3,7 @@
 
 use crate::doctor::env::Env;
 use crate::doctor::host::HostRoot;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 /// The control device nodes: path, the driver whose major they have, minor.
 const CONTROL: [(&str, &str, u32); 4] = [

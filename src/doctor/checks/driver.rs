@@ -3,7 +3,7 @@
 
 use crate::doctor::env::{Driver, Env};
 use crate::doctor::host::HostRoot;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 /// The modules the NVIDIA container toolkit loads for every GPU container.
 const REQUIRED_MODULES: [&str; 3] = ["nvidia", "nvidia_uvm", "nvidia_modeset"];

@@ -4,7 +4,7 @@
 
 use super::joined;
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 use crate::inventory::model::{FabricState, NvLinkRemote};
 
 /// The fabric manager's process name.

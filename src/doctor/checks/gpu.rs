@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
-use crate::doctor::report::{Status, Verdict};
-use crate::health::kmsg::{self, KmsgEvent};
-use crate::health::xid::{self, Severity};
+use crate::doctor_report::{Status, Verdict};
 use crate::nvml::GpuPreflight;
+use crate::xid::catalog::{self as xid, Severity};
+use crate::xid::kmsg::{self, KmsgEvent};
 
 /// Fewer degrees than this below the slowdown threshold is a warning.
 const TEMPERATURE_MARGIN_C: u32 = 5;

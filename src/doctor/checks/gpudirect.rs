@@ -3,7 +3,7 @@
 //! passthrough so peer traffic is not translated.
 
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 use super::driver::kernel_module;
 

@@ -2,7 +2,7 @@
 //! exporter's pod attribution), and an NVIDIA device plugin registered with it.
 
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 const KUBELET_DIR: &str = "/var/lib/kubelet";
 const PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";

@@ -4,7 +4,7 @@
 
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 /// `mig.mode`
 pub fn mode(env: &Env) -> Verdict {
@@ -84,11 +84,11 @@ const APPLY: &str = "apply it (gpud mig apply -f <file> -c <config>), or let the
 
 /// `mig.config`
 pub fn config(env: &Env) -> Verdict {
-    use crate::mig::reconcile::record;
+    use crate::mig_state::record;
     let Some(path) = &env.options.mig_config else {
         return Verdict::skip("no MIG config file given (--mig-config-file)");
     };
-    let spec = match crate::mig::load(path) {
+    let spec = match crate::mig_config::load(path) {
         Ok(spec) => spec,
         Err(err) => {
             return Verdict::fail(
@@ -124,8 +124,9 @@ pub fn config(env: &Env) -> Verdict {
         Ok(gpus) => gpus,
         Err(why) => return Verdict::skip(format!("needs NVML's MIG layout, which failed: {why}")),
     };
-    let targets = crate::mig::select::targets(entries, gpus);
-    let differs = crate::mig::assert::check(gpus, &targets, crate::mig::assert::Scope::Full);
+    let targets = crate::mig_config::select::targets(entries, gpus);
+    let differs =
+        crate::mig_config::assert::check(gpus, &targets, crate::mig_config::assert::Scope::Full);
     let last = last.filter(|r| r.config == label);
     match (differs, last) {
         (Ok(()), _) => Verdict::ok(format!("config {label} of {} is in effect", path.display())),

@@ -16,7 +16,7 @@ mod selinux;
 pub use gpu::read_kernel_log;
 
 use super::env::Env;
-use super::report::Verdict;
+use crate::doctor_report::Verdict;
 
 /// One check.
 #[derive(Debug)]

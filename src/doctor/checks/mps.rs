@@ -5,7 +5,7 @@
 
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 use crate::nvml::compute_mode::ComputeMode;
 
 /// The control daemon's command name.

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::doctor::env::Env;
 use crate::doctor::host::HostRoot;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 const CRIO_CONFIG: &str = "/etc/crio/crio.conf";

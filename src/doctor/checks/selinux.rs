@@ -2,7 +2,7 @@
 //! containers' access to `/dev/nvidia*` are denied.
 
 use crate::doctor::env::Env;
-use crate::doctor::report::Verdict;
+use crate::doctor_report::Verdict;
 
 /// `selinux.mode`
 pub fn mode(env: &Env) -> Verdict {

@@ -10,12 +10,10 @@ use clap::Args;
 use super::attempt::Job;
 use super::marker::Marker;
 use super::service::Reconciler;
-use crate::cli;
 use crate::daemon::Error;
 use crate::nvml::{Nvml, Rescanner};
 
-/// Default state directory (the reboot marker).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpud/mig";
+use crate::mig_state::DEFAULT_STATE_DIR;
 
 /// The reconciler's flags.
 #[derive(Debug, Clone, Args)]
@@ -46,7 +44,7 @@ pub struct ReconcileArgs {
 
     /// How long a reset may take to bring a pending mode into effect.
     #[arg(long, value_name = "DURATION", default_value = "60s",
-          value_parser = cli::positive_duration, env = "GPUD_MIG_RESET_WAIT")]
+          value_parser = crate::values::positive_duration, env = "GPUD_MIG_RESET_WAIT")]
     pub mig_reset_wait: Duration,
 
     /// Command that reboots the node when a mode change needs a reboot (at most once per
@@ -69,7 +67,7 @@ pub struct ReconcileArgs {
     /// First delay before a failed config is retried; it doubles on every failure, up to
     /// 10 minutes.
     #[arg(long, value_name = "DURATION", default_value = "30s",
-          value_parser = cli::positive_duration, env = "GPUD_MIG_RETRY_INTERVAL")]
+          value_parser = crate::values::positive_duration, env = "GPUD_MIG_RETRY_INTERVAL")]
     pub mig_retry_interval: Duration,
 }
 
@@ -97,7 +95,7 @@ impl ReconcileArgs {
         let node = node_name.filter(|n| !n.is_empty()).ok_or_else(|| {
             Error::Usage("the MIG reconciler needs the node name (--node-name or NODE_NAME)".into())
         })?;
-        crate::mig::load(config_file).map_err(Error::config)?;
+        crate::mig_config::load(config_file).map_err(Error::config)?;
         if let Some(hooks) = &self.mig_hooks_file {
             crate::mig::hooks::Hooks::load(hooks).map_err(Error::Config)?;
         }

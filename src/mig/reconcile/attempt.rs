@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
-use crate::mig::assert::{self, Scope};
 use crate::mig::hooks::{FlagEnv, Hooks};
-use crate::mig::select;
-use crate::mig::spec::Entry;
+use crate::mig_config::assert::{self, Scope};
+use crate::mig_config::select;
+use crate::mig_config::spec::Entry;
 use crate::nvml::mig_admin::MigAdmin;
 
 /// What every attempt applies with.
@@ -30,7 +30,7 @@ pub struct Job {
 impl Job {
     /// The entries of `label` and the hooks, both read now.
     fn load(&self, label: &str) -> Result<(Vec<Entry>, Hooks), String> {
-        let spec = crate::mig::load(&self.config_file).map_err(|e| e.to_string())?;
+        let spec = crate::mig_config::load(&self.config_file).map_err(|e| e.to_string())?;
         let (_, entries) = spec
             .select(Some(label))
             .map_err(|why| format!("{}: {why}", self.config_file.display()))?;
@@ -48,7 +48,7 @@ impl Job {
         let (entries, _) = self.load(label)?;
         let gpus = admin
             .gpus()
-            .map_err(|e| format!("reading the GPUs: {}", crate::telemetry::error_chain(&e)))?;
+            .map_err(|e| format!("reading the GPUs: {}", crate::logging::error_chain(&e)))?;
         let targets = select::targets(&entries, &gpus);
         Ok(gpus
             .iter()

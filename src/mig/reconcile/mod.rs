@@ -5,9 +5,10 @@
 //! - [`node`]: reading and watching the Node, writing the state label and the reason;
 //! - [`attempt`]: one check-then-apply of a label's config, on a blocking thread;
 //! - [`marker`]: the on-disk record that a reboot was requested for a config;
-//! - [`record`]: the last state and its reason on disk, for `gpud doctor`;
-//! - [`service`]: the loop (a daemon subsystem); [`args`]: its flags;
-//! - [`metrics`]: applies, their duration and the state, for the exporter of `gpud run`.
+//! - [`service`]: the loop (a daemon subsystem); [`args`]: its flags.
+//!
+//! Its last outcome on disk and its counters are [`crate::mig_state`], which the doctor and
+//! the exporter read.
 //!
 //! Unlike mig-manager, a failed config is retried with backoff (no label change needed), every
 //! start re-checks the label's config (so a restart in `pending` or `rebooting` resumes), and
@@ -16,7 +17,5 @@
 pub mod args;
 pub mod attempt;
 pub mod marker;
-pub mod metrics;
 pub mod node;
-pub mod record;
 pub mod service;

@@ -1,20 +1,16 @@
 //! The reconciler's view of its Node through the API server: the requested config
 //! (`nvidia.com/mig.config`), the reported state (`nvidia.com/mig.config.state`) and the reason
-//! of a failure (the annotation [`REASON_ANNOTATION`]). It reuses the labeller's connection and
-//! kubeconfig handling.
+//! of a failure (the annotation [`REASON_ANNOTATION`]). Calls go through the one
+//! Node client ([`crate::kube::NodeClient`]) with field manager [`FIELD_MANAGER`].
 //!
 //! Changes are waited for with a watch on the one Node (field selector on its name) from the
 //! version last read; the loop re-reads the Node after every wake, so a watch that ends early
 //! (the API server closes watches at will) costs one GET, never a missed change.
 
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, WatchParams};
 use serde_json::{Value, json};
-use tokio_stream::StreamExt;
 
-use crate::labeller::api::ApiSinkError;
+use crate::kube::{ApiError, NodeClient};
+pub use crate::mig_state::State;
 
 /// The label naming the config to apply (set by the cluster admin or the GPU Operator).
 pub const CONFIG_LABEL: &str = "nvidia.com/mig.config";
@@ -24,27 +20,6 @@ pub const STATE_LABEL: &str = "nvidia.com/mig.config.state";
 pub const REASON_ANNOTATION: &str = "gpud.io/mig.config.reason";
 /// Field manager recorded for the reconciler's writes.
 pub const FIELD_MANAGER: &str = "gpud-mig";
-
-/// The states the reconciler writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    Pending,
-    Rebooting,
-    Success,
-    Failed,
-}
-
-impl State {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Pending => "pending",
-            State::Rebooting => "rebooting",
-            State::Success => "success",
-            State::Failed => "failed",
-        }
-    }
-}
 
 /// What the reconciler reads from the Node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,86 +49,31 @@ pub fn report_patch(state: State, reason: Option<&str>) -> Value {
     }})
 }
 
-/// One node's client.
-#[derive(Clone)]
-pub struct NodeClient {
-    api: Api<Node>,
-    node: String,
+/// Reads the requested config, the state and the reason from the Node.
+pub async fn read(client: &NodeClient) -> Result<View, ApiError> {
+    let node = client.get().await?;
+    let labels = node.metadata.labels.unwrap_or_default();
+    let annotations = node.metadata.annotations.unwrap_or_default();
+    Ok(View {
+        wanted: labels.get(CONFIG_LABEL).filter(|v| !v.is_empty()).cloned(),
+        state: labels.get(STATE_LABEL).cloned(),
+        reason: annotations.get(REASON_ANNOTATION).cloned(),
+        version: node.metadata.resource_version.unwrap_or_default(),
+    })
 }
 
-impl std::fmt::Debug for NodeClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeClient")
-            .field("node", &self.node)
-            .finish()
-    }
-}
-
-impl NodeClient {
-    /// A client for `node` over an existing connection.
-    pub fn new(client: kube::Client, node: String) -> Self {
-        NodeClient {
-            api: Api::all(client),
-            node,
-        }
-    }
-
-    fn error(&self) -> impl Fn(kube::Error) -> ApiSinkError + '_ {
-        |source| ApiSinkError::Api {
-            target: format!("node {}", self.node),
-            source,
-        }
-    }
-
-    /// Reads the Node.
-    pub async fn read(&self) -> Result<View, ApiSinkError> {
-        let node = self.api.get(&self.node).await.map_err(self.error())?;
-        let labels = node.metadata.labels.unwrap_or_default();
-        let annotations = node.metadata.annotations.unwrap_or_default();
-        Ok(View {
-            wanted: labels.get(CONFIG_LABEL).filter(|v| !v.is_empty()).cloned(),
-            state: labels.get(STATE_LABEL).cloned(),
-            reason: annotations.get(REASON_ANNOTATION).cloned(),
-            version: node.metadata.resource_version.unwrap_or_default(),
-        })
-    }
-
-    /// Waits until the Node changes after `version`, or `limit` passes, or the API server
-    /// ends the watch.
-    pub async fn changed(&self, version: &str, limit: Duration) -> Result<(), ApiSinkError> {
-        let seconds = u32::try_from(limit.as_secs().clamp(1, 290)).unwrap_or(290);
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.node))
-            .timeout(seconds);
-        let stream = self
-            .api
-            .watch(&params, version)
-            .await
-            .map_err(self.error())?;
-        let mut stream = std::pin::pin!(stream);
-        let next = tokio::time::timeout(limit, stream.next()).await;
-        match next {
-            Ok(Some(Err(source))) => Err(self.error()(source)),
-            _ => Ok(()),
-        }
-    }
-
-    /// Writes `state` and `reason` on the Node.
-    pub async fn report(&self, state: State, reason: Option<&str>) -> Result<(), ApiSinkError> {
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        self.api
-            .patch(
-                &self.node,
-                &params,
-                &Patch::Merge(&report_patch(state, reason)),
-            )
-            .await
-            .map(drop)
-            .map_err(self.error())
-    }
+/// Writes `state` and `reason` on the Node.
+pub async fn report(
+    client: &NodeClient,
+    state: State,
+    reason: Option<&str>,
+) -> Result<(), ApiError> {
+    client
+        .merge(
+            &report_patch(state, reason),
+            "reporting the MIG config state",
+        )
+        .await
 }
 
 #[cfg(test)]

@@ -20,13 +20,14 @@ use tracing::{info, warn};
 
 use super::attempt::Job;
 use super::marker::Marker;
-use super::metrics::Metrics;
-use super::node::{NodeClient, State, View};
-use super::record::{self, Record};
+use super::node::{self, FIELD_MANAGER, State, View};
+use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
-use crate::labeller::api::{Backoff, connect};
+use crate::kube::{self, NodeClient};
 use crate::mig::apply::{ApplyError, Outcome};
+use crate::mig_state::metrics::Metrics;
+use crate::mig_state::record::{self, Record};
 use crate::nvml::Rescanner;
 use crate::nvml::mig_admin::MigAdmin;
 
@@ -102,7 +103,7 @@ impl Reconciler {
         loop {
             let written = tokio::select! {
                 () = cancel.cancelled() => return false,
-                written = client.report(state, reason) => written,
+                written = node::report(client, state, reason) => written,
             };
             match written {
                 Ok(()) => {
@@ -116,7 +117,7 @@ impl Reconciler {
                     return true;
                 }
                 Err(err) => {
-                    warn!(error = %crate::telemetry::error_chain(&err), state = state.as_str(), "Cannot write the MIG state on the Node; retrying");
+                    warn!(error = %crate::logging::error_chain(&err), state = state.as_str(), "Cannot write the MIG state on the Node; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return false,
                         () = tokio::time::sleep(backoff.next_delay()) => {}
@@ -218,7 +219,7 @@ impl Reconciler {
             () = cancel.cancelled() => {
                 // The apply thread is cut off with the process; the next start resumes it.
                 let why = "gpud stopped during the apply; the next start resumes it";
-                let _ = tokio::time::timeout(Duration::from_secs(5), client.report(State::Failed, Some(why))).await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), node::report(client, State::Failed, Some(why))).await;
                 self.noted(label, State::Failed, Some(why));
                 return Step::Stopped;
             }
@@ -231,7 +232,7 @@ impl Reconciler {
             Ok(changed) => info!(changed, "Inventory rescanned after the MIG apply"),
             Err(err) => {
                 inventory.update(settled);
-                warn!(error = %crate::telemetry::error_chain(&err), "Rescan after the MIG apply failed; the periodic rescan will catch up")
+                warn!(error = %crate::logging::error_chain(&err), "Rescan after the MIG apply failed; the periodic rescan will catch up")
             }
         }
         match applied {
@@ -312,26 +313,23 @@ impl Reconciler {
     async fn run_loop(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
         let cancel = ctx.cancel_token();
         let client = NodeClient::new(
-            connect(self.kubeconfig.as_deref()).await?,
+            kube::connect(self.kubeconfig.as_deref()).await?,
             self.node.clone(),
+            FIELD_MANAGER,
         );
         ctx.set_ready();
-        let mut backoff = Backoff::new(
-            self.node
-                .bytes()
-                .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b))),
-        );
+        let mut backoff = Backoff::new(backoff::seed_from(&self.node));
         let mut done: Option<String> = None;
         let mut retry: Option<Retry> = None;
         loop {
             let read = tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
-                read = client.read() => read,
+                read = node::read(&client) => read,
             };
             let view = match read {
                 Ok(view) => view,
                 Err(err) => {
-                    warn!(error = %crate::telemetry::error_chain(&err), "Cannot read the Node; retrying");
+                    warn!(error = %crate::logging::error_chain(&err), "Cannot read the Node; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return Ok(()),
                         () = tokio::time::sleep(backoff.next_delay()) => {}
@@ -384,7 +382,7 @@ impl Reconciler {
                 waited = client.changed(&view.version, limit) => waited,
             };
             if let Err(err) = waited {
-                warn!(error = %crate::telemetry::error_chain(&err), "Watching the Node failed; retrying");
+                warn!(error = %crate::logging::error_chain(&err), "Watching the Node failed; retrying");
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(backoff.next_delay()) => {}

@@ -1,105 +1,20 @@
-//! Coexistence with the device plugin: one GPU is never handed out by both.
-//!
-//! - **DRA → device plugin.** The UUIDs held by prepared claims (each device's and its GPU's)
-//!   are published as a [`Held`] set. In `gpud run` the device plugin subscribes to it in
-//!   memory; as separate containers it follows the DRA checkpoint file
-//!   ([`follow_checkpoint`]). Either way it withdraws those devices from ListAndWatch, and
-//!   they come back when the claim is unprepared.
-//! - **Device plugin → DRA.** What the device plugin gave to running pods is the kubelet's
-//!   record, read through the pod-resources API ([`device_plugin_holders`]); a claim asking for
-//!   such a GPU gets a per-claim error naming the pod.
+//! What the device plugin gave to running pods, from the kubelet's pod-resources API: the
+//! DRA plugin refuses a claim a GPU that a pod already has.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tonic::transport::Endpoint;
-use tracing::warn;
 
-use super::checkpoint::Checkpoint;
 use crate::inventory::Snapshot;
 use crate::proto::podresources::ListPodResourcesRequest;
 use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
 
-/// UUIDs (`GPU-…`, `MIG-…`) held by DRA claims.
-pub type Held = Arc<BTreeSet<String>>;
-
-/// How often a device plugin in another container looks at the DRA checkpoint.
-pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(500);
 /// How long one pod-resources call may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The resource-name prefix of the device plugin's resources.
 pub const RESOURCE_PREFIX: &str = "nvidia.com/";
-
-/// A channel of held UUIDs for `gpud run`: the DRA plugin sends, the device plugin receives.
-pub fn channel() -> (watch::Sender<Held>, watch::Receiver<Held>) {
-    watch::channel(Held::default())
-}
-
-/// Where a device plugin learns what DRA claims hold.
-#[derive(Debug, Clone)]
-pub enum HeldSource {
-    /// The DRA plugin of the same process (`gpud run --dra`).
-    Shared(watch::Receiver<Held>),
-    /// The checkpoint of a DRA plugin in another process.
-    Checkpoint(PathBuf),
-}
-
-impl HeldSource {
-    /// The held set and its changes; must be called within the runtime.
-    pub fn subscribe(self) -> watch::Receiver<Held> {
-        match self {
-            HeldSource::Shared(rx) => rx,
-            HeldSource::Checkpoint(path) => follow_checkpoint(path),
-        }
-    }
-}
-
-/// Follows the DRA checkpoint at `path` (written by a DRA plugin in another process) and
-/// publishes the UUIDs it holds. A missing file holds nothing; one that does not parse keeps
-/// the last set (the writer replaces files atomically, so that is a corrupt file, which the
-/// DRA plugin moves aside itself).
-pub fn follow_checkpoint(path: PathBuf) -> watch::Receiver<Held> {
-    let mut last: Option<Vec<u8>> = None;
-    let mut warned = false;
-    let mut read = move || {
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(_) => return None,
-        };
-        // Parsed only when the bytes changed: the file is read twice a second.
-        if last.as_ref() == Some(&bytes) {
-            return None;
-        }
-        let parsed = if bytes.is_empty() {
-            Ok(Checkpoint::default())
-        } else {
-            Checkpoint::parse(&String::from_utf8_lossy(&bytes))
-        };
-        last = Some(bytes);
-        match parsed {
-            Ok(checkpoint) => {
-                warned = false;
-                Some(Arc::new(checkpoint.held()))
-            }
-            Err(why) => {
-                if !warned {
-                    warn!(path = %path.display(), error = %why, "Cannot read the DRA checkpoint; keeping the devices it held withdrawn");
-                    warned = true;
-                }
-                None
-            }
-        }
-    };
-    // Read once now: a device plugin starting beside prepared claims must not offer their
-    // GPUs until the first poll.
-    let initial = read().unwrap_or_default();
-    crate::daemon::poll::follow(initial, FOLLOW_INTERVAL, read)
-}
 
 /// A device held by someone: its UUID, its GPU's UUID (the same for a whole GPU) and who.
 #[derive(Debug, Clone, PartialEq, Eq)]

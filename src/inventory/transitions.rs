@@ -5,8 +5,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::inventory::health::{Health, HealthState};
-use crate::inventory::model::Snapshot;
+use super::health::{Health, HealthState};
+use super::model::Snapshot;
 
 /// One device whose health changed.
 #[derive(Debug, Clone, PartialEq, Serialize)]

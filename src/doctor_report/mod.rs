@@ -1,4 +1,10 @@
-//! The report: one result per check, a summary, and the exit code it implies.
+//! The doctor's report as plain data: one result per check, a summary, and the exit code it
+//! implies. The doctor writes it; the node status and the admin endpoint read it, through
+//! [`LatestReport`] inside a daemon.
+
+mod latest;
+
+pub use latest::LatestReport;
 
 use serde::{Deserialize, Serialize};
 

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::xid_counts::{DropSource, XidCounts};
+use super::counts::{DropSource, XidCounts};
 
 /// Drops closer together than this belong to one episode and are logged once.
 const DROP_EPISODE_GAP: Duration = Duration::from_secs(60);
@@ -140,7 +140,7 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     use super::*;
-    use crate::health::xid_counts::RECENT_CAP;
+    use crate::xid::counts::RECENT_CAP;
 
     fn t(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)

@@ -12,8 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use super::settings::{IdStrategy, MigStrategy, Settings};
+pub mod settings;
+
 use crate::inventory::model::{Gpu, MigDevice, Snapshot};
+use settings::{IdStrategy, MigStrategy, Settings};
 
 /// The resource name of whole GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -262,9 +264,9 @@ fn share(name: String, devices: Vec<PluginDevice>, settings: &Settings) -> Resou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_plugin::settings::Sharing;
     use crate::inventory::model::Pci;
     use crate::inventory::test_support;
+    use crate::resources::settings::Sharing;
 
     /// A minimal snapshot for naming tests; discovery-level details are covered by the
     /// black-box tests on the simulated node.

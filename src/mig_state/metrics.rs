@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::node::State;
+use super::State;
 
 /// Upper bounds of the apply duration histogram, in seconds: a repartition without a mode
 /// change takes seconds, a mode change with a GPU reset up to minutes.

@@ -1,0 +1,51 @@
+//! The health watcher's options, shared by every applet that runs it (`health`,
+//! `device-plugin`, `exporter`, `run`, …): flags over gpud's config file over the defaults.
+
+use std::path::PathBuf;
+
+use super::watcher::{WatcherConfig, WatcherOverrides};
+use crate::daemon::Error;
+use crate::values::positive_duration;
+
+/// The health watcher's options, shared by every applet that runs it (`health`,
+/// `device-plugin`, `exporter`, `run`): flags over gpud's config file over the defaults.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HealthArgs {
+    /// gpud config file (YAML or JSON); its `health` section applies.
+    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
+    pub config: Option<PathBuf>,
+
+    /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
+    #[arg(long = "health-poll-interval", visible_alias = "poll-interval", value_name = "DURATION",
+          env = "GPUD_HEALTH_POLL_INTERVAL", value_parser = positive_duration)]
+    pub poll_interval: Option<std::time::Duration>,
+
+    /// How long a non-fatal XID condition must stay quiet before it clears [default: 10m].
+    #[arg(long, value_name = "DURATION", env = "GPUD_XID_QUIET_PERIOD", value_parser = positive_duration)]
+    pub xid_quiet_period: Option<std::time::Duration>,
+
+    /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
+    #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
+    pub kmsg: Option<String>,
+}
+
+impl HealthArgs {
+    /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings,
+    /// printing the warnings about malformed XID lists once. Also returns the config file for
+    /// the applet's other sections.
+    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), Error> {
+        let file = crate::config::load_optional(self.config.as_deref()).map_err(Error::config)?;
+        let (watcher, warnings) = WatcherConfig::resolve(
+            WatcherOverrides {
+                poll_interval: self.poll_interval,
+                xid_quiet_period: self.xid_quiet_period,
+                kmsg: self.kmsg.as_deref(),
+            },
+            &file.health,
+        );
+        for warning in warnings {
+            eprintln!("gpud: {warning}");
+        }
+        Ok((watcher, file))
+    }
+}

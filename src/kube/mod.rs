@@ -1,0 +1,19 @@
+//! The Kubernetes seam: the one way gpud talks to the API server.
+//!
+//! - [`connect`]: a client from a kubeconfig file or the in-cluster service account;
+//! - [`bounded`]: every call with a time limit, failures as one [`ApiError`];
+//! - [`NodeClient`]: the one client of this node's Node object (labels, annotations,
+//!   conditions, taints, a watch, events about it);
+//! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox.
+//!
+//! Subsystems that write to the API server (labeller, node status, DRA, MIG reconciler, MPS)
+//! use this seam and none of each other's code. Retry pauses come from [`crate::backoff`].
+
+mod call;
+mod client;
+pub mod events;
+mod node;
+
+pub use call::{ApiError, CALL_TIMEOUT, bounded, within};
+pub use client::connect;
+pub use node::{ConditionRecord, NodeClient, NodeView};
