@@ -114,8 +114,10 @@ fn usage() -> String {
          \x20      gpud --list | --version | --help\n\nApplets:\n",
         env!("CARGO_PKG_VERSION")
     );
+    // The descriptions start in one column, two spaces past the longest name.
+    let width = APPLETS.iter().map(|a| a.name.len()).max().unwrap_or(0) + 2;
     for applet in APPLETS {
-        text.push_str(&format!("  {:<14}{}\n", applet.name, applet.about));
+        text.push_str(&format!("  {:<width$}{}\n", applet.name, applet.about));
     }
     text.push_str("\nRun 'gpud <applet> --help' for an applet's options.\n");
     text

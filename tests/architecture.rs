@@ -502,3 +502,202 @@ fn the_checker_sees_a_cycle() {
         ]
     );
 }
+
+/// The subsystems: the long-running parts of gpud, side by side. None may import another; what
+/// two of them share is a seam below them (`kube`, `xid`, `holdings`, `doctor_report`,
+/// `mig_config`, `mig_state`, `resources`, `inventory`, …). A new subsystem is found by its
+/// `impl Subsystem for` (see [`detected_subsystems`]) and must be added here.
+const SUBSYSTEMS: [&str; 9] = [
+    "device_plugin",
+    "labeller",
+    "exporter",
+    "health",
+    "dra",
+    "node_status",
+    "doctor",
+    "mig",
+    "mps",
+];
+
+/// Top-level modules that implement `daemon::Subsystem` without being subsystems: the daemon
+/// core's own support tasks (admin endpoint, rescanner).
+const NOT_SUBSYSTEMS: [&str; 1] = ["daemon"];
+
+/// The longest chain of top-level modules the import graph may have, counting the binary's
+/// `main` (which names only `multicall`) as the first level.
+const MAX_DEPTH: usize = 8;
+
+/// Top-level modules whose code implements the subsystem trait.
+fn detected_subsystems() -> BTreeSet<String> {
+    sources()
+        .into_iter()
+        .filter(|s| s.code.contains("impl Subsystem for"))
+        .filter_map(|s| s.module.first().cloned())
+        .filter(|m| !NOT_SUBSYSTEMS.contains(&m.as_str()))
+        .collect()
+}
+
+fn top_level_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in edges() {
+        let (Some(a), Some(b)) = (from.first(), to.first()) else {
+            continue;
+        };
+        if a != b {
+            graph.entry(a.clone()).or_default().insert(b.clone());
+        }
+    }
+    graph
+}
+
+/// The longest path from `node` (the graph has no cycle; the cycle test says so if it does).
+fn longest_from(
+    node: &str,
+    graph: &BTreeMap<String, BTreeSet<String>>,
+    memo: &mut BTreeMap<String, Vec<String>>,
+) -> Vec<String> {
+    if let Some(path) = memo.get(node) {
+        return path.clone();
+    }
+    // Marks the node while it is explored, so a cycle ends the walk instead of recursing.
+    memo.insert(node.to_owned(), vec![node.to_owned()]);
+    let mut best = Vec::new();
+    for next in graph.get(node).into_iter().flatten() {
+        let path = longest_from(next, graph, memo);
+        if path.len() > best.len() {
+            best = path;
+        }
+    }
+    let mut path = vec![node.to_owned()];
+    path.extend(best);
+    memo.insert(node.to_owned(), path.clone());
+    path
+}
+
+#[test]
+fn subsystems_import_no_other_subsystem() {
+    let detected = detected_subsystems();
+    let named: BTreeSet<String> = SUBSYSTEMS.iter().map(|s| (*s).to_owned()).collect();
+    assert!(
+        detected.is_subset(&named),
+        "modules implementing Subsystem that are not in SUBSYSTEMS: {:?} (add them, or to \
+         NOT_SUBSYSTEMS if they are the daemon core's)",
+        detected.difference(&named).collect::<Vec<_>>()
+    );
+    let mut crossings = BTreeSet::new();
+    for (from, to) in edges() {
+        let (Some(a), Some(b)) = (from.first(), to.first()) else {
+            continue;
+        };
+        if a != b && named.contains(a) && named.contains(b) {
+            crossings.insert(format!("{} -> {}", name(&from), name(&to)));
+        }
+    }
+    assert!(
+        crossings.is_empty(),
+        "subsystems import each other (move what they share into a seam below both):\n  {}",
+        crossings.into_iter().collect::<Vec<_>>().join("\n  ")
+    );
+}
+
+#[test]
+fn the_module_graph_is_shallow() {
+    let graph = top_level_graph();
+    let mut memo = BTreeMap::new();
+    // `main.rs` names `gpud::multicall` only: it is the level above multicall.
+    let mut deepest = vec!["main".to_owned()];
+    deepest.extend(longest_from("multicall", &graph, &mut memo));
+    for node in graph.keys() {
+        let path = longest_from(node, &graph, &mut memo);
+        if path.len() + 1 > deepest.len() {
+            deepest = std::iter::once("main".to_owned()).chain(path).collect();
+        }
+    }
+    println!(
+        "module graph depth: {} levels ({})",
+        deepest.len(),
+        deepest.join(" -> ")
+    );
+    assert!(
+        deepest.len() <= MAX_DEPTH,
+        "the module graph is {} levels deep (at most {MAX_DEPTH}): {}",
+        deepest.len(),
+        deepest.join(" -> ")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_crossing_and_measures_depth() {
+    let graph = BTreeMap::from([
+        (
+            "a".to_owned(),
+            BTreeSet::from(["b".to_owned(), "c".to_owned()]),
+        ),
+        ("b".to_owned(), BTreeSet::from(["c".to_owned()])),
+    ]);
+    assert_eq!(
+        longest_from("a", &graph, &mut BTreeMap::new()),
+        ["a", "b", "c"]
+    );
+    assert!(detected_subsystems().contains("device_plugin"));
+}
+
+/// Every module under `src/`, as the architecture document names it: `src/dra/prepare.rs`
+/// for a file, `src/dra/` for a folder's `mod.rs`.
+fn module_paths() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    collect_all(&root, &mut files);
+    let mut paths: Vec<String> = files
+        .iter()
+        .map(|path| {
+            let relative = path
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            match relative.strip_suffix("mod.rs") {
+                Some(folder) => format!("src/{folder}"),
+                None => format!("src/{relative}"),
+            }
+        })
+        .collect();
+    paths.sort();
+    paths
+}
+
+fn collect_all(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_all(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn the_architecture_document_lists_every_module() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let missing: Vec<String> = module_paths()
+        .into_iter()
+        .filter(|path| !doc.contains(&format!("`{path}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not list these modules (one line each, the path in \
+         backquotes):\n  {}",
+        missing.join("\n  ")
+    );
+    let listed_but_gone: Vec<&str> = doc
+        .split('`')
+        .filter(|s| s.starts_with("src/") && (s.ends_with(".rs") || s.ends_with('/')))
+        .filter(|s| !Path::new(env!("CARGO_MANIFEST_DIR")).join(s).exists())
+        .collect();
+    assert!(
+        listed_but_gone.is_empty(),
+        "docs/architecture.md lists modules that do not exist: {listed_but_gone:?}"
+    );
+}

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::symlink;
 use std::process::Command;
 
@@ -129,5 +130,36 @@ fn bad_duration_shows_the_format() {
              write a number with a unit, e.g. 30s, 500ms, 10m or 1h30m\n"
         ),
         "{stderr}"
+    );
+}
+
+#[test]
+fn help_aligns_every_applet_description_in_one_column() {
+    let help = Command::new(gpud_bin()).arg("--help").output().unwrap();
+    let text = stdout_ok(&help);
+    let applets: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "Applets:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let listed = Command::new(gpud_bin()).arg("--list").output().unwrap();
+    let names = stdout_ok(&listed);
+    assert_eq!(applets.len(), names.lines().count(), "{text}");
+    // Each line is "  <name><spaces><description>": the description starts in one column,
+    // with at least two spaces after the name.
+    let columns: BTreeSet<usize> = applets
+        .iter()
+        .map(|line| {
+            let name = line.split_whitespace().next().unwrap();
+            let after = &line[2 + name.len()..];
+            assert!(after.starts_with("  "), "no gap after {name:?}: {line:?}");
+            line.len() - after.trim_start().len()
+        })
+        .collect();
+    assert_eq!(
+        columns.len(),
+        1,
+        "descriptions start in several columns:\n{text}"
     );
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use super::objects::SliceSpec;
-use crate::kube::{ApiError as CallError, bounded};
+use crate::kube::{ApiError, bounded};
 
 /// The API group.
 pub const GROUP: &str = "resource.k8s.io";
@@ -111,7 +111,7 @@ fn devices_mut(spec: &mut Value) -> impl Iterator<Item = &mut Value> {
 #[derive(Debug, thiserror::Error)]
 pub enum ResourceApiError {
     #[error(transparent)]
-    Call(#[from] CallError),
+    Call(#[from] ApiError),
     #[error(
         "the API server serves {GROUP} in none of the versions gpud speaks (v1, v1beta2, \
          v1beta1; it serves: {}): DRA needs Kubernetes 1.32 or newer, and on 1.32 and 1.33 the \
@@ -166,7 +166,7 @@ impl ResourceApi {
         let request = http::Request::get(format!("/apis/{GROUP}"))
             .body(Vec::new())
             .map_err(|e| {
-                ResourceApiError::Call(CallError::Api {
+                ResourceApiError::Call(ApiError::Api {
                     what: format!("discovering the served {GROUP} versions"),
                     source: kube::Error::HttpError(e),
                 })
@@ -179,7 +179,7 @@ impl ResourceApi {
         .await;
         match answer {
             Ok(group) => Ok(group.versions.into_iter().map(|v| v.version).collect()),
-            Err(CallError::Api {
+            Err(ApiError::Api {
                 source: kube::Error::Api(status),
                 ..
             }) if status.code == 404 => Ok(Vec::new()),

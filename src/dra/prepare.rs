@@ -41,13 +41,12 @@ use super::claim_cdi::{self, ClaimDevice};
 use super::claim_mps::{self, ClaimMps};
 use super::objects::Claim;
 use super::opaque;
-use super::publish::PublishError;
 use super::timeslice::{self, TimeSlicer};
 use crate::dra_names::{self, DraDevice};
 use crate::holdings::Held;
 use crate::holdings::pod_resources::{self, Holding};
 use crate::inventory::Inventory;
-use crate::kube::bounded;
+use crate::kube::{ApiError, bounded};
 use crate::nvml::Nvml;
 
 /// A claim as the kubelet names it.
@@ -506,7 +505,7 @@ impl Preparer {
         )
         .await
         .map_err(|err| match &err {
-            PublishError::Api {
+            ApiError::Api {
                 source: kube::Error::Api(status),
                 ..
             } if status.code == 404 => format!(

@@ -32,8 +32,7 @@ const WATCH_SECONDS: u32 = 290;
 
 /// A failed API call, with what it was doing (the node status's: the same calls, bounded by
 /// the same timeout).
-pub use crate::kube::ApiError as PublishError;
-use crate::kube::bounded;
+use crate::kube::{ApiError, bounded};
 
 /// The slices of one node and driver.
 #[derive(Clone)]
@@ -178,7 +177,7 @@ impl Publisher {
         let stream = api
             .watch(&params, "0")
             .await
-            .map_err(|source| PublishError::Api {
+            .map_err(|source| ApiError::Api {
                 what: format!("watching the ResourceSlices of node {}", self.node),
                 source,
             })?;
@@ -192,13 +191,13 @@ impl Publisher {
                 Ok(WatchEvent::Added(_) | WatchEvent::Modified(_)) => changed.notify_one(),
                 Ok(WatchEvent::Bookmark(_)) => {}
                 Ok(WatchEvent::Error(status)) => {
-                    return Err(ResourceApiError::Call(PublishError::Api {
+                    return Err(ResourceApiError::Call(ApiError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source: kube::Error::Api(status),
                     }));
                 }
                 Err(source) => {
-                    return Err(ResourceApiError::Call(PublishError::Api {
+                    return Err(ResourceApiError::Call(ApiError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source,
                     }));
@@ -216,7 +215,7 @@ async fn write(
     name: &str,
     spec: &SliceSpec,
     resource_version: Option<String>,
-) -> Result<(), PublishError> {
+) -> Result<(), ApiError> {
     let what = || format!("writing ResourceSlice {name}");
     let data = json!({"spec": version.slice_to_wire(spec)});
     let mut object = DynamicObject::new(name, &version.slices()).data(data);

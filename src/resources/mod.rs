@@ -9,6 +9,9 @@
 //!   smaller than its GPU instance (`1c.3g.40gb`) have no resource name and are an error;
 //! - time-slicing: each device of a shared resource becomes `replicas` devices `<id>::<n>`,
 //!   advertised under `rename` when set.
+//!
+//! A seam below the subsystems: the device plugin serves these resources, and the MPS subsystem
+//! runs one control daemon per MPS-shared one, so both agree on names and devices.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,7 @@
 //! The device plugin's resolved settings: what NVIDIA's config file, flags and environment
 //! amount to once merged and validated (`crate::nvidia_config`). Everything downstream of
-//! configuration reads this.
+//! configuration reads this: the device plugin, and the MPS subsystem that plans its daemons
+//! from the same resources.
 
 use std::path::PathBuf;
 
