@@ -127,3 +127,39 @@ fn the_mock_needs_the_libraries_the_driver_needs() {
         assert!(needed.contains(&lib), "{lib} not in {needed:?}");
     }
 }
+
+#[test]
+fn a_config_that_is_a_fifo_or_a_device_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("config.yaml");
+    // A FIFO nobody writes to: a reader that opened it the ordinary way would wait forever.
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let zero = dir.path().join("zero.yaml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let (fifo, zero) = (fifo.to_str().unwrap(), zero.to_str().unwrap());
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["run", "--config"], fifo, "a FIFO"),
+        (&["run", "--config-file"], fifo, "a FIFO"),
+        (
+            &["device-plugin", "--config-file"],
+            zero,
+            "a character device",
+        ),
+        (&["exporter", "-f"], fifo, "a FIFO"),
+        (&["labeller", "--config-file"], zero, "a character device"),
+    ];
+    for (args, path, kind) in cases {
+        let mut argv = args.to_vec();
+        argv.push(path);
+        let out = check(&argv);
+        assert_eq!(out.status.code(), Some(65), "{argv:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!(
+                "{path}: is {kind}, not a regular file; refused without reading"
+            )),
+            "{argv:?}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -1464,3 +1464,109 @@ async fn mps_is_refused_on_a_gpu_whose_compute_mode_someone_else_set() {
     assert_eq!(compute_modes(&dra), BTreeMap::from([(gpu1, 3)]));
     assert!(!dra.spec_file("uid-t").exists());
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_uids_that_are_not_uids_never_become_paths() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    for (n, uid) in ["../../../outside/pwned", "a/b", "nul\0uid", ""]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("evil{n}");
+        dra.put_claim(&name, uid, &["gpu-1"]);
+        let answer = dra.prepare(&name, uid).await;
+        let error = &answer.claims[*uid].error;
+        assert!(
+            error.starts_with("claim UID ")
+                && error.ends_with(" is not a UID (letters, digits and '-', at most 64); refused"),
+            "{uid:?}: {error}"
+        );
+        assert!(answer.claims[*uid].devices.is_empty());
+        let unprepared = dra.unprepare(&name, uid).await;
+        assert!(unprepared.contains("is not a UID"), "{uid:?}: {unprepared}");
+    }
+    // Nothing was written anywhere under the node's folder but what a well-formed claim writes:
+    // no spec, no MPS folder, no file outside the CDI root.
+    let written: Vec<PathBuf> = files_under(dra.node.dir.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("pwned") || p.to_string_lossy().contains("claim_"))
+        .collect();
+    assert_eq!(written, Vec::<PathBuf>::new());
+    // A real UID still works after the refusals.
+    dra.put_claim("good", "2f1c1d0e-0a4b-4c7e-9a57-6f3b1c2d3e4f", &["gpu-2"]);
+    let answer = dra
+        .prepare("good", "2f1c1d0e-0a4b-4c7e-9a57-6f3b1c2d3e4f")
+        .await;
+    assert_eq!(
+        answer.claims["2f1c1d0e-0a4b-4c7e-9a57-6f3b1c2d3e4f"].error,
+        ""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_with_more_results_than_the_api_allows_is_refused_whole() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let devices: Vec<String> = (0..33).map(|i| format!("gpu-{}", i % 8)).collect();
+    let names: Vec<&str> = devices.iter().map(String::as_str).collect();
+    dra.put_claim("huge", "uid-huge", &names);
+    let answer = dra.prepare("huge", "uid-huge").await;
+    assert_eq!(
+        answer.claims["uid-huge"].error,
+        "ResourceClaim ns/huge has 33 results for gpu.nvidia.com, over the API's limit of 32; \
+         refused"
+    );
+    assert!(!dra.spec_file("uid-huge").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_claims_in_one_call_are_all_prepared() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    // 64 claims with admin access would not clash; plain claims on 8 GPUs do after the eighth,
+    // so each of 8 GPUs gets one claim and 56 more claims ask for GPUs already held.
+    let uids: Vec<String> = (0..64).map(|i| format!("uid-{i}")).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        dra.put_claim(&format!("c{i}"), uid, &[&format!("gpu-{}", i % 8)]);
+    }
+    let request = NodePrepareResourcesRequest {
+        claims: uids
+            .iter()
+            .enumerate()
+            .map(|(i, uid)| fake_dra_kubelet::claim_v1("ns", &format!("c{i}"), uid))
+            .collect(),
+    };
+    let answer = fake_dra_kubelet::prepare_v1(&dra.plugin_socket(), request).await;
+    assert_eq!(answer.claims.len(), 64);
+    let prepared: Vec<&String> = uids
+        .iter()
+        .filter(|uid| answer.claims[*uid].error.is_empty())
+        .collect();
+    // In the kubelet's order: the first claim on each GPU gets it, the rest are refused.
+    assert_eq!(prepared, uids.iter().take(8).collect::<Vec<_>>());
+    for uid in &uids[8..] {
+        assert!(
+            answer.claims[uid].error.contains("is held by claim ns/"),
+            "{uid}: {}",
+            answer.claims[uid].error
+        );
+    }
+}

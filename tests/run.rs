@@ -442,7 +442,7 @@ fn oversized_deep_and_long_valued_configs_exit_65_with_a_short_message() {
     assert_eq!(
         stderr,
         format!(
-            "gpud: {path}: 2097152 bytes is over the 1048576-byte limit for a config file; \
+            "gpud: {path}: 2097152 bytes is over the 1048576-byte limit for this file; \
              refused without parsing (check that the path names the intended file)\n"
         )
     );

@@ -32,7 +32,7 @@ pub const POLL: Duration = Duration::from_secs(5);
 type Seen = Option<u64>;
 
 fn digest(path: &Path) -> Seen {
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = crate::files::read_bytes(path, crate::files::MAX_CONFIG_BYTES).ok()?;
     let mut hasher = DefaultHasher::new();
     bytes.hash(&mut hasher);
     Some(hasher.finish())

@@ -107,9 +107,9 @@ impl Checkpoint {
             version: VERSION,
             claims: BTreeMap::new(),
         };
-        let text = match std::fs::read(path) {
+        let text = match crate::files::read_bytes(path, crate::holdings::checkpoint::MAX_BYTES) {
             Ok(bytes) => String::from_utf8(bytes).map_err(|e| e.to_string()),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return (empty, None),
+            Err(err) if err.is_not_found() => return (empty, None),
             Err(err) => Err(err.to_string()),
         };
         let why = match text.and_then(|t| Checkpoint::parse(&t)) {

@@ -27,8 +27,10 @@
 //! It needs no API access, and a claim never prepared is fine. Both are serialised by one
 //! lock on the checkpoint.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+
+use futures_util::stream::{self, StreamExt};
 
 use kube::api::{Api, DynamicObject};
 use tokio::sync::{Mutex, watch};
@@ -48,6 +50,30 @@ use crate::holdings::pod_resources::{self, Holding};
 use crate::inventory::Inventory;
 use crate::kube::{ApiError, bounded};
 use crate::nvml::Nvml;
+
+/// The most results one claim may have for one driver: the API's own limit on a claim's
+/// requests (`resource.k8s.io`: 32). A claim with more was not written by a real API server.
+pub const MAX_RESULTS: usize = 32;
+/// How many claim objects one prepare call reads from the API server at once.
+const READ_CONCURRENCY: usize = 16;
+/// The longest claim UID accepted (a Kubernetes UID is a 36-character UUID).
+const MAX_UID_LEN: usize = 64;
+
+/// Checks that a claim UID from the kubelet is a UID: it names files and folders (the claim's
+/// CDI spec, its MPS daemon's folders), so `../`, `/` or a NUL must never get that far.
+pub fn check_uid(uid: &str) -> Result<(), String> {
+    let shaped = !uid.is_empty()
+        && uid.len() <= MAX_UID_LEN
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if shaped {
+        Ok(())
+    } else {
+        Err(format!(
+            "claim UID {:?} is not a UID (letters, digits and '-', at most {MAX_UID_LEN}); refused",
+            crate::files::excerpt(uid)
+        ))
+    }
+}
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,10 +130,45 @@ impl Preparer {
         &self,
         claims: Vec<ClaimRef>,
     ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
-        let mut checkpoint = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
+        let claims: Vec<ClaimRef> = claims
+            .into_iter()
+            .filter_map(|claim| match check_uid(&claim.uid) {
+                Ok(()) => Some(claim),
+                Err(error) => {
+                    warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %error, "Cannot prepare claim");
+                    out.insert(claim.uid, Err(error));
+                    None
+                }
+            })
+            .collect();
+        // The claim objects are read before the lock, several at once: a kubelet that asks
+        // for many claims in one call gets its answer within its deadline, not one API round
+        // trip after another. Claims already prepared need no read.
+        let known: BTreeSet<String> = self
+            .checkpoint
+            .lock()
+            .await
+            .claims
+            .keys()
+            .cloned()
+            .collect();
+        let reads: Vec<_> = claims
+            .iter()
+            .filter(|c| !known.contains(&c.uid))
+            .map(|claim| self.read_keyed(claim))
+            .collect();
+        let mut objects: HashMap<String, Result<Claim, String>> = stream::iter(reads)
+            .buffer_unordered(READ_CONCURRENCY)
+            .collect()
+            .await;
+        let mut checkpoint = self.checkpoint.lock().await;
+        let mut holders = None;
         for claim in claims {
-            let result = self.prepare_one(&mut checkpoint, &claim).await;
+            let object = objects.remove(&claim.uid);
+            let result = self
+                .prepare_one(&mut checkpoint, &claim, object, &mut holders)
+                .await;
             match &result {
                 Ok(devices) => {
                     info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, devices = devices.len(), "Prepared claim");
@@ -126,6 +187,11 @@ impl Preparer {
         let mut checkpoint = self.checkpoint.lock().await;
         let mut out = BTreeMap::new();
         for claim in claims {
+            if let Err(error) = check_uid(&claim.uid) {
+                warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %error, "Cannot unprepare claim");
+                out.insert(claim.uid, Err(error));
+                continue;
+            }
             if let Err(error) = self.reset_intervals(&checkpoint, &claim.uid).await {
                 warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %error, "Cannot unprepare claim");
                 out.insert(claim.uid, Err(error));
@@ -148,10 +214,15 @@ impl Preparer {
         out
     }
 
+    /// Prepares one claim: `object` is the claim as read before the lock (`None` when it was
+    /// not read: it was prepared then), `holders` what the device plugin gave pods, read once
+    /// per call when a claim first needs it.
     async fn prepare_one(
         &self,
         checkpoint: &mut Checkpoint,
         claim: &ClaimRef,
+        object: Option<Result<Claim, String>>,
+        holders: &mut Option<Vec<Holding>>,
     ) -> Result<Vec<PreparedDevice>, String> {
         let snapshot = self.inventory.current();
         if let Some(prepared) = checkpoint.claims.get(&claim.uid) {
@@ -193,7 +264,11 @@ impl Preparer {
             }
             return Ok(prepared.devices.clone());
         }
-        let object = self.read_claim(claim).await?;
+        let object = match object {
+            Some(read) => read?,
+            // Unprepared by a call that ran between the read and the lock.
+            None => self.read_claim(claim).await?,
+        };
         if object.metadata.uid != claim.uid {
             return Err(format!(
                 "ResourceClaim {}/{} has UID {}, not {}: it was deleted and created again",
@@ -212,7 +287,20 @@ impl Preparer {
             .iter()
             .filter(|r| r.driver == self.config.driver)
             .collect();
-        let holders = self.device_plugin_holders(&snapshot).await?;
+        if results.len() > MAX_RESULTS {
+            return Err(format!(
+                "ResourceClaim {}/{} has {} results for {}, over the API's limit of {MAX_RESULTS}; \
+                 refused",
+                claim.namespace,
+                claim.name,
+                results.len(),
+                self.config.driver
+            ));
+        }
+        if holders.is_none() {
+            *holders = Some(self.device_plugin_holders(&snapshot).await?);
+        }
+        let holders = holders.as_deref().unwrap_or_default();
         let mut devices = Vec::new();
         let mut cdi_devices = Vec::new();
         let mut mps_asked: Vec<(String, opaque::MpsSettings)> = Vec::new();
@@ -487,6 +575,11 @@ impl Preparer {
                 }
             }
         }
+    }
+
+    /// [`Preparer::read_claim`], keyed by the claim's UID.
+    async fn read_keyed(&self, claim: &ClaimRef) -> (String, Result<Claim, String>) {
+        (claim.uid.clone(), self.read_claim(claim).await)
     }
 
     async fn read_claim(&self, claim: &ClaimRef) -> Result<Claim, String> {

@@ -16,4 +16,7 @@ mod read;
 pub use atomic::{WriteError, remove_stale_temporaries, write_atomic};
 pub use excerpt::{EXCERPT_CHARS, clip_quoted, excerpt};
 pub use nesting::{MAX_NESTING, nesting_beyond};
-pub use read::{MAX_CONFIG_BYTES, ReadError, check_nesting, read_text, read_yaml};
+pub use read::{
+    MAX_CONFIG_BYTES, ReadError, check_nesting, open_regular, read_bytes, read_stdin_yaml,
+    read_text, read_yaml,
+};

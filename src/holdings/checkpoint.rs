@@ -18,6 +18,8 @@ use super::{Held, held_by};
 pub const FILE_NAME: &str = "checkpoint.json";
 /// The format version written and read.
 pub const VERSION: u32 = 1;
+/// The largest checkpoint read: thousands of claims fit; a larger file is not one gpud wrote.
+pub const MAX_BYTES: u64 = 16 * 1024 * 1024;
 /// How often a device plugin in another container looks at the DRA checkpoint.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -65,10 +67,16 @@ pub fn follow(path: PathBuf) -> watch::Receiver<Held> {
     let mut last: Option<Vec<u8>> = None;
     let mut warned = false;
     let mut read = move || {
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::files::read_bytes(&path, MAX_BYTES) {
             Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(_) => return None,
+            Err(err) if err.is_not_found() => Vec::new(),
+            Err(err) => {
+                if !warned {
+                    warn!(error = %err, "Cannot read the DRA checkpoint; keeping the devices it held withdrawn");
+                    warned = true;
+                }
+                return None;
+            }
         };
         // Parsed only when the bytes changed: the file is read twice a second.
         if last.as_ref() == Some(&bytes) {

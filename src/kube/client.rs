@@ -1,5 +1,6 @@
 //! A client for the API server: from a kubeconfig file when one is named, else the usual
-//! inference (in-cluster service account, then `$KUBECONFIG` / `~/.kube/config`).
+//! inference (in-cluster service account, then `$KUBECONFIG` / `~/.kube/config`). A named
+//! kubeconfig is read under the same limits as every config file ([`crate::files`]).
 
 use std::path::Path;
 
@@ -11,6 +12,9 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
         Some(path) => {
             let named =
                 |e: &dyn std::fmt::Display| ApiError::Config(format!("{}: {e}", path.display()));
+            // Checked first with gpud's own limits: a regular file of bounded size, so a FIFO
+            // or a link to a device cannot hang or bloat the process.
+            crate::files::read_text(path).map_err(|e| ApiError::Config(e.to_string()))?;
             let file = ::kube::config::Kubeconfig::read_from(path).map_err(|e| named(&e))?;
             ::kube::Config::from_custom_kubeconfig(
                 file,
@@ -24,4 +28,34 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
             .map_err(|e| ApiError::Config(e.to_string()))?,
     };
     ::kube::Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(path: &Path) -> ApiError {
+        match connect(Some(path)).await {
+            Err(err) => err,
+            Ok(_) => panic!("{} was accepted", path.display()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_that_is_a_fifo_or_a_device_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("kubeconfig");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR).unwrap();
+        let err = refused(&fifo).await;
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot configure the Kubernetes client: {}: is a FIFO, not a regular file; \
+                 refused without reading (name the file itself)",
+                fifo.display()
+            )
+        );
+        let err = refused(Path::new("/dev/zero")).await;
+        assert!(err.to_string().contains("is a character device"), "{err}");
+    }
 }

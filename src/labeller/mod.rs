@@ -150,7 +150,7 @@ pub fn label_config(settings: &Settings, snapshot: &Snapshot, timestamp: u64) ->
 }
 
 fn read_machine_type(path: &Path) -> Option<String> {
-    match std::fs::read_to_string(path) {
+    match crate::files::read_text(path) {
         Ok(text) => Some(text.trim().to_owned()),
         Err(err) => {
             tracing::debug!(path = %path.display(), error = %crate::logging::error_chain(&err), "Machine type unreadable; using unknown");

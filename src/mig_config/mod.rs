@@ -18,7 +18,7 @@ use spec::{Source, Spec, SpecError};
 /// Reads a config from `path`, or from stdin for `-` (with the same size and nesting limits).
 pub fn load(path: &Path) -> Result<Spec, SpecError> {
     if path == Path::new("-") {
-        let text = crate::files::read_yaml(Path::new("/dev/stdin"))?;
+        let text = crate::files::read_stdin_yaml(Path::new("<stdin>"))?;
         return Spec::parse(&text, &Source::Stdin);
     }
     Spec::load(path)

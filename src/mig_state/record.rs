@@ -42,12 +42,12 @@ pub fn write(state_dir: &Path, record: &Record) -> Result<(), String> {
 /// cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<Option<Record>, String> {
     let path = path(state_dir);
-    match std::fs::read_to_string(&path) {
+    match crate::files::read_text(&path) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)
             .map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.to_string()),
     }
 }
 

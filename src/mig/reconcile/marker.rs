@@ -29,7 +29,7 @@ impl Marker {
 
     /// Whether a reboot was already requested for `label`.
     pub fn holds(&self, label: &str) -> bool {
-        std::fs::read_to_string(&self.path).is_ok_and(|text| text.trim() == label)
+        crate::files::read_text(&self.path).is_ok_and(|text| text.trim() == label)
     }
 
     /// Records that a reboot is requested for `label` (written before the reboot starts, and
