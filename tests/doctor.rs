@@ -441,7 +441,7 @@ fn stale_cdi_spec() {
         &format!(
             "/var/run/cdi/nvidia.yaml is stale: lacks {gone}; lists {old_mig} not on this node"
         ),
-        "regenerate it after every MIG change: gpud cdi --output /var/run/cdi/nvidia.yaml",
+        "regenerate it after every MIG change: gpud cdi generate --output /var/run/cdi/nvidia.yaml",
     );
 }
 
@@ -1048,4 +1048,88 @@ fn mps_server_under_another_uid_than_the_workloads() {
         run.found("mps.uid"),
         "1 MPS server(s) and 1 control daemon(s) run as UID 1001 or root"
     );
+}
+
+#[test]
+fn every_gpud_command_a_fix_suggests_exists() {
+    let list = std::process::Command::new(common::gpud_bin())
+        .arg("--list")
+        .output()
+        .unwrap();
+    let applets: Vec<String> = String::from_utf8(list.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/doctor");
+    let mut texts = Vec::new();
+    for dir in [src.clone(), src.join("checks")] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                texts.push(std::fs::read_to_string(path).unwrap());
+            }
+        }
+    }
+    let mut commands = std::collections::BTreeSet::new();
+    for text in &texts {
+        for (at, _) in text.match_indices("gpud ") {
+            let words: Vec<&str> = text[at + 5..]
+                .split(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+                .take(2)
+                .collect();
+            let Some(applet) = words.first().filter(|w| applets.iter().any(|a| a == *w)) else {
+                continue;
+            };
+            let mut command = vec![(*applet).to_owned()];
+            // An applet with subcommands is named with its subcommand.
+            if matches!(*applet, "cdi" | "mig") {
+                command.push(words.get(1).copied().unwrap_or_default().to_owned());
+            }
+            commands.insert(command);
+        }
+    }
+    assert!(
+        commands.contains(&vec!["cdi".to_owned(), "generate".to_owned()]),
+        "{commands:?}"
+    );
+    for command in commands {
+        let out = std::process::Command::new(common::gpud_bin())
+            .args(&command)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "a doctor fix suggests `gpud {}`, which is not a command: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn only_gpu_with_a_hung_nvml_still_fails_through_driver_nvml() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("hang nvmlDeviceGetPersistenceMode");
+    // Only GPU checks asked for: driver.nvml comes along, since they all stand on it, so the
+    // hang is a failure (exit 2) and not a run of skips that exits 0.
+    let (run, _) = doctor_within(
+        &node,
+        &host,
+        &["--only", "gpu", "--timeout", "1s"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run.problems(), vec!["driver.nvml fail"]);
+    assert_eq!(run.code, 2);
+    // Skipped by name, it stays out (the user asked), and only skips remain.
+    let (run, _) = doctor_within(
+        &node,
+        &host,
+        &["--only", "gpu", "--skip", "driver.nvml", "--timeout", "1s"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run.problems(), Vec::<String>::new());
 }

@@ -332,3 +332,31 @@ fn bad_config_exits_65_naming_file_field_and_value() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_reset_that_leaves_the_gpu_answering_is_seen() {
+    let node = Node::new("dgx-h100");
+    let gpud = watch(&node, "", &[]);
+    node.inject("xid 3 79");
+    let line = next(&gpud);
+    assert_eq!(summary(&line).2, "unhealthy");
+    // No `lost` in between: the GPU answers throughout, as after a fast reset. What shows the
+    // reset is what NVML reports after it (the recovery action the XID raised back to none).
+    // The watcher compares two polls, so the request is raised again until one poll has seen
+    // it before the reset (each round waits for the verdict, not for time).
+    let mut back = None;
+    for _ in 0..20 {
+        node.inject("recovery-action 3 reboot");
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        node.inject("reset 3");
+        if let Some(text) = gpud.line_within(1000) {
+            back = Some(serde_json::from_str::<Value>(&text).unwrap());
+            break;
+        }
+    }
+    let back = back.expect("the reset was never seen");
+    assert_eq!(
+        (back["gpu"].as_u64(), back["to"]["state"].as_str()),
+        (Some(3), Some("healthy"))
+    );
+}

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::busy::Busy;
-use super::checks::{CATALOG, Check};
+use super::checks::Check;
 use super::env::{Driver, Env, Options};
 use super::host::HostRoot;
 use super::select::Selection;
@@ -211,9 +211,8 @@ pub fn run_jobs(jobs: Vec<Job>, timeout: Duration, busy: &Busy) -> Vec<CheckResu
 
 /// Runs the selected checks over `env`, all at once, each bounded by the timeout.
 pub fn run_checks(env: &Env, selection: &Selection, busy: &Busy) -> Vec<CheckResult> {
-    let jobs = CATALOG
-        .iter()
-        .filter(|check| selection.includes(check.id))
+    let jobs = selection
+        .checks()
         .map(|check| Job::of(check, env))
         .collect();
     run_jobs(jobs, env.options.timeout, busy)
@@ -235,9 +234,7 @@ pub fn run_with(
     busy: &Busy,
 ) -> (Report, Driver) {
     let host_root = options.host_root.display().to_string();
-    let needs_nvml = CATALOG
-        .iter()
-        .any(|c| c.needs_nvml && selection.includes(c.id));
+    let needs_nvml = selection.checks().any(|c| c.needs_nvml);
     let driver = if needs_nvml {
         gather(&options, nvml, busy)
     } else {

@@ -1,6 +1,15 @@
-//! `--only` and `--skip`: which checks run, by check id (`gpu.ecc`) or group (`gpu`).
+//! `--only` and `--skip`: which checks run, by check id (`gpu.ecc`) or group (`gpu`), and the
+//! checks the selected ones depend on.
+//!
+//! Every check that reads NVML depends on [`NVML_CHECK`]: when NVML fails or hangs, that check
+//! is the one that fails, and the others skip ("needs NVML"). `--only gpu` alone would report
+//! nothing but skips and exit 0 on a node whose driver hangs, so it runs `driver.nvml` too,
+//! unless `--skip` names it.
 
-use super::checks::CATALOG;
+use super::checks::{CATALOG, Check};
+
+/// The check that says whether NVML works.
+pub const NVML_CHECK: &str = "driver.nvml";
 
 /// The checks asked for: all of them, less `skip`, limited to `only` when it is not empty.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,12 +36,26 @@ impl Selection {
         Ok(Selection { only, skip })
     }
 
-    /// Whether check `id` runs.
+    /// Whether check `id` was asked for.
     pub fn includes(&self, id: &str) -> bool {
-        let group = id.split('.').next().unwrap_or(id);
-        let named = |list: &[String]| list.iter().any(|n| n == id || n == group);
-        (self.only.is_empty() || named(&self.only)) && !named(&self.skip)
+        (self.only.is_empty() || named(&self.only, id)) && !named(&self.skip, id)
     }
+
+    /// The checks that run: those asked for, and [`NVML_CHECK`] when one of them reads NVML
+    /// (unless it is skipped by name or group), in catalog order.
+    pub fn checks(&self) -> impl Iterator<Item = &'static Check> + '_ {
+        let nvml_needed = CATALOG.iter().any(|c| c.needs_nvml && self.includes(c.id));
+        CATALOG.iter().filter(move |check| {
+            self.includes(check.id)
+                || (check.id == NVML_CHECK && nvml_needed && !named(&self.skip, check.id))
+        })
+    }
+}
+
+/// Whether `list` names check `id` or its group.
+fn named(list: &[String], id: &str) -> bool {
+    let group = id.split('.').next().unwrap_or(id);
+    list.iter().any(|n| n == id || n == group)
 }
 
 /// The check groups, in catalog order.
@@ -58,6 +81,15 @@ mod tests {
         assert!(gpu.includes("gpu.pcie"));
         assert!(!gpu.includes("gpu.ecc"));
         assert!(!gpu.includes("driver.nvml"));
+        let ids = |s: &Selection| s.checks().map(|c| c.id).collect::<Vec<_>>();
+        // `driver.nvml` comes along with the NVML checks it stands for, first, as in the catalog.
+        let pulled = ids(&gpu);
+        assert_eq!(pulled.first(), Some(&NVML_CHECK), "{pulled:?}");
+        assert!(pulled.contains(&"gpu.pcie") && !pulled.contains(&"gpu.ecc"));
+        let skipped = Selection::new(vec!["gpu".into()], vec!["driver.nvml".into()]).unwrap();
+        assert!(!ids(&skipped).contains(&NVML_CHECK));
+        let no_nvml = Selection::new(vec!["devices.control".into()], vec![]).unwrap();
+        assert_eq!(ids(&no_nvml), ["devices.control"]);
         let err = Selection::new(vec!["gpus".into()], vec![]).unwrap_err();
         assert!(
             err.starts_with("unknown check or group \"gpus\" (groups: driver, "),

@@ -8,7 +8,7 @@
 //! | condition | state | clears when |
 //! |---|---|---|
 //! | GPU lost | unhealthy | the GPU answers NVML again (this counts as a GPU reset) |
-//! | fatal XID (79, 48, 95, 119 …) | unhealthy | the GPU is reset |
+//! | fatal XID (79, 48, 95, 119 …) | unhealthy | the GPU is reset (seen as below) |
 //! | critical XID | unhealthy | no new occurrence for the quiet period |
 //! | warning / application XID not ignored | degraded | no new occurrence for the quiet period |
 //! | XID named in `DP_ENABLE_HEALTHCHECKS` | unhealthy | as its severity says |
@@ -17,6 +17,13 @@
 //! | row remap failure | unhealthy | NVML no longer reports it (the GPU was replaced) |
 //! | temperature at or past slowdown | degraded | temperature falls below the threshold |
 //! | an NVLink that was up went down | degraded | the link is up again |
+//!
+//! A reset is recognised from what NVML reports after it, whether or not the GPU stopped
+//! answering in between: answering again after being lost; NVML's recovery action (field 230)
+//! back to none after asking for something; the volatile uncorrectable-ECC counter back to 0
+//! after counting; a pending row remap or page retirement no longer pending. Each compares two
+//! polls, so a reset inside one poll interval that leaves no such trace (a fatal XID on a
+//! driver without the recovery-action field, reset before the next poll) is not seen.
 //!
 //! A GPU-wide condition covers all its MIG devices; an XID the driver attributes to one MIG
 //! instance covers only that instance. Repeats of an active condition refresh its last-seen
@@ -100,6 +107,46 @@ struct GpuState {
     /// NVLinks seen up at least once: only those count as "went down".
     links_seen_up: BTreeSet<u32>,
     history: VecDeque<Finding>,
+    /// What the last poll said of the things a reset clears.
+    reset_marks: Option<ResetMarks>,
+}
+
+/// The polled signals a GPU reset clears, kept between polls to see a reset happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ResetMarks {
+    recovery_action: Option<u64>,
+    volatile_dbe: Option<u64>,
+    remap_pending: Option<bool>,
+    retired_pages_pending: Option<bool>,
+}
+
+impl ResetMarks {
+    fn of(signals: &GpuSignals) -> Self {
+        ResetMarks {
+            recovery_action: signals.recovery_action,
+            volatile_dbe: signals.volatile_dbe,
+            remap_pending: signals.remap_pending,
+            retired_pages_pending: signals.retired_pages_pending,
+        }
+    }
+
+    /// What in `now` says the GPU was reset since `self` was polled, if anything.
+    fn reset_since(&self, now: &ResetMarks) -> Option<&'static str> {
+        let cleared = |before: Option<bool>, after: Option<bool>| {
+            before == Some(true) && after == Some(false)
+        };
+        if self.recovery_action.is_some_and(|a| a != 0) && now.recovery_action == Some(0) {
+            Some("NVML's recovery action is back to none")
+        } else if self.volatile_dbe.is_some_and(|n| n > 0) && now.volatile_dbe == Some(0) {
+            Some("the volatile uncorrectable-ECC counter is back to 0")
+        } else if cleared(self.remap_pending, now.remap_pending) {
+            Some("the pending row remap was applied")
+        } else if cleared(self.retired_pages_pending, now.retired_pages_pending) {
+            Some("the pending page retirement was applied")
+        } else {
+            None
+        }
+    }
 }
 
 /// Per-GPU health state machine.
@@ -214,6 +261,18 @@ impl Tracker {
                 "GPU answers again (reset)".to_owned(),
             );
             state.conditions.remove(&Kind::Lost);
+            clear_until_reset(&mut state.conditions);
+            for set in state.mig_conditions.values_mut() {
+                clear_until_reset(set);
+            }
+        }
+        let marks = ResetMarks::of(signals);
+        if let Some(why) = state
+            .reset_marks
+            .replace(marks)
+            .and_then(|before| before.reset_since(&marks))
+        {
+            push_history(state, history_len, at, format!("GPU was reset ({why})"));
             clear_until_reset(&mut state.conditions);
             for set in state.mig_conditions.values_mut() {
                 clear_until_reset(set);
@@ -502,6 +561,71 @@ mod tests {
             slowdown_c: Some(87),
             ..GpuSignals::default()
         }
+    }
+
+    #[test]
+    fn a_reset_is_seen_from_what_it_clears_while_the_gpu_answers_throughout() {
+        let asking = |gpu, action| GpuSignals {
+            recovery_action: Some(action),
+            ..signals(gpu)
+        };
+        // Recovery action: the driver asks for a reset after the XID, then says none.
+        let mut tr = tracker();
+        tr.observe_signals(&asking(3, 0), t(0));
+        tr.observe_xid(3, 79, None, t(1));
+        tr.observe_signals(&asking(3, 0), t(2));
+        assert_eq!(
+            tr.verdict(3).state,
+            HealthState::Unhealthy,
+            "none all along is no reset"
+        );
+        tr.observe_signals(&asking(3, 1), t(3));
+        assert_eq!(tr.verdict(3).state, HealthState::Unhealthy);
+        tr.observe_signals(&asking(3, 0), t(4));
+        assert_eq!(
+            tr.verdict(3),
+            Health::healthy(),
+            "recovery action back to none"
+        );
+        let history: Vec<&str> = tr.history(3).map(|f| f.what.as_str()).collect();
+        assert!(
+            history.contains(&"GPU was reset (NVML's recovery action is back to none)"),
+            "{history:?}"
+        );
+
+        // The volatile uncorrectable-ECC counter, back to 0 after counting.
+        let mut tr = tracker();
+        tr.observe_xid(2, 48, None, t(0));
+        let counted = GpuSignals {
+            volatile_dbe: Some(2),
+            ..signals(2)
+        };
+        tr.observe_signals(&counted, t(1));
+        assert_eq!(tr.verdict(2).state, HealthState::Unhealthy);
+        tr.observe_signals(&signals(2), t(2));
+        assert_eq!(tr.verdict(2), Health::healthy(), "DBE counter back to 0");
+
+        // A pending remap applied clears a fatal XID seen with it.
+        let mut tr = tracker();
+        tr.observe_xid(1, 95, None, t(0));
+        let pending = GpuSignals {
+            remap_pending: Some(true),
+            ..signals(1)
+        };
+        tr.observe_signals(&pending, t(1));
+        tr.observe_signals(&signals(1), t(2));
+        assert_eq!(tr.verdict(1), Health::healthy(), "remap applied");
+
+        // A driver without the field (None) never looks reset.
+        let mut tr = tracker();
+        tr.observe_xid(0, 79, None, t(0));
+        let unknown = GpuSignals {
+            recovery_action: None,
+            ..signals(0)
+        };
+        tr.observe_signals(&unknown, t(1));
+        tr.observe_signals(&unknown, t(2));
+        assert_eq!(tr.verdict(0).state, HealthState::Unhealthy);
     }
 
     #[test]

@@ -193,9 +193,14 @@ async fn watch(
             () = cancel.cancelled() => return,
             Some(event) = queues.events.recv() => {
                 state.batch(inventory, event, &mut queues.events, State::on_event);
+                // The driver says what a fault needs (the recovery action) right after it:
+                // polling then, after this batch's verdict is published, lets a reset that
+                // follows within one poll interval be seen.
+                poll.reset_immediately();
             }
             Some(line) = queues.kmsg.recv() => {
                 state.batch(inventory, line, &mut queues.kmsg, State::on_kmsg);
+                poll.reset_immediately();
             }
             _ = poll.tick() => {
                 let poller = nvml.clone();

@@ -15,6 +15,10 @@ use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 use super::probe::Probe;
 use super::{Nvml, raw};
 
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver asks for after a fault (replaces the
+/// deprecated reset-status fields 226 and 227).
+pub const FIELD_RECOVERY_ACTION: u32 = 230;
+
 /// One GPU's polled signals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuSignals {
@@ -36,6 +40,9 @@ pub struct GpuSignals {
     pub slowdown_c: Option<u32>,
     /// State of each NVLink by link number (`true` = up).
     pub nvlinks_up: Vec<(u32, bool)>,
+    /// What NVML says the GPU needs (field 230, R550+): 0 nothing, 1 a GPU reset, 2 a node
+    /// reboot, 3 a P2P drain, 4 a drain and reset. Going back to 0 is how a reset shows.
+    pub recovery_action: Option<u64>,
 }
 
 impl Nvml {
@@ -74,8 +81,13 @@ fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, gpu: u32) -> GpuSignals {
             Err(_) => break,
         }
     }
+    let recovery_action = raw::field_values(lib, device, &[(FIELD_RECOVERY_ACTION, 0)])
+        .ok()
+        .and_then(|values| values.into_iter().next())
+        .and_then(Result::ok);
     GpuSignals {
         gpu,
+        recovery_action,
         lost: probe.lost,
         volatile_dbe,
         retired_pages_pending,

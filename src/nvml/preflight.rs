@@ -8,11 +8,7 @@ use nvml_wrapper::error::NvmlError as E;
 
 use super::compute_mode::ComputeMode;
 use super::probe::Probe;
-use super::{GpuSignals, Nvml, raw};
-
-/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver asks for after a fault (replaces the
-/// deprecated reset-status fields 226 and 227).
-const FIELD_RECOVERY_ACTION: u32 = 230;
+use super::{GpuSignals, Nvml};
 
 /// A PCIe link's trained and maximum generation and width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +44,7 @@ impl Nvml {
         self.poll_signals()
             .into_iter()
             .map(|signals| match self.lib.device_by_index(signals.gpu) {
-                Ok(device) if !signals.lost => read(self.lib, &device, signals),
+                Ok(device) if !signals.lost => read(&device, signals),
                 _ => GpuPreflight {
                     signals,
                     ..GpuPreflight::default()
@@ -58,7 +54,7 @@ impl Nvml {
     }
 }
 
-fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, mut signals: GpuSignals) -> GpuPreflight {
+fn read(device: &Device<'_>, mut signals: GpuSignals) -> GpuPreflight {
     let mut probe = Probe::default();
     let persistence_mode = probe.optional(device.is_in_persistent_mode());
     let ecc_mode = probe
@@ -76,10 +72,8 @@ fn read(lib: &nvml_wrapper::Nvml, device: &Device<'_>, mut signals: GpuSignals) 
     let throttle_reasons = probe
         .optional(device.current_throttle_reasons())
         .map(|reasons| reasons.bits());
-    let recovery_action = raw::field_values(lib, device, &[(FIELD_RECOVERY_ACTION, 0)])
-        .ok()
-        .and_then(|values| values.into_iter().next())
-        .and_then(Result::ok);
+    // Polled with the health signals already.
+    let recovery_action = signals.recovery_action;
     let compute_mode = probe.optional(device.compute_mode()).map(ComputeMode::from);
     signals.lost |= probe.lost;
     GpuPreflight {

@@ -236,7 +236,7 @@ pub fn cdi_spec(env: &Env) -> Verdict {
                 Err(err) => {
                     return Verdict::fail(
                         format!("{path} is not a CDI spec: {err}"),
-                        format!("regenerate it (gpud cdi --output {path}) or remove it"),
+                        format!("regenerate it (gpud cdi generate --output {path}) or remove it"),
                     );
                 }
             };
@@ -262,7 +262,7 @@ pub fn cdi_spec(env: &Env) -> Verdict {
     if specs.is_empty() {
         return Verdict::warn(
             format!("no NVIDIA CDI spec in {}", CDI_DIRS.join(" or ")),
-            "generate one: gpud cdi (writes /var/run/cdi/nvidia.yaml); runtimes using CDI cannot inject GPUs without it",
+            "generate one: gpud cdi generate --output /var/run/cdi/nvidia.yaml; runtimes using CDI cannot inject GPUs without it",
         );
     }
     let by_uuid = names
@@ -315,7 +315,7 @@ pub fn cdi_spec(env: &Env) -> Verdict {
     } else {
         Verdict::fail(
             format!("{} is stale: {}", specs.join(", "), problems.join("; ")),
-            "regenerate it after every MIG change: gpud cdi --output /var/run/cdi/nvidia.yaml",
+            "regenerate it after every MIG change: gpud cdi generate --output /var/run/cdi/nvidia.yaml",
         )
     }
 }

@@ -398,6 +398,9 @@ impl Runtime {
         let emitted = match cmd {
             Command::Xid { code, instance, .. } => {
                 f.last_xid = Some(*code);
+                if f.recovery_action == 0 {
+                    f.recovery_action = recovery_action_after(*code);
+                }
                 Some(event(
                     b::nvmlEventTypeXidCriticalError,
                     *code,
@@ -794,5 +797,18 @@ pub mod testing {
         let s = session().ok()?;
         let rt = s.lock();
         rt.faults.get(gpu).and_then(|f| f.last_xid)
+    }
+}
+
+/// The recovery action (NVML field 230) a driver of R550 or newer asks for after `xid`, as the
+/// immediate action of NVIDIA's XID catalog says: a GPU reset (1) for the errors a reset
+/// clears, a node reboot (2) for a GPU that fell off the bus; nothing for the rest. A `reset`
+/// or `recover` line puts it back to none, which is how gpud sees a reset that left the GPU
+/// answering throughout.
+fn recovery_action_after(xid: u64) -> u32 {
+    match xid {
+        48 | 64 | 95 | 119 | 120 => 1,
+        79 => 2,
+        _ => 0,
     }
 }
