@@ -5,11 +5,13 @@
 
 mod common;
 
-use common::{Node, Running};
+use common::{Node, Running, http};
 use serde_json::Value;
 
 /// `gpud health --json` on `node`, polling fast, with the given kernel log (or none).
 fn watch(node: &Node, kmsg: &str, env: &[(&str, &str)]) -> Running {
+    let port = http::free_port();
+    let address = format!("127.0.0.1:{port}");
     let mut cmd = node.gpud(&[
         "health",
         "--json",
@@ -17,6 +19,8 @@ fn watch(node: &Node, kmsg: &str, env: &[(&str, &str)]) -> Running {
         "50ms",
         "--kmsg",
         kmsg,
+        "--health-address",
+        &address,
     ]);
     for (k, v) in env {
         cmd.env(k, v);
@@ -24,7 +28,7 @@ fn watch(node: &Node, kmsg: &str, env: &[(&str, &str)]) -> Running {
     let running = Running::spawn(cmd);
     // The watcher is ready once its event set is registered; an injection before that is a
     // fault that happened before gpud started, which the driver does not replay as an event.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    http::wait_for(port, "/readyz", 20, |a| a.status == 200);
     running
 }
 

@@ -54,13 +54,16 @@ impl Subsystem for HealthWatcher {
     crate::subsystem_name!("health");
 
     async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
-        ctx.set_ready();
+        // Ready once the event set is registered, not before: a fault injected (or happening)
+        // before that is one the driver never reports as an event.
+        let ready = ctx.ready_latch();
         let watched = watcher::run_with_xids(
             ctx.cancel_token(),
             self.nvml,
             inventory,
             self.config,
             self.xids,
+            move || ready.set(),
         )
         .await;
         match watched {
@@ -68,6 +71,8 @@ impl Subsystem for HealthWatcher {
             Err(err) if self.required => Err(err.into()),
             Err(err) => {
                 warn!(error = %crate::logging::error_chain(&err), "Health watching is off: devices keep discovery's state");
+                // Optional: the applet serves without it, so it must not hold readiness back.
+                ctx.set_ready();
                 Ok(())
             }
         }

@@ -123,17 +123,20 @@ pub async fn run(
     inventory: Inventory,
     config: WatcherConfig,
 ) -> Result<(), NvmlError> {
-    run_with_xids(cancel, nvml, inventory, config, None).await
+    run_with_xids(cancel, nvml, inventory, config, None, || {}).await
 }
 
 /// [`run`], also recording every XID occurrence (ignored ones included, the NVML and
 /// kernel-log reports of one occurrence merged) in `xids`, which it publishes after each batch.
+/// `registered` is called once the NVML event set is registered and the kernel log followed:
+/// from then on no fault goes unseen, which is what the watcher's readiness means.
 pub async fn run_with_xids(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: WatcherConfig,
     xids: Option<XidLedger>,
+    registered: impl FnOnce(),
 ) -> Result<(), NvmlError> {
     let (event_tx, events) = mpsc::channel(QUEUE);
     // ECC events count whatever the XID policy says, so the event source always runs.
@@ -143,6 +146,7 @@ pub async fn run_with_xids(
         .kmsg_path
         .as_deref()
         .and_then(|path| kmsg_source::start(path, kmsg_tx));
+    registered();
     let mut queues = Queues { events, kmsg };
     let mut state = State {
         tracker: Tracker::new(config.policy.clone(), config.tracker.clone()),
