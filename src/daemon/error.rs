@@ -19,8 +19,9 @@ pub enum Error {
     /// The driver is not there: NVML could not be loaded or initialised (69).
     #[error("{0}")]
     Unavailable(String),
-    /// A subsystem stopped with an error while running (1).
-    #[error("{name}: {cause:#}")]
+    /// A subsystem stopped with an error while running (1). Each cause is written once, even
+    /// when a message already ends with its source's.
+    #[error("{name}: {}", crate::logging::error_chain(cause.as_ref()))]
     Subsystem {
         /// The subsystem's name.
         name: &'static str,
@@ -102,5 +103,21 @@ mod tests {
             "exporter: cannot listen on :9400: Address in use"
         );
         assert_eq!(err.code(), 1);
+    }
+
+    #[test]
+    fn a_cause_whose_message_carries_its_source_is_written_once() {
+        let bind = crate::http::ListenError::Bind {
+            address: "127.0.0.1:9400".into(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        let err = Error::Subsystem {
+            name: "exporter",
+            cause: anyhow::Error::new(bind),
+        };
+        assert_eq!(
+            err.to_string(),
+            "exporter: cannot listen on 127.0.0.1:9400: address in use"
+        );
     }
 }

@@ -273,7 +273,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                     }
                     Ok((id, (slot, Err(cause)))) => {
                         let name = names.get(&id).copied().unwrap_or("subsystem");
-                        readiness.mark(slot, State::Failed(format!("{cause:#}")));
+                        readiness.mark(slot, State::Failed(crate::logging::error_chain(cause.as_ref())));
                         break Err(Error::Subsystem { name, cause });
                     }
                     Err(join) => {
@@ -289,7 +289,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             while let Some(joined) = tasks.join_next_with_id().await {
                 if let Ok((id, (_, Err(cause)))) = joined {
                     let name = names.get(&id).copied().unwrap_or("subsystem");
-                    error!(subsystem = name, error = %format!("{cause:#}"), "Subsystem failed while stopping");
+                    error!(subsystem = name, error = %crate::logging::error_chain(cause.as_ref()), "Subsystem failed while stopping");
                 }
             }
         })
