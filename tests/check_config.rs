@@ -163,3 +163,27 @@ fn a_config_that_is_a_fifo_or_a_device_is_refused_at_once() {
         );
     }
 }
+
+#[test]
+fn a_counters_file_the_exporter_would_refuse_fails_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "DCGM_FI_DEV_GPU_UTIL, gauge, util\nDCGM_FI_DEV_GPU_UTIL, gauge, again\n",
+            "already listed on line 1",
+        ),
+        ("NOT_A_FIELD, gauge, nothing\n", "not a DCGM field name"),
+    ];
+    for (n, (text, reason)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("counters{n}.csv"));
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap();
+        let out = check(&["exporter", "-f", path]);
+        assert_eq!(out.status.code(), Some(65), "{text}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with(&format!("gpud: {path}")) && stderr(&out).contains(reason),
+            "{text}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -131,6 +131,10 @@ impl ExporterArgs {
             None => counters::parse(Path::new(DEFAULT_COUNTERS_NAME), DEFAULT_COUNTERS),
         }
         .map_err(Error::config)?;
+        // Resolved now as at start (duplicates, unknown names, type mismatches), so
+        // `--check-config` refuses what the exporter would refuse; whether the node has GPM
+        // only decides what is skipped, never what is an error.
+        fields::select(&source, &rows, true).map_err(Error::config)?;
         crate::http::parse_address(&self.address).map_err(|err| Error::Usage(err.to_string()))?;
         Ok(Counters { source, rows })
     }
