@@ -358,6 +358,45 @@ def validate(unique):
     return skipped
 
 
+# The DRA goldens (tests/dra.rs) hold what gpud publishes as ResourceSlices: each file in the
+# resource.k8s.io version it was served through, validated against the Kubernetes releases
+# that serve that version, so a golden cannot be blessed from output an API server refuses.
+GOLDEN_SLICES = {
+    "dgx-h100.json": ("resource.k8s.io/v1", ["1.34.0", "1.37.0"]),
+    "a100-mig.json": ("resource.k8s.io/v1", ["1.34.0", "1.37.0"]),
+    "mixed.json": ("resource.k8s.io/v1", ["1.34.0", "1.37.0"]),
+    "mixed-v1beta1.json": ("resource.k8s.io/v1beta1", ["1.32.0", "1.33.0"]),
+}
+
+
+def validate_golden_slices():
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures", "golden", "dra")
+    files = sorted(f for f in os.listdir(root) if f.endswith(".json"))
+    assert files == sorted(GOLDEN_SLICES), f"DRA goldens without a version here: {files}"
+    checked = 0
+    for name, (api_version, versions) in GOLDEN_SLICES.items():
+        with open(os.path.join(root, name)) as f:
+            slices = json.load(f)
+        for shown in slices:
+            obj = {
+                "apiVersion": api_version,
+                "kind": "ResourceSlice",
+                "metadata": {"name": shown["name"]},
+                "spec": shown["spec"],
+            }
+            for version in versions:
+                try:
+                    kubernetes_validate.validate(obj, version, strict=True)
+                except kubernetes_validate.ValidationError as err:
+                    raise SystemExit(
+                        f"golden {name}: ResourceSlice {shown['name']} is invalid for "
+                        f"Kubernetes {version}: {err.message} at "
+                        f"{'.'.join(map(str, err.path))}"
+                    )
+                checked += 1
+    return checked
+
+
 def main():
     gpud = os.path.abspath(sys.argv[1])
     version = subprocess.run(
@@ -376,6 +415,11 @@ def main():
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)
     skipped = validate(unique)
+    golden = validate_golden_slices()
+    print(
+        f"DRA goldens: {golden} ResourceSlice validations against the Kubernetes releases "
+        f"serving their resource.k8s.io version passed"
+    )
     print(
         f"manifests: {len(combos)} combinations rendered, {len(unique)} distinct objects "
         f"valid for Kubernetes {' and '.join(VERSIONS)} (schemas not checked: "
