@@ -39,6 +39,8 @@ struct Dra {
     gpud: Option<Child>,
     /// Extra arguments (before the DRA ones); `applet` is `dra` or `run`.
     applet: Vec<String>,
+    /// Environment added to the node's (e.g. NVIDIA's XID policy variables).
+    env: Vec<(String, String)>,
 }
 
 impl Dra {
@@ -58,6 +60,7 @@ impl Dra {
             api: FakeApi::start(json!({})),
             gpud: None,
             applet: vec!["dra".into()],
+            env: Vec::new(),
         }
     }
 
@@ -122,7 +125,9 @@ impl Dra {
             .open(self.path("gpud.log"))
             .unwrap();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.gpud = Some(self.node.gpud(&args).stderr(log).spawn().unwrap());
+        let mut command = self.node.gpud(&args);
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.gpud = Some(command.stderr(log).spawn().unwrap());
     }
 
     fn stop(&mut self) {
@@ -494,6 +499,131 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     assert_eq!(
         render(&clear).replace(&format!("\"generation\": {}", generation(&clear)), "G"),
         render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
+    );
+}
+
+/// `gpud run --dra` with the device plugin on a fake kubelet: the open ListAndWatch stream
+/// after its first list (every GPU healthy), with the DRA plugin registered and its slices
+/// published untainted.
+async fn run_with_device_plugin(
+    dra: &mut Dra,
+) -> (
+    fake_kubelet::FakeKubelet,
+    tonic::Streaming<gpud::proto::deviceplugin::ListAndWatchResponse>,
+) {
+    let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
+    let socket = kubelet.socket();
+    dra.applet = [
+        "run",
+        "--dra",
+        "--disable",
+        "labeller,exporter",
+        "--doctor-interval",
+        "0",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    dra.start();
+    let registration = kubelet.next_registration(15).await;
+    let mut plugin = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = fake_kubelet::list_and_watch(&mut plugin).await;
+    let first = fake_kubelet::next_list(&mut stream, 10).await;
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+    dra.register().await;
+    let slices = dra.slices_when("slices", |_| true);
+    assert!(
+        (0..8).all(|i| device(&slices, &format!("gpu-{i}")).get("taints").is_none()),
+        "{}",
+        render(&slices)
+    );
+    (kubelet, stream)
+}
+
+/// The device plugin's next list in which `check` holds, failing after 15 s.
+async fn list_when(
+    stream: &mut tonic::Streaming<gpud::proto::deviceplugin::ListAndWatchResponse>,
+    what: &str,
+    check: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let list = tokio::time::timeout(left, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("no device list with {what} in time"))
+            .unwrap()
+            .expect("stream ended");
+        let health: BTreeMap<String, String> =
+            list.devices.into_iter().map(|d| (d.id, d.health)).collect();
+        if check(&health) {
+            return health;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_the_policy_makes_fatal_withdraws_the_gpu_and_forbids_scheduling_through_dra() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.env.push(("DP_ENABLE_HEALTHCHECKS".into(), "13".into()));
+    let (_kubelet, mut stream) = run_with_device_plugin(&mut dra).await;
+    let gpu2 = dra.uuid(2);
+
+    dra.node.inject("xid 2 13");
+    let health = list_when(&mut stream, "GPU 2 unhealthy", |h| {
+        h.get(&gpu2).map(String::as_str) == Some("Unhealthy")
+    })
+    .await;
+    assert_eq!(
+        health.values().filter(|h| *h == "Unhealthy").count(),
+        1,
+        "{health:?}"
+    );
+    let tainted = dra.slices_when("the XID taint", |s| {
+        device(s, "gpu-2").get("taints").is_some()
+    });
+    assert_eq!(
+        device(&tainted, "gpu-2")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "13", "effect": "NoSchedule"}])
+    );
+    assert!(device(&tainted, "gpu-1").get("taints").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_an_application_xid_leaves_the_gpu_healthy_and_untainted() {
+    let mut dra = Dra::new("dgx-h100");
+    let (_kubelet, mut stream) = run_with_device_plugin(&mut dra).await;
+    let (gpu2, gpu3) = (dra.uuid(2), dra.uuid(3));
+
+    // XID 13 is in NVIDIA's default ignore list. The XIDs after it are facts to wait for:
+    // the watcher handles XIDs in order, so once theirs show, XID 13's verdict is in too.
+    dra.node.inject("xid 2 13");
+    // XID 8 is the application's too but not ignored: degraded, a taint that only informs.
+    dra.node.inject("xid 1 8");
+    let slices = dra.slices_when("the degraded GPU's taint", |s| {
+        device(s, "gpu-1").get("taints").is_some()
+    });
+    assert_eq!(
+        device(&slices, "gpu-1")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "8", "effect": "None"}])
+    );
+    assert!(
+        device(&slices, "gpu-2").get("taints").is_none(),
+        "{}",
+        render(&slices)
+    );
+
+    dra.node.inject("xid 3 79");
+    let health = list_when(&mut stream, "GPU 3 unhealthy", |h| {
+        h.get(&gpu3).map(String::as_str) == Some("Unhealthy")
+    })
+    .await;
+    assert_eq!(health[&gpu2], "Healthy");
+    assert_eq!(
+        health.values().filter(|h| *h == "Unhealthy").count(),
+        1,
+        "the degraded GPU stays with the device plugin: {health:?}"
     );
 }
 

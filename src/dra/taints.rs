@@ -3,9 +3,17 @@
 //!
 //! | health | taint | effect |
 //! |---|---|---|
-//! | an XID | `<driver>/xid=<xid>` | `NoSchedule`; `None` for the XIDs NVIDIA treats as the application's fault (13, 31, 43, 45, 68, 109) and for a degraded device |
+//! | an XID, unhealthy | `<driver>/xid=<xid>` | `NoSchedule` |
+//! | an XID, degraded | `<driver>/xid=<xid>` | `None` |
 //! | GPU lost | `<driver>/gpu-lost` | `NoSchedule` |
 //! | unhealthy for another reason (ECC, row remapping, …) | `<driver>/unhealthy=<first word of the reason>` | `NoSchedule` |
+//!
+//! The effect follows the health watcher's verdict and nothing else: which XIDs count as the
+//! application's fault is its XID policy (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`,
+//! gpud's config file), the same one the device plugin withdraws GPUs by. An XID the policy
+//! ignores leaves the device healthy and untainted; one it makes fatal
+//! (`DP_ENABLE_HEALTHCHECKS=13`) forbids scheduling here as it withdraws the GPU from the
+//! device plugin.
 //!
 //! A MIG device carries its GPU's taints and its own. Unlike NVIDIA's driver, whose taints
 //! stay until the plugin restarts, these follow the health watcher: when it says the device
@@ -15,10 +23,6 @@ use crate::inventory::health::{Health, HealthState, LOST_REASON};
 
 use super::objects::Taint;
 use crate::dra_names::DraDevice;
-
-/// XIDs that NVIDIA's DRA driver and device plugin count as application errors, not a sick
-/// GPU: their taint is information only.
-pub const NON_FATAL_XIDS: [u32; 6] = [13, 31, 43, 45, 68, 109];
 
 /// `NoSchedule`: no new allocation.
 pub const NO_SCHEDULE: &str = "NoSchedule";
@@ -41,11 +45,16 @@ fn health_taints(driver: &str, health: &Health) -> Vec<Taint> {
         return Vec::new();
     }
     if let Some(xid) = health.xid {
-        let fatal = health.state == HealthState::Unhealthy && !NON_FATAL_XIDS.contains(&xid);
+        // A second list of "harmless" XIDs here would disagree with the policy the verdict
+        // was made by, and a GPU the device plugin withdraws would stay schedulable.
+        let effect = match health.state {
+            HealthState::Unhealthy => NO_SCHEDULE,
+            HealthState::Degraded | HealthState::Healthy => NONE,
+        };
         return vec![Taint {
             key: format!("{driver}/xid"),
             value: Some(xid.to_string()),
-            effect: if fatal { NO_SCHEDULE } else { NONE }.to_owned(),
+            effect: effect.to_owned(),
         }];
     }
     if health.state != HealthState::Unhealthy {
@@ -108,16 +117,31 @@ mod tests {
     }
 
     #[test]
-    fn fatal_xids_forbid_scheduling_and_application_xids_only_inform() {
+    fn the_xid_taints_effect_is_the_verdicts() {
         let g = with_health(sick(HealthState::Unhealthy, Some(79), "XID 79"));
         assert_eq!(
             taints("gpu.nvidia.com", &DraDevice::Gpu(&g)),
             [taint("gpu.nvidia.com/xid", Some("79"), "NoSchedule")]
         );
-        let g = with_health(sick(HealthState::Unhealthy, Some(43), "XID 43"));
+        // An application XID the policy made fatal (DP_ENABLE_HEALTHCHECKS=13): the device
+        // plugin withdraws the GPU, so DRA must not schedule onto it either.
+        for xid in [13, 31, 43, 45, 68, 109] {
+            let g = with_health(sick(HealthState::Unhealthy, Some(xid), "XID"));
+            assert_eq!(
+                taints("gpu.nvidia.com", &DraDevice::Gpu(&g)),
+                [taint(
+                    "gpu.nvidia.com/xid",
+                    Some(&xid.to_string()),
+                    "NoSchedule"
+                )],
+                "XID {xid}"
+            );
+        }
+        // The same XID judged degraded only informs.
+        let g = with_health(sick(HealthState::Degraded, Some(13), "XID 13"));
         assert_eq!(
             taints("gpu.nvidia.com", &DraDevice::Gpu(&g)),
-            [taint("gpu.nvidia.com/xid", Some("43"), "None")]
+            [taint("gpu.nvidia.com/xid", Some("13"), "None")]
         );
         let g = with_health(sick(HealthState::Degraded, Some(94), "XID 94"));
         assert_eq!(
