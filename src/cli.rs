@@ -2,7 +2,8 @@
 //! the daemon's [`Error`] so each maps to its exit code in one place.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
@@ -45,6 +46,47 @@ impl CommonArgs {
             return Err(Error::Reported(0));
         }
         Ok(())
+    }
+}
+
+// The options long-running applets share are declared once each, in the small structs below
+// (and the health watcher's in `health::args::HealthArgs`); an applet flattens the ones it
+// uses, so one flag has one environment variable and one default in every applet that takes
+// it. docs/cli.md lists which applets take which; tests/docs.rs checks that it stays so.
+
+/// The rescan interval when none is given (`--rescan-interval`, `GPUD_RESCAN_INTERVAL`).
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often a daemon re-reads the node, for every applet that keeps an inventory current by
+/// rescanning (not the health watcher alone, which sees lost GPUs and their return by itself).
+#[derive(Debug, Clone, Args)]
+pub struct RescanArgs {
+    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished
+    /// (500ms, 1m; zero is a usage error) [default: 30s].
+    #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL",
+          value_parser = positive_duration)]
+    pub rescan_interval: Option<Duration>,
+}
+
+impl RescanArgs {
+    /// The interval given, or [`DEFAULT_RESCAN_INTERVAL`].
+    pub fn interval(&self) -> Duration {
+        self.rescan_interval.unwrap_or(DEFAULT_RESCAN_INTERVAL)
+    }
+}
+
+/// Access to the Kubernetes API server, for every applet that reads or writes API objects.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ApiArgs {
+    /// kubeconfig for the API server; without it the in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl ApiArgs {
+    /// The kubeconfig given (`None`: the in-cluster service account).
+    pub fn kubeconfig(&self) -> Option<&Path> {
+        self.kubeconfig.as_deref()
     }
 }
 

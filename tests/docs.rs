@@ -365,3 +365,379 @@ fn the_scanners_find_what_they_should() {
         ["GPUD_LOG", "NODE_NAME"]
     );
 }
+
+/// The applets each document is about, whose options its tables and prose describe unless a
+/// row or paragraph names other applets (`gpud run --dra`). Documents not listed attribute
+/// only what their headings, rows or paragraphs name.
+const DOC_APPLETS: &[(&str, &[&str])] = &[
+    ("docs/cdi.md", &["cdi generate"]),
+    ("docs/device-plugin.md", &["device-plugin"]),
+    ("docs/doctor.md", &["doctor"]),
+    ("docs/dra.md", &["dra"]),
+    ("docs/exporter.md", &["exporter"]),
+    // "the watcher in every daemon": its options are those of every applet that runs it.
+    (
+        "docs/health.md",
+        &[
+            "health",
+            "run",
+            "device-plugin",
+            "dra",
+            "exporter",
+            "labeller",
+            "node-status",
+        ],
+    ),
+    ("docs/inventory.md", &["inventory"]),
+    ("docs/labeller.md", &["labeller"]),
+    ("docs/mps.md", &["mps-control-daemon"]),
+    ("docs/node-status.md", &["node-status"]),
+    ("docs/run.md", &["run"]),
+    // gpud.service runs `gpud run` with this file as its environment.
+    ("systemd/gpud.env", &["run"]),
+];
+
+/// `gpud <applet> --help` of every applet, by applet; an applet with subcommands (`mig`,
+/// `cdi`) by subcommand instead (`mig reconcile`), since the options are theirs.
+fn helps_by_applet() -> BTreeMap<String, String> {
+    let mut helps = BTreeMap::new();
+    for applet in help(&["--list"]).lines() {
+        let text = help(&[applet, "--help"]);
+        let subcommands: Vec<String> = text
+            .lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|c| c != "help")
+            .collect();
+        if subcommands.is_empty() {
+            helps.insert(applet.to_owned(), text);
+        }
+        for sub in subcommands {
+            helps.insert(format!("{applet} {sub}"), help(&[applet, &sub, "--help"]));
+        }
+    }
+    helps
+}
+
+/// The applets `text` names as `gpud <applet>` (or `gpud <applet> <subcommand>`), among
+/// `known`. `gpud mig` without a subcommand names none: its options are the subcommands'.
+fn applets_named(text: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let word = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect()
+    };
+    let mut named = BTreeSet::new();
+    for (at, _) in text.match_indices("gpud ") {
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            continue;
+        }
+        let rest = &text[at + "gpud ".len()..];
+        let first = word(rest);
+        let second = rest[first.len()..]
+            .strip_prefix(' ')
+            .map(word)
+            .unwrap_or_default();
+        let pair = format!("{first} {second}");
+        if known.contains(&pair) {
+            named.insert(pair);
+        } else if known.contains(&first) {
+            named.insert(first);
+        }
+    }
+    named
+}
+
+/// The applet `text` names last (`gpud run` in "the `gpud dra` and `gpud run`").
+fn last_applet_named(text: &str, known: &BTreeSet<String>) -> Option<String> {
+    text.rmatch_indices("gpud ")
+        .find_map(|(at, _)| applets_named(&text[at..], known).into_iter().next())
+}
+
+/// Whether `text` holds `name` as a whole environment variable name (not `GPUD_NODE_STATUS`
+/// inside `GPUD_NODE_STATUS_HOLD`).
+fn mentions_env(text: &str, name: &str) -> bool {
+    let is_name = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_';
+    text.match_indices(name).any(|(at, _)| {
+        !text[..at].chars().next_back().is_some_and(is_name)
+            && !text[at + name.len()..].chars().next().is_some_and(is_name)
+    })
+}
+
+/// What a document says about environment variables: (line, variable, the applets it is
+/// documented for). A table row or a paragraph that names applets (`gpud run`) documents for
+/// those; a table with an `applets` column for the applets it lists; otherwise the document's
+/// applets (`DOC_APPLETS`), or those its current heading names.
+fn documented_env(
+    doc: &str,
+    text: &str,
+    known: &BTreeSet<String>,
+) -> Vec<(usize, String, BTreeSet<String>)> {
+    let doc_applets: Option<BTreeSet<String>> = DOC_APPLETS
+        .iter()
+        .find(|(d, _)| *d == doc)
+        .map(|(_, a)| a.iter().map(|s| (*s).to_owned()).collect());
+    let is_env_file = doc.ends_with(".env");
+    let mut found = Vec::new();
+    let mut heading = BTreeSet::new();
+    let mut header: Option<Vec<String>> = None;
+    // The paragraph being read: its first line and its text.
+    let mut paragraph: Option<(usize, String)> = None;
+    let fallback = |heading: &BTreeSet<String>| doc_applets.clone().unwrap_or(heading.clone());
+    let flush = |paragraph: &mut Option<(usize, String)>,
+                 heading: &BTreeSet<String>,
+                 found: &mut Vec<(usize, String, BTreeSet<String>)>| {
+        let Some((line, text)) = paragraph.take() else {
+            return;
+        };
+        let is_env = |name: &str| {
+            !name.is_empty()
+                && !name.ends_with('_')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        };
+        // Each variable goes to the applet named last before it in its sentence (`gpud run
+        // --dra` (`GPUD_DRA`)), else to the document's.
+        for sentence in text.split_inclusive([';', '.', '?', '!']) {
+            let mut at = 0;
+            for env in env_names_in(sentence) {
+                let Some(found_at) = sentence[at..].find(&env).map(|i| i + at) else {
+                    continue;
+                };
+                at = found_at + env.len();
+                let assigned = is_env_file && {
+                    let line_start = sentence[..found_at].rfind('\n').map_or(0, |i| i + 1);
+                    let head = sentence[line_start..found_at].trim_start();
+                    (head.is_empty() || head == "#") && sentence[at..].starts_with('=')
+                };
+                if !is_env(&env) || !(env.starts_with("GPUD_") || assigned) {
+                    continue;
+                }
+                let applets = last_applet_named(&sentence[..found_at], known)
+                    .map(|a| BTreeSet::from([a]))
+                    .unwrap_or_else(|| fallback(heading));
+                found.push((line, env, applets));
+            }
+        }
+    };
+    for (index, line) in text.lines().enumerate() {
+        let number = index + 1;
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('|') {
+            flush(&mut paragraph, &heading, &mut found);
+            let row = cells(line);
+            if row
+                .iter()
+                .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'))
+            {
+                continue;
+            }
+            let Some(head) = &header else {
+                header = Some(row.iter().map(|c| c.to_lowercase()).collect());
+                continue;
+            };
+            let column = |names: &[&str]| head.iter().position(|h| names.contains(&h.as_str()));
+            let Some(envs) = column(&["env", "environment", "variable"]).and_then(|i| row.get(i))
+            else {
+                continue;
+            };
+            let named = applets_named(row.first().map_or("", String::as_str), known);
+            let listed: BTreeSet<String> = column(&["applets"])
+                .and_then(|i| row.get(i))
+                .map(|cell| {
+                    cell.split('`')
+                        .skip(1)
+                        .step_by(2)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let applets = if !named.is_empty() {
+                named
+            } else if !listed.is_empty() {
+                listed
+            } else {
+                fallback(&heading)
+            };
+            for env in env_names_in(envs) {
+                found.push((number, env, applets.clone()));
+            }
+            continue;
+        }
+        header = None;
+        let is_heading = !is_env_file && trimmed.starts_with('#');
+        let starts_item = ["- ", "* "].iter().any(|p| trimmed.starts_with(p))
+            || trimmed
+                .split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if trimmed.is_empty() || is_heading || starts_item {
+            flush(&mut paragraph, &heading, &mut found);
+        }
+        if is_heading {
+            heading = applets_named(trimmed, known);
+            continue;
+        }
+        if trimmed.is_empty() {
+            continue;
+        }
+        let (_, text) = paragraph.get_or_insert_with(|| (number, String::new()));
+        text.push_str(line);
+        text.push('\n');
+    }
+    flush(&mut paragraph, &heading, &mut found);
+    found
+}
+
+#[test]
+fn every_documented_variable_is_accepted_by_every_applet_it_is_documented_for() {
+    let helps = helps_by_applet();
+    let known: BTreeSet<String> = helps.keys().cloned().collect();
+    for (doc, applets) in DOC_APPLETS {
+        for applet in *applets {
+            assert!(
+                known.contains(*applet),
+                "DOC_APPLETS: {doc}: no applet {applet}"
+            );
+        }
+    }
+    let mut problems = Vec::new();
+    for (path, text) in documents() {
+        let doc = path.strip_prefix(repo()).unwrap().display().to_string();
+        for (line, env, applets) in documented_env(&doc, &text, &known) {
+            if FOREIGN_ENV.iter().any(|(e, _)| *e == env) {
+                continue;
+            }
+            for applet in applets {
+                match helps.get(&applet) {
+                    None => problems.push(format!("{doc}:{line}: no applet `{applet}`")),
+                    Some(help) if !mentions_env(help, &env) => problems.push(format!(
+                        "{doc}:{line}: {env} is documented for `gpud {applet}`, whose --help \
+                         does not take it"
+                    )),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The long-running applets. Their shared options (docs/cli.md, "Daemon options") are declared
+/// once each; the one-shot commands follow the tools they replace (`cdi generate` is
+/// nvidia-ctk's, `mig apply` mig-parted's) and may differ from the daemons on purpose.
+const DAEMONS: &[&str] = &[
+    "device-plugin",
+    "dra",
+    "exporter",
+    "health",
+    "labeller",
+    "mig reconcile",
+    "mps-control-daemon",
+    "node-status",
+    "run",
+];
+
+/// Flags that show another variable in some daemon, on purpose: (flag, applet, why).
+const DIFFERENT_ON_PURPOSE: &[(&str, &str, &str)] = &[(
+    "--config-file",
+    "labeller",
+    "GFD reads GFD_CONFIG_FILE before CONFIG_FILE; the device plugin CONFIG_FILE only",
+)];
+
+/// The `[env: …]` of an option's block: the variable names clap shows.
+fn env_of(block: &str) -> Option<String> {
+    let flat = block.split_whitespace().collect::<Vec<_>>().join(" ");
+    let start = flat.find("[env: ")? + "[env: ".len();
+    let end = start + flat[start..].find(']')?;
+    let value = &flat[start..end];
+    Some(value.split('=').next().unwrap_or(value).to_owned())
+}
+
+#[test]
+fn a_flag_has_one_variable_and_one_default_in_every_daemon() {
+    let helps = helps_by_applet();
+    for daemon in DAEMONS {
+        assert!(helps.contains_key(*daemon), "DAEMONS: no applet {daemon}");
+    }
+    // flag → (env, default) → the applets showing them.
+    let mut seen: BTreeMap<String, BTreeMap<(Option<String>, Option<String>), Vec<String>>> =
+        BTreeMap::new();
+    for (applet, help) in helps.iter().filter(|(a, _)| DAEMONS.contains(&a.as_str())) {
+        for (flag, block) in options(help) {
+            if ["--help", "--version"].contains(&flag.as_str())
+                || DIFFERENT_ON_PURPOSE
+                    .iter()
+                    .any(|(f, a, _)| *f == flag && a == applet)
+            {
+                continue;
+            }
+            seen.entry(flag)
+                .or_default()
+                .entry((env_of(&block), default_of(&block)))
+                .or_default()
+                .push(applet.clone());
+        }
+    }
+    let drifted: Vec<String> = seen
+        .into_iter()
+        .filter(|(_, variants)| variants.len() > 1)
+        .map(|(flag, variants)| format!("{flag}: {variants:?}"))
+        .collect();
+    assert!(
+        drifted.is_empty(),
+        "flags with different variables or defaults ((env, default) → applets):\n{}",
+        drifted.join("\n")
+    );
+}
+
+#[test]
+fn documented_variables_are_attributed_to_the_applets_named() {
+    let known: BTreeSet<String> = ["run", "dra", "mig reconcile", "device-plugin"]
+        .map(String::from)
+        .into();
+    assert_eq!(
+        applets_named(
+            "`gpud run --dra`, gpud-dra, gpud mig, gpud mig reconcile",
+            &known
+        ),
+        BTreeSet::from(["run".to_owned(), "mig reconcile".to_owned()])
+    );
+    assert!(mentions_env(
+        "[env: GPUD_NODE_STATUS_HOLD=]",
+        "GPUD_NODE_STATUS_HOLD"
+    ));
+    assert!(!mentions_env(
+        "[env: GPUD_NODE_STATUS_HOLD=]",
+        "GPUD_NODE_STATUS"
+    ));
+    let text = "# `gpud dra`\n\
+                \n\
+                `GPUD_A` for `gpud run`; with `gpud run --x`\n\
+                (`GPUD_B`).\n\
+                \n\
+                - `GPUD_C`\n\
+                \n\
+                | flag | env | applets |\n\
+                |---|---|---|\n\
+                | `--x` | `X_Y` | `dra`, `device-plugin` |\n\
+                | `--z` (`gpud run`) | `GPUD_Z` | |\n";
+    let found: Vec<(usize, String, Vec<String>)> = documented_env("docs/other.md", text, &known)
+        .into_iter()
+        .map(|(line, env, applets)| (line, env, applets.into_iter().collect()))
+        .collect();
+    let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        found,
+        [
+            (3, "GPUD_A".to_owned(), s(&["dra"])),
+            (3, "GPUD_B".to_owned(), s(&["run"])),
+            (6, "GPUD_C".to_owned(), s(&["dra"])),
+            (10, "X_Y".to_owned(), s(&["device-plugin", "dra"])),
+            (11, "GPUD_Z".to_owned(), s(&["run"])),
+        ]
+    );
+}

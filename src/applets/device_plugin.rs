@@ -4,11 +4,10 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs, RescanArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
@@ -37,9 +36,8 @@ struct Args {
     #[command(flatten)]
     kubelet: KubeletArgs,
 
-    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
 
     #[command(flatten)]
     health: HealthArgs,
@@ -54,7 +52,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let (health, _) = args.health.resolve()?;
     let settings = settings_source::load_at_start(&args.plugin)?;
     let nvml = args.common.start()?;
-    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
+    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
     crate::mps::check_at_start(&settings, &inventory.current())?;
 

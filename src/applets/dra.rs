@@ -3,13 +3,11 @@
 //! changes by itself.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs, RescanArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::dra::{Dra, DraArgs};
 use crate::health::args::HealthArgs;
@@ -37,9 +35,8 @@ struct Args {
     #[command(flatten)]
     node: NodeArgs,
 
-    /// kubeconfig for the API server; without it the in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    api: ApiArgs,
 
     #[command(flatten)]
     dra: DraArgs,
@@ -48,9 +45,8 @@ struct Args {
     #[command(flatten)]
     mps: MpsArgs,
 
-    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
 
     #[command(flatten)]
     health: HealthArgs,
@@ -66,9 +62,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
     let config = args
         .dra
-        .config(node, args.kubeconfig.clone(), args.mps.launch())?;
+        .config(node, args.api.kubeconfig.clone(), args.mps.launch())?;
     let nvml = args.common.start()?;
-    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
+    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
     let mut daemon = Daemon::fixed("dra");
     daemon.add_support(rescanner);

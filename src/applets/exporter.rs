@@ -7,11 +7,10 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, CommonArgs, NodeArgs};
+use crate::cli::{self, CommonArgs, NodeArgs, RescanArgs};
 use crate::daemon::{Daemon, Error};
 use crate::exporter::ExporterConfig;
 use crate::exporter::args::ExporterArgs;
@@ -39,10 +38,8 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
-    /// How often the node is rescanned for GPUs and MIG instances that appeared or vanished.
-    #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL", default_value = "30s",
-          value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
 
     #[command(flatten)]
     health: HealthArgs,
@@ -55,7 +52,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let counters = args.exporter.counters()?;
     let nvml = args.common.start()?;
     let config = args.exporter.config(&counters, &nvml)?;
-    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
+    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
 
     let mut daemon = Daemon::fixed("exporter");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use tracing::warn;
 
-use crate::cli::{self, AdminArgs, CommonArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, RescanArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
@@ -29,6 +29,11 @@ pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 2;
 /// Precedence for every GFD setting: flag, then environment (GFD_*), then the config file
 /// (--config-file, GFD_CONFIG_FILE, CONFIG_FILE), then GFD's default. SIGHUP reloads the
 /// config file; a bad one is reported and the previous settings stay.
+///
+/// A looping labeller rescans the GPUs every --rescan-interval, relabelling as soon as
+/// something changed (MIG layout, a GPU lost or back). GPUD_LABELLER_RESCAN_INTERVAL, the
+/// labeller's former variable for it, is still read when neither the flag nor
+/// GPUD_RESCAN_INTERVAL is given.
 #[derive(Debug, Parser)]
 #[command(name = "gpud labeller", version)]
 struct Args {
@@ -49,12 +54,12 @@ struct Args {
     #[command(flatten)]
     labeller: LabellerArgs,
 
-    /// Rescan the GPUs this often, relabelling as soon as something changed (MIG layout,
-    /// a GPU lost or back). Shorter than the other daemons' 30s: a standalone labeller has no
-    /// other way to see a MIG reconfiguration.
-    #[arg(long, value_name = "DURATION", env = "GPUD_LABELLER_RESCAN_INTERVAL",
-          default_value = "10s", value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
+
+    /// API access for the node and node-feature sinks.
+    #[command(flatten)]
+    api: ApiArgs,
 
     #[command(flatten)]
     health: HealthArgs,
@@ -68,6 +73,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     crate::logging::init(args.common.log_format);
     let (health, _) = args.health.resolve()?;
+    let rescan_interval = rescan_interval(&args.rescan)?;
     let (config, sink, settings) = args.labeller.resolve_at_start(
         args.config_file.as_deref(),
         &args.shared,
@@ -108,17 +114,39 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     // GPUs, and the health watcher for the gpud.io/gpu.* health labels. A oneshot labels what
     // discovery saw.
     if let Some(nvml) = nvml.filter(|_| !oneshot) {
-        daemon.add_support(Rescanner::new(nvml.clone(), facts, args.rescan_interval));
+        daemon.add_support(Rescanner::new(nvml.clone(), facts, rescan_interval));
         if health_labels {
             daemon.add_support(HealthWatcher::optional(nvml, health));
         }
     }
     daemon.add(
-        args.labeller.subsystem(sink, args.node_name.clone()),
+        args.labeller
+            .subsystem(sink, args.node_name.clone(), args.api.kubeconfig.clone()),
         Arc::clone,
     );
     if !oneshot {
         daemon.serve_admin(&args.admin.address(HEALTH_PORT));
     }
     daemon.run(inventory)
+}
+
+/// The labeller's own variable for the rescan interval from before every daemon shared
+/// `GPUD_RESCAN_INTERVAL`. DaemonSets that set it keep their interval.
+const LEGACY_RESCAN_ENV: &str = "GPUD_LABELLER_RESCAN_INTERVAL";
+
+/// The rescan interval: the flag or `GPUD_RESCAN_INTERVAL`, else the legacy variable, else the
+/// default every daemon shares. A bad legacy value is a usage error, as a bad flag is.
+#[allow(clippy::disallowed_methods)] // configuration is resolved here, before NVML is opened
+fn rescan_interval(given: &RescanArgs) -> Result<Duration, Error> {
+    if let Some(interval) = given.rescan_interval {
+        return Ok(interval);
+    }
+    match std::env::var(LEGACY_RESCAN_ENV) {
+        Ok(text) => cli::positive_duration(&text).map_err(|why| {
+            Error::Usage(format!(
+                "invalid value '{text}' for {LEGACY_RESCAN_ENV}: {why}"
+            ))
+        }),
+        Err(_) => Ok(given.interval()),
+    }
 }

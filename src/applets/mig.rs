@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 
-use crate::cli::{self, AdminArgs, CommonArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
@@ -175,9 +175,8 @@ struct ReconcileCommand {
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node_name: Option<String>,
 
-    /// kubeconfig; without it the in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    api: ApiArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -377,7 +376,7 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     let inventory = rescanner.discover()?;
     let Some(reconciler) = args.reconcile.reconciler(
         args.node_name.as_deref(),
-        args.kubeconfig.as_deref(),
+        args.api.kubeconfig(),
         &nvml,
         rescanner,
     )?

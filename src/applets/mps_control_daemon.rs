@@ -2,14 +2,12 @@
 //! plugin as its own applet (`gpud run` includes them whenever the config asks for MPS).
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs, RescanArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::mps::{self, MpsArgs, MpsControl};
@@ -42,13 +40,12 @@ struct Args {
     #[arg(long, env = "GPUD_MPS_NODE_EVENTS")]
     node_events: bool,
 
-    /// kubeconfig for the Node events; without it the in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    /// API access for the Node events.
+    #[command(flatten)]
+    api: ApiArgs,
 
-    /// How often the node is rescanned for GPUs that appeared or vanished.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
 
     #[command(flatten)]
     admin: AdminArgs,
@@ -67,9 +64,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .node_events
         .then(|| super::node_status::node_name(args.node.node_name.as_deref(), "--node-events"))
         .transpose()?
-        .map(|node| (node, args.kubeconfig.clone()));
+        .map(|node| (node, args.api.kubeconfig.clone()));
     let nvml = args.common.start()?;
-    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan_interval);
+    let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
     mps::check_at_start(&settings, &inventory.current())?;
 

@@ -2,12 +2,11 @@
 //! as conditions, events and optional taints on this node's Node object.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
@@ -31,9 +30,8 @@ struct Args {
     #[command(flatten)]
     node: NodeArgs,
 
-    /// kubeconfig for the API server; without it the in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    api: ApiArgs,
 
     #[command(flatten)]
     status: NodeStatusArgs,
@@ -67,7 +65,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(HealthWatcher::required(nvml, health));
     daemon.add_fixed(NodeStatus::new(
         node,
-        args.kubeconfig.clone(),
+        args.api.kubeconfig.clone(),
         args.status.settings(),
     ));
     daemon.serve_admin(&args.admin.address(HEALTH_PORT));

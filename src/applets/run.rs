@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::cli::{self, AdminArgs, CommonArgs};
+use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, RescanArgs};
 use crate::daemon::{self, Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
@@ -62,10 +62,13 @@ struct Args {
     )]
     disable: Vec<Optional>,
 
-    /// How often the node is rescanned for GPUs and MIG devices that appeared or vanished.
-    #[arg(long, value_name = "DURATION", env = "GPUD_RESCAN_INTERVAL", default_value = "30s",
-          value_parser = cli::positive_duration)]
-    rescan_interval: Duration,
+    #[command(flatten)]
+    rescan: RescanArgs,
+
+    /// API access for the labeller's API sinks, the node status, the DRA plugin, the MPS
+    /// daemons' Node events and the MIG reconciler.
+    #[command(flatten)]
+    api: ApiArgs,
 
     #[command(flatten)]
     health: HealthArgs,
@@ -171,7 +174,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let dra = match args.dra {
         true => {
             let node = super::node_status::node_name(args.node_name.as_deref(), "--dra")?;
-            let kubeconfig = args.labeller.kubeconfig().map(Into::into);
+            let kubeconfig = args.api.kubeconfig.clone();
             Some(args.dra_args.config(node, kubeconfig, args.mps.launch())?)
         }
         false => None,
@@ -188,19 +191,19 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         node_name: args.node_name.clone(),
         machine_type_file: gfd.flags.gfd.machine_type_file.clone(),
     };
-    let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan_interval);
+    let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan.interval());
     let inventory = rescanner.discover()?;
     mps::check_at_start(&plugin, &inventory.current())?;
     let mps_events = node_status
         .clone()
-        .map(|node| (node, args.labeller.kubeconfig().map(Into::into)));
+        .map(|node| (node, args.api.kubeconfig.clone()));
     let mps = plugin
         .mps_root
         .is_some()
         .then(|| MpsControl::new(nvml.clone(), args.mps.options(mps_events)));
     let reconciler = args.mig.reconciler(
         args.node_name.as_deref(),
-        args.labeller.kubeconfig(),
+        args.api.kubeconfig(),
         &nvml,
         rescanner.clone(),
     )?;
@@ -221,13 +224,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     });
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
-    let mut status = node_status.map(|node| {
-        NodeStatus::new(
-            node,
-            args.labeller.kubeconfig().map(Into::into),
-            args.status.settings(),
-        )
-    });
+    let mut status = node_status
+        .map(|node| NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings()));
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
         status = status.map(|s| s.with_doctor(latest.clone()));
@@ -277,7 +275,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if enabled(Optional::Labeller) {
         daemon.add(
-            args.labeller.subsystem(sink, args.node_name.clone()),
+            args.labeller
+                .subsystem(sink, args.node_name.clone(), args.api.kubeconfig.clone()),
             |config: &Arc<Reloadable>| Arc::clone(&config.labeller),
         );
     }

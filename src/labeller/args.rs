@@ -39,10 +39,6 @@ pub struct LabellerArgs {
     #[arg(long, value_name = "NAME", env = "POD_NAME")]
     pod_name: Option<String>,
 
-    /// kubeconfig for the API sinks; without it the in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-
     /// Where sysfs is mounted (PCI classes for nvidia.com/gpu.mode).
     #[arg(long, value_name = "PATH", env = "GPUD_SYSFS_ROOT",
           default_value = super::pci::DEFAULT_SYSFS_ROOT)]
@@ -118,12 +114,6 @@ impl LabellerArgs {
         )
     }
 
-    /// The kubeconfig given (`--kubeconfig`, `KUBECONFIG`; `None`: inferred, in-cluster);
-    /// shared with the node status and the MIG reconciler in `gpud run`.
-    pub fn kubeconfig(&self) -> Option<&Path> {
-        self.kubeconfig.as_deref()
-    }
-
     /// The sink `config` and `--sink` select.
     pub fn sink(&self, config: &nvidia_config::Config) -> Sink {
         Sink::chosen(self.sink, &config.flags)
@@ -183,16 +173,18 @@ impl LabellerArgs {
         Ok(())
     }
 
-    /// Connects the API sink `sink` needs, if any.
+    /// Connects the API sink `sink` needs, if any, with `kubeconfig` (`None`: the in-cluster
+    /// service account).
     pub async fn api_sink(
         &self,
         sink: Sink,
         node_name: Option<&str>,
+        kubeconfig: Option<&Path>,
     ) -> Result<Option<ApiSink>, ApiError> {
         if sink == Sink::File {
             return Ok(None);
         }
-        let client = crate::kube::connect(self.kubeconfig.as_deref()).await?;
+        let client = crate::kube::connect(kubeconfig).await?;
         let node = node_name.unwrap_or_default().to_owned();
         Ok(Some(if sink == Sink::NodeFeature {
             ApiSink::NodeFeature(Box::new(NodeFeatureSink::new(
@@ -247,11 +239,18 @@ impl LabellerArgs {
         Ok((config, sink, settings))
     }
 
-    /// The labeller subsystem writing to `sink`, connecting its API sink when it starts.
-    pub fn subsystem(&self, sink: Sink, node_name: Option<String>) -> Labeller {
+    /// The labeller subsystem writing to `sink`, connecting its API sink with `kubeconfig`
+    /// when it starts.
+    pub fn subsystem(
+        &self,
+        sink: Sink,
+        node_name: Option<String>,
+        kubeconfig: Option<PathBuf>,
+    ) -> Labeller {
         let args = self.clone();
         Labeller::new(Box::pin(async move {
-            args.api_sink(sink, node_name.as_deref()).await
+            args.api_sink(sink, node_name.as_deref(), kubeconfig.as_deref())
+                .await
         }))
     }
 }
