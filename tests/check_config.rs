@@ -104,6 +104,64 @@ fn a_bad_environment_value_exits_64() {
     assert!(stderr(&out).contains("invalid value 'bogus' for '--sink <SINK>'"));
 }
 
+/// The applets that rescan the node, which all take --rescan-interval.
+const RESCANNING: &[&str] = &[
+    "run",
+    "device-plugin",
+    "dra",
+    "exporter",
+    "labeller",
+    "mps-control-daemon",
+];
+
+/// `check` with `env` added.
+fn check_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(gpud_bin())
+        .args(args)
+        .arg("--check-config")
+        .env_clear()
+        .env("GPUD_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+        .env("NODE_NAME", "gpu-node-1")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn every_rescanning_applet_reads_gpud_rescan_interval() {
+    for applet in RESCANNING {
+        let out = check_with(&[applet], &[("GPUD_RESCAN_INTERVAL", "0s")]);
+        assert_eq!(out.status.code(), Some(64), "{applet}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("invalid value '0s' for '--rescan-interval <DURATION>'"),
+            "{applet}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn the_labellers_former_rescan_variable_is_read_after_the_shared_one() {
+    let bad_legacy = [("GPUD_LABELLER_RESCAN_INTERVAL", "0s")];
+    let out = check_with(&["labeller"], &bad_legacy);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("invalid value '0s' for GPUD_LABELLER_RESCAN_INTERVAL"),
+        "{}",
+        stderr(&out)
+    );
+    // The flag or the shared variable wins: the former one is not read at all.
+    let out = check_with(&["labeller", "--rescan-interval", "5s"], &bad_legacy);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = check_with(
+        &["labeller"],
+        &[bad_legacy[0], ("GPUD_RESCAN_INTERVAL", "5s")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = check_with(&["labeller"], &[("GPUD_LABELLER_RESCAN_INTERVAL", "10s")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 #[test]
 fn the_mock_needs_the_libraries_the_driver_needs() {
     let out = Command::new("readelf")

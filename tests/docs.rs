@@ -657,6 +657,9 @@ fn env_of(block: &str) -> Option<String> {
     Some(value.split('=').next().unwrap_or(value).to_owned())
 }
 
+/// What a help shows of one flag: its environment variables and its default.
+type Shown = (Option<String>, Option<String>);
+
 #[test]
 fn a_flag_has_one_variable_and_one_default_in_every_daemon() {
     let helps = helps_by_applet();
@@ -664,8 +667,7 @@ fn a_flag_has_one_variable_and_one_default_in_every_daemon() {
         assert!(helps.contains_key(*daemon), "DAEMONS: no applet {daemon}");
     }
     // flag → (env, default) → the applets showing them.
-    let mut seen: BTreeMap<String, BTreeMap<(Option<String>, Option<String>), Vec<String>>> =
-        BTreeMap::new();
+    let mut seen: BTreeMap<String, BTreeMap<Shown, Vec<String>>> = BTreeMap::new();
     for (applet, help) in helps.iter().filter(|(a, _)| DAEMONS.contains(&a.as_str())) {
         for (flag, block) in options(help) {
             if ["--help", "--version"].contains(&flag.as_str())
