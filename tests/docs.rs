@@ -3,6 +3,11 @@
 //! column of a table, in gpud.env or in gpud's own `GPUD_` namespace is in the help too; and a
 //! default a table states is the default the help shows for that flag.
 //!
+//! Per applet: a variable a document gives for an applet (`DOC_APPLETS`, or the applet a row,
+//! sentence or heading names) is in that applet's `--help`; a flag shows one variable and one
+//! default in every daemon that takes it; and a table with an `applets` column (docs/cli.md's
+//! daemon options) names exactly the daemons that take each option.
+//!
 //! New documents in docs/ are covered as they are added. Flags of other programs that the
 //! documents quote (cargo, nvidia-ctk, …) are listed in `FOREIGN_FLAGS`, each with the program.
 
@@ -742,4 +747,65 @@ fn documented_variables_are_attributed_to_the_applets_named() {
             (11, "GPUD_Z".to_owned(), s(&["run"])),
         ]
     );
+}
+
+#[test]
+fn a_table_of_applets_names_exactly_the_daemons_that_take_each_option() {
+    let helps = helps_by_applet();
+    let options: BTreeMap<&str, BTreeMap<String, String>> = helps
+        .iter()
+        .map(|(applet, help)| (applet.as_str(), options(help)))
+        .collect();
+    let mut problems = Vec::new();
+    let mut rows = 0;
+    for (path, text) in documents() {
+        let doc = path.strip_prefix(repo()).unwrap().display().to_string();
+        let mut header: Option<Vec<String>> = None;
+        for (index, line) in text.lines().enumerate() {
+            if !line.trim_start().starts_with('|') {
+                header = None;
+                continue;
+            }
+            let row = cells(line);
+            if row
+                .iter()
+                .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'))
+            {
+                continue;
+            }
+            let Some(head) = &header else {
+                header = Some(row.iter().map(|c| c.to_lowercase()).collect());
+                continue;
+            };
+            let Some(listed) = head
+                .iter()
+                .position(|h| h == "applets")
+                .and_then(|i| row.get(i))
+            else {
+                continue;
+            };
+            let listed: BTreeSet<&str> = listed.split('`').skip(1).step_by(2).collect();
+            for flag in flags_in(row.first().map_or("", String::as_str)) {
+                rows += 1;
+                for applet in &listed {
+                    if !options.contains_key(applet) {
+                        problems.push(format!("{doc}:{}: no applet `{applet}`", index + 1));
+                    }
+                }
+                for daemon in DAEMONS {
+                    let takes = options[daemon].contains_key(&flag);
+                    if takes != listed.contains(daemon) {
+                        problems.push(format!(
+                            "{doc}:{}: {flag}: `gpud {daemon}` {} it, the table says {}",
+                            index + 1,
+                            if takes { "takes" } else { "does not take" },
+                            if takes { "it does not" } else { "it does" },
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(rows > 0, "no table with an applets column");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
