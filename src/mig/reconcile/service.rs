@@ -99,7 +99,8 @@ impl Reconciler {
         reason: Option<&str>,
         cancel: &CancellationToken,
     ) -> bool {
-        let mut backoff = Backoff::new(u64::from(state as u8) + 1);
+        // Per node, so that a fleet reporting through one API server does not retry in step.
+        let mut backoff = Backoff::new(backoff::seed_from(&self.node) ^ u64::from(state as u8));
         loop {
             let written = tokio::select! {
                 () = cancel.cancelled() => return false,
