@@ -4,8 +4,12 @@
 //!
 //! The jitter comes from a xorshift generator seeded per node ([`seed_from`]), so two nodes
 //! never share a schedule and a test can predict one.
+//!
+//! A caller whose peer is usually back within milliseconds (a restarting kubelet) puts a fast
+//! window in front ([`Backoff::with_fast_window`]): short fixed pauses for a while, then the
+//! exponential schedule.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The first pause.
 pub const START: Duration = Duration::from_millis(500);
@@ -19,6 +23,15 @@ pub struct Backoff {
     next: Duration,
     max: Duration,
     seed: u64,
+    fast: Option<FastWindow>,
+}
+
+/// Fixed pauses of `step` until `until`; `until` is `None` when the window's end does not fit
+/// in an `Instant`, which leaves the window open for good.
+#[derive(Debug, Clone, Copy)]
+struct FastWindow {
+    step: Duration,
+    until: Option<Instant>,
 }
 
 impl Backoff {
@@ -40,6 +53,34 @@ impl Backoff {
             max,
             // xorshift never leaves zero.
             seed: seed | 1,
+            fast: None,
+        }
+    }
+
+    /// The same schedule after a fast window: until `window` has passed from `now`, every
+    /// pause is `step`, without jitter (the peer is expected back before a fleet could pile
+    /// up on it). Only [`Backoff::next_delay_at`] knows the time, so only it honours the window.
+    pub fn with_fast_window(mut self, step: Duration, window: Duration, now: Instant) -> Self {
+        self.fast = Some(FastWindow {
+            step,
+            until: now.checked_add(window),
+        });
+        self
+    }
+
+    /// Whether `now` is past the fast window (always, without one): a failure from then on is
+    /// worth a warning.
+    pub fn past_fast_window(&self, now: Instant) -> bool {
+        self.fast
+            .is_none_or(|fast| fast.until.is_some_and(|until| now >= until))
+    }
+
+    /// The pause before the next attempt, the last one having failed at `now`: the fast step
+    /// inside the fast window, [`Backoff::next_delay`] after it.
+    pub fn next_delay_at(&mut self, now: Instant) -> Duration {
+        match self.fast {
+            Some(fast) if !self.past_fast_window(now) => fast.step,
+            _ => self.next_delay(),
         }
     }
 
@@ -60,7 +101,8 @@ impl Backoff {
         self.next
     }
 
-    /// After a success: the next failure starts from the first step again.
+    /// After a success: the next failure starts from the first step again (the fast window,
+    /// if any, is not reopened).
     pub fn reset(&mut self) {
         self.next = self.start;
     }
@@ -99,6 +141,38 @@ mod tests {
         assert!(backoff.next_delay() >= Duration::from_millis(500));
         backoff.reset();
         assert_eq!(backoff.current_step(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn a_fast_window_comes_before_the_exponential_steps() {
+        let start = Instant::now();
+        let step = Duration::from_millis(5);
+        let mut backoff = Backoff::between(Duration::from_millis(250), Duration::from_secs(2), 3)
+            .with_fast_window(step, Duration::from_millis(20), start);
+        let mut at = start;
+        for _ in 0..4 {
+            assert!(!backoff.past_fast_window(at));
+            assert_eq!(backoff.next_delay_at(at), step);
+            at += step;
+        }
+        assert!(backoff.past_fast_window(at));
+        let first = backoff.next_delay_at(at);
+        assert!(
+            first >= Duration::from_millis(250) && first <= Duration::from_millis(313),
+            "{first:?}"
+        );
+        assert_eq!(backoff.current_step(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn without_a_fast_window_the_time_does_not_matter() {
+        let now = Instant::now();
+        let mut timed = Backoff::new(9);
+        let mut plain = Backoff::new(9);
+        assert!(timed.past_fast_window(now));
+        for _ in 0..5 {
+            assert_eq!(timed.next_delay_at(now), plain.next_delay());
+        }
     }
 
     #[test]

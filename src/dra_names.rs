@@ -160,6 +160,10 @@ mod tests {
             topology: Vec::new(),
         };
         let names: Vec<String> = devices(&snapshot).map(|(name, _)| name).collect();
+        assert!(
+            names.iter().all(|n| crate::dns_name::is_label(n)),
+            "{names:?}"
+        );
         assert_eq!(
             names,
             ["gpu-0", "gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4"]

@@ -11,6 +11,7 @@ pub mod config;
 pub mod cuda_mps;
 pub mod daemon;
 pub mod device_plugin;
+pub mod dns_name;
 pub mod doctor;
 pub mod doctor_report;
 pub mod dra;

@@ -28,7 +28,7 @@ use super::allocate::CONTROL_NODES;
 use super::kubelet_watch::KubeletWatch;
 use super::mps;
 use super::registration;
-use super::retry::Retry;
+use super::retry;
 use super::server::{PluginService, PluginState};
 use crate::daemon::ReadyLatch;
 use crate::grpc;
@@ -381,7 +381,7 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     })
 }
 
-/// Retries registration on [`Retry`]'s schedule (fast, then backing off up to 30 s); warns
+/// Retries registration on [`retry::schedule`] (fast, then backing off up to 30 s); warns
 /// once, then only at debug level, so an absent kubelet neither spins nor floods the log.
 async fn register_until_accepted(
     kubelet: PathBuf,
@@ -389,7 +389,7 @@ async fn register_until_accepted(
     resource: String,
     stop: CancellationToken,
 ) {
-    let mut retry = Retry::new();
+    let mut backoff = retry::schedule(&resource, Instant::now());
     let mut warned = false;
     let mut attempts = 0u32;
     loop {
@@ -404,7 +404,7 @@ async fn register_until_accepted(
                 Err(err) => {
                     let error = crate::logging::error_chain(&err);
                     // Refusals inside the fast window are the kubelet still starting: not news.
-                    if !warned && retry.past_fast_window(Instant::now()) {
+                    if !warned && backoff.past_fast_window(Instant::now()) {
                         warn!(resource = %resource, error = %error, "Kubelet not reachable; retrying with backoff");
                         warned = true;
                     } else {
@@ -415,7 +415,7 @@ async fn register_until_accepted(
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(retry.next_delay(Instant::now())) => {}
+            () = tokio::time::sleep(backoff.next_delay_at(Instant::now())) => {}
         }
     }
 }

@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::cdi::discover::HostPaths;
 use crate::cuda_mps::server::Launch;
+use crate::dns_name;
 
 /// NVIDIA's DRA driver name for GPUs and MIG devices.
 pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
@@ -115,7 +116,7 @@ impl DraArgs {
         kubeconfig: Option<PathBuf>,
         mps: Launch,
     ) -> Result<DraConfig, crate::daemon::Error> {
-        if !is_dns_subdomain(&self.dra_driver_name) || self.dra_driver_name.len() > 63 {
+        if !is_driver_name(&self.dra_driver_name) {
             return Err(crate::daemon::Error::Usage(format!(
                 "--dra-driver-name {:?}: a DRA driver name must be a DNS subdomain of at most 63 \
                  characters (lower-case letters, digits, '-' and '.'), e.g. {DEFAULT_DRIVER}",
@@ -182,17 +183,10 @@ impl DraConfig {
     }
 }
 
-fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
+/// Kubernetes' rule for a DRA driver name (`resource.k8s.io`): a DNS subdomain of at most 63
+/// characters.
+fn is_driver_name(name: &str) -> bool {
+    name.len() <= dns_name::MAX_LABEL && dns_name::is_subdomain(name)
 }
 
 #[cfg(test)]
@@ -201,11 +195,13 @@ mod tests {
 
     #[test]
     fn driver_names_are_dns_subdomains() {
-        assert!(is_dns_subdomain("gpu.nvidia.com"));
-        assert!(is_dns_subdomain("gpu-1.example"));
-        assert!(!is_dns_subdomain("GPU.nvidia.com"));
-        assert!(!is_dns_subdomain("gpu..com"));
-        assert!(!is_dns_subdomain("-gpu.com"));
-        assert!(!is_dns_subdomain(""));
+        assert!(is_driver_name("gpu.nvidia.com"));
+        assert!(is_driver_name("gpu-1.example"));
+        assert!(is_driver_name(&format!("{}.com", "a".repeat(59))));
+        assert!(!is_driver_name(&format!("{}.com", "a".repeat(60))));
+        assert!(!is_driver_name("GPU.nvidia.com"));
+        assert!(!is_driver_name("gpu..com"));
+        assert!(!is_driver_name("-gpu.com"));
+        assert!(!is_driver_name(""));
     }
 }

@@ -128,14 +128,19 @@ impl Subsystem for Dra {
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
         let slice_events = Arc::new(Notify::new());
+        // Retries are jittered per node: every node of a cluster watches and publishes through
+        // the same API server, and should not come back to it in step after an outage.
+        let seed = backoff::seed_from(&config.node);
         logging::spawn(watch_slices(
             publisher.clone(),
             Arc::clone(&slice_events),
+            seed,
             cancel.clone(),
         ));
         publish_loop(
             publisher,
             &config.driver,
+            seed,
             &inventory,
             &registered,
             &slice_events,
@@ -180,8 +185,13 @@ async fn report_on_node(client: ::kube::Client, node: String, message: String) {
 
 /// Keeps a watch on the node's slices open, waking `events` on each event; reopens it after
 /// a pause when it fails.
-async fn watch_slices(publisher: Publisher, events: Arc<Notify>, cancel: CancellationToken) {
-    let mut backoff = Backoff::capped(1, RETRY_MAX);
+async fn watch_slices(
+    publisher: Publisher,
+    events: Arc<Notify>,
+    seed: u64,
+    cancel: CancellationToken,
+) {
+    let mut backoff = Backoff::capped(seed, RETRY_MAX);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -205,13 +215,14 @@ async fn watch_slices(publisher: Publisher, events: Arc<Notify>, cancel: Cancell
 async fn publish_loop(
     mut publisher: Publisher,
     driver: &str,
+    seed: u64,
     inventory: &Inventory,
     registered: &Notify,
     slice_events: &Notify,
     cancel: &CancellationToken,
 ) {
     let mut snapshots = inventory.subscribe();
-    let mut backoff = Backoff::capped(backoff::seed_from(driver), RETRY_MAX);
+    let mut backoff = Backoff::capped(seed, RETRY_MAX);
     let mut last_error: Option<String> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();

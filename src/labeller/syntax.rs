@@ -1,5 +1,7 @@
 //! Label text rules: GFD's sanitising of product and machine names, and Kubernetes' syntax
-//! for label keys and values.
+//! for label keys and values (a key's prefix is a DNS subdomain, checked by [`dns_name`]).
+
+use crate::dns_name;
 
 /// GFD's `sanitise`: drops every character outside `[A-Za-z0-9-_. ]`, then joins the
 /// remaining space-separated words with `-`.
@@ -36,20 +38,7 @@ pub fn is_valid_label_key(key: &str) -> bool {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
-    });
-    prefix_ok && !name.is_empty() && is_valid_label_value(name)
+    prefix.is_none_or(dns_name::is_subdomain) && !name.is_empty() && is_valid_label_value(name)
 }
 
 #[cfg(test)]

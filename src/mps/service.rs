@@ -6,8 +6,8 @@
 //! - Supervision: every probe interval each daemon is asked
 //!   `get_default_active_thread_percentage`. One that does not answer is marked down (its
 //!   `.started` marker goes, so the device plugin shows its devices unhealthy) and started again
-//!   after [`BACKOFF_START`], then with backoff doubling up to [`BACKOFF_MAX`] while starts
-//!   fail. A successful restart
+//!   after [`BACKOFF_START`], then with gpud's backoff ([`crate::backoff`], per resource)
+//!   doubling up to [`BACKOFF_MAX`] while starts fail. A successful restart
 //!   is logged and, with an API client configured, recorded as an event on the Node.
 //! - Reconfiguration (SIGHUP, a rescan that changed the GPUs): when the daemons the settings
 //!   call for differ, the old ones are stopped (`quit`, compute mode DEFAULT) and the new ones
@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 use super::daemon::Daemon;
 use super::layout;
 use super::plan::{self, DaemonPlan};
+use crate::backoff::{self, Backoff};
 use crate::cuda_mps::layout as paths;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
@@ -34,7 +35,7 @@ use crate::resources::settings::Settings;
 
 /// The first pause before restarting a daemon that failed to start again.
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
-/// The longest pause between restarts.
+/// The longest pause between restarts (before jitter).
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// The reason of the Node event for a restarted daemon.
 pub const RESTART_REASON: &str = "MPSDaemonRestarted";
@@ -72,7 +73,8 @@ struct Supervised {
     up: bool,
     /// When to try starting it again while it is down.
     retry_at: Instant,
-    backoff: Duration,
+    /// The pauses between failed starts.
+    backoff: Backoff,
     /// Whether it has been up before (a start after that is a restart).
     was_up: bool,
 }
@@ -148,11 +150,17 @@ impl Subsystem for MpsControl {
 
 impl Supervised {
     fn new(daemon: Daemon) -> Supervised {
+        // Seeded by the resource: the daemons of one node restart apart, not in lockstep.
+        let backoff = Backoff::between(
+            BACKOFF_START,
+            BACKOFF_MAX,
+            backoff::seed_from(daemon.resource()),
+        );
         Supervised {
             daemon: Arc::new(daemon),
             up: false,
             retry_at: Instant::now(),
-            backoff: BACKOFF_START,
+            backoff,
             was_up: false,
         }
     }
@@ -186,7 +194,7 @@ impl MpsControl {
                 }
                 entry.daemon.mark_down();
                 entry.up = false;
-                entry.backoff = BACKOFF_START;
+                entry.backoff.reset();
                 entry.retry_at = Instant::now() + BACKOFF_START;
                 continue;
             }
@@ -214,10 +222,10 @@ impl MpsControl {
                         Err(err) => err.to_string(),
                         Ok(Ok(())) => String::new(),
                     };
+                    let delay = entry.backoff.next_delay();
                     error!(resource = %entry.daemon.resource(), error = %why,
-                           retry_in = ?entry.backoff, "Cannot start the MPS control daemon");
-                    entry.retry_at = Instant::now() + entry.backoff;
-                    entry.backoff = (entry.backoff * 2).min(BACKOFF_MAX);
+                           retry_in = ?delay, "Cannot start the MPS control daemon");
+                    entry.retry_at = Instant::now() + delay;
                 }
             }
         }

@@ -6,6 +6,7 @@
 //! implemented. gpud does exactly the same so that a config behaves identically under both.
 
 use super::types::SharingStrategy;
+use crate::dns_name;
 
 /// Prefix every resource name carries.
 pub const RESOURCE_PREFIX: &str = "nvidia.com/";
@@ -99,7 +100,7 @@ pub fn resource_name(text: &str) -> Result<String, String> {
         ));
     }
     let name = &full[RESOURCE_PREFIX.len()..];
-    if !is_dns_subdomain(name) {
+    if !dns_name::is_subdomain(name) {
         return Err(
             "the name after nvidia.com/ must be a DNS subdomain: lower-case letters, \
                     digits, '-' and '.', starting and ending with a letter or digit"
@@ -107,22 +108,6 @@ pub fn resource_name(text: &str) -> Result<String, String> {
         );
     }
     Ok(full)
-}
-
-/// RFC 1123 subdomain: dot-separated labels of `[a-z0-9-]`, each starting and ending
-/// alphanumeric, at most 253 characters.
-fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
 }
 
 /// Whether a `devices` list entry is one NVIDIA accepts: a GPU index (`0`), a MIG index

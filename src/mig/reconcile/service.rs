@@ -52,7 +52,8 @@ pub struct Reconciler {
     /// Program and arguments that reboot the node; empty: report `rebooting` and leave the
     /// reboot to the operator.
     pub reboot_command: Vec<String>,
-    /// First delay before a failed config is retried (doubling up to [`RETRY_MAX`]).
+    /// First delay before a failed config is retried (doubling up to [`RETRY_MAX`], with
+    /// gpud's jitter).
     pub retry: Duration,
     /// MIG administration of the node's GPUs.
     pub admin: MigAdmin,
@@ -77,7 +78,6 @@ enum Step {
 struct Retry {
     label: String,
     at: Instant,
-    delay: Duration,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -99,7 +99,8 @@ impl Reconciler {
         reason: Option<&str>,
         cancel: &CancellationToken,
     ) -> bool {
-        let mut backoff = Backoff::new(u64::from(state as u8) + 1);
+        // Per node, so that a fleet reporting through one API server does not retry in step.
+        let mut backoff = Backoff::new(backoff::seed_from(&self.node) ^ u64::from(state as u8));
         loop {
             let written = tokio::select! {
                 () = cancel.cancelled() => return false,
@@ -319,6 +320,10 @@ impl Reconciler {
         );
         ctx.set_ready();
         let mut backoff = Backoff::new(backoff::seed_from(&self.node));
+        // Failed configs: from `--mig-retry-interval` up to RETRY_MAX while the same label keeps
+        // failing, from the start again for a new label.
+        let mut config_backoff =
+            Backoff::between(self.retry, RETRY_MAX, backoff::seed_from(&self.node));
         let mut done: Option<String> = None;
         let mut retry: Option<Retry> = None;
         loop {
@@ -355,16 +360,15 @@ impl Reconciler {
                         retry = None;
                     }
                     Step::Retry => {
-                        let delay = match &retry {
-                            Some(r) if r.label == label => (r.delay * 2).min(RETRY_MAX),
-                            _ => self.retry,
-                        };
+                        if retry.as_ref().is_none_or(|r| r.label != label) {
+                            config_backoff.reset();
+                        }
+                        let delay = config_backoff.next_delay();
                         info!(config = %label, after = ?delay, "Retrying the MIG config later");
                         done = None;
                         retry = Some(Retry {
                             label,
                             at: Instant::now() + delay,
-                            delay,
                         });
                     }
                 }
