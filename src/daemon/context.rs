@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::helpers::{Helpers, Outcome};
 use super::readiness::{Readiness, State};
 
 /// A subsystem's handle on the daemon. `S` is the part of the reloadable configuration the
@@ -49,6 +50,21 @@ impl<S> Context<S> {
         self.ready.clone()
     }
 
+    /// Spawns a helper task of this subsystem, `name`d in logs and on `/readyz`, that runs
+    /// until the daemon stops; see [`Helpers`] for what its end means.
+    pub fn spawn_helper<F>(&self, name: impl Into<String>, task: F) -> tokio::task::JoinHandle<()>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Outcome,
+    {
+        self.helpers().spawn(name, task)
+    }
+
+    /// The spawner of this subsystem's helper tasks, for code deeper down that starts them.
+    pub fn helpers(&self) -> Helpers {
+        Helpers::new(self.ready.clone(), self.cancel.clone())
+    }
+
     /// The settings now and every reload after this (a receiver of its own).
     pub fn settings(&self) -> watch::Receiver<Arc<S>> {
         self.settings.clone()
@@ -80,8 +96,20 @@ impl ReadyLatch {
         }
     }
 
-    /// The subsystem is ready; later calls change nothing.
+    /// The subsystem is ready (again); later calls change nothing.
     pub fn set(&self) {
         self.board.mark(self.slot, State::Ready);
+    }
+
+    /// The subsystem is not doing its job for now, for `reason` (a sentence naming what is
+    /// missing and what brings it back); [`ReadyLatch::set`] ends it.
+    pub fn unset(&self, reason: impl Into<String>) {
+        self.board.mark(self.slot, State::NotReady(reason.into()));
+    }
+
+    /// The subsystem lost something nothing brings back (a helper task): not ready until the
+    /// daemon restarts, whatever it marks later.
+    pub(super) fn fail(&self, reason: String) {
+        self.board.mark(self.slot, State::Failed(reason));
     }
 }

@@ -6,6 +6,11 @@
 //! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
 //! every watch event on the node's slices (the kubelet's wipe), with backoff after failures
 //! and a resync every few minutes.
+//!
+//! The socket servers, the socket keeper, the slice watch and the MPS probe run as the
+//! subsystem's helpers (`daemon::Helpers`): one that stops while gpud runs marks `dra` failed
+//! on `/readyz`, naming it. The Warning event about a corrupt checkpoint is a one-off report,
+//! not a helper.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,11 +113,14 @@ impl Subsystem for Dra {
             self.held,
             self.nvml,
         ));
-        logging::spawn(supervise_mps(
-            Arc::clone(&preparer),
-            config.mps.probe_interval,
-            ctx.cancel_token(),
-        ));
+        ctx.spawn_helper(
+            "MPS daemon probe",
+            supervise_mps(
+                Arc::clone(&preparer),
+                config.mps.probe_interval,
+                ctx.cancel_token(),
+            ),
+        );
         let cancel = ctx.cancel_token();
         let registered = Arc::new(Notify::new());
         let sockets = Sockets::serve(
@@ -121,18 +129,18 @@ impl Subsystem for Dra {
             inventory.clone(),
             Arc::clone(&registered),
             cancel.clone(),
+            ctx.helpers(),
         )
         .map_err(DraError::Bind)?;
-        logging::spawn(sockets.keep());
+        ctx.spawn_helper("socket keeper", sockets.keep());
         ctx.set_ready();
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
         let slice_events = Arc::new(Notify::new());
-        logging::spawn(watch_slices(
-            publisher.clone(),
-            Arc::clone(&slice_events),
-            cancel.clone(),
-        ));
+        ctx.spawn_helper(
+            "ResourceSlice watch",
+            watch_slices(publisher.clone(), Arc::clone(&slice_events), cancel.clone()),
+        );
         publish_loop(
             publisher,
             &config.driver,

@@ -24,6 +24,7 @@ use super::health_stream::HealthService;
 use super::plugin::DraService;
 use super::prepare::Preparer;
 use super::registration::RegistrationService;
+use crate::daemon::Helpers;
 use crate::grpc::{self, BindError};
 use crate::inventory::Inventory;
 use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
@@ -43,18 +44,21 @@ pub struct Sockets {
     inventory: Inventory,
     registered: Arc<Notify>,
     cancel: CancellationToken,
+    helpers: Helpers,
     plugin: Option<CancellationToken>,
     registration: Option<CancellationToken>,
 }
 
 impl Sockets {
-    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin.
+    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin. Each
+    /// server runs as a helper of the subsystem (`helpers`): one that fails marks it failed.
     pub fn serve(
         config: Arc<DraConfig>,
         preparer: Arc<Preparer>,
         inventory: Inventory,
         registered: Arc<Notify>,
         cancel: CancellationToken,
+        helpers: Helpers,
     ) -> Result<Sockets, BindError> {
         let mut sockets = Sockets {
             config,
@@ -62,6 +66,7 @@ impl Sockets {
             inventory,
             registered,
             cancel,
+            helpers,
             plugin: None,
             registration: None,
         };
@@ -80,7 +85,10 @@ impl Sockets {
             .add_service(HealthV1::new(health.clone()))
             .add_service(HealthV1alpha1::new(health));
         let stop = self.cancel.child_token();
-        grpc::serve::spawn(router, listener, stop.clone(), "DRA plugin".to_owned());
+        self.helpers.until(stop.clone()).spawn(
+            "gRPC server for the DRA plugin socket",
+            grpc::serve::serve(router, listener, stop.clone()),
+        );
         if let Some(old) = self.plugin.replace(stop) {
             old.cancel();
         }
@@ -98,11 +106,9 @@ impl Sockets {
         let router =
             tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
         let stop = self.cancel.child_token();
-        grpc::serve::spawn(
-            router,
-            listener,
-            stop.clone(),
-            "DRA registration".to_owned(),
+        self.helpers.until(stop.clone()).spawn(
+            "gRPC server for the DRA registration socket",
+            grpc::serve::serve(router, listener, stop.clone()),
         );
         if let Some(old) = self.registration.replace(stop) {
             old.cancel();
