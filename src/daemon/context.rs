@@ -62,7 +62,7 @@ impl<S> Context<S> {
 
     /// The spawner of this subsystem's helper tasks, for code deeper down that starts them.
     pub fn helpers(&self) -> Helpers {
-        Helpers::new(self.ready.clone(), self.cancel.clone())
+        self.ready.helpers(self.cancel.clone())
     }
 
     /// The settings now and every reload after this (a receiver of its own).
@@ -107,9 +107,8 @@ impl ReadyLatch {
         self.board.mark(self.slot, State::NotReady(reason.into()));
     }
 
-    /// The subsystem lost something nothing brings back (a helper task): not ready until the
-    /// daemon restarts, whatever it marks later.
-    pub(super) fn fail(&self, reason: String) {
-        self.board.mark(self.slot, State::Failed(reason));
+    /// The spawner of the subsystem's helpers, expected to run until `stop` fires.
+    fn helpers(&self, stop: CancellationToken) -> Helpers {
+        Helpers::new(self.board.clone(), self.slot, stop)
     }
 }

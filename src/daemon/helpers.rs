@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::context::ReadyLatch;
+use super::readiness::{Readiness, State};
 
 /// What a helper's future returns: `()` for a loop that cannot fail, or a `Result` whose
 /// error says what failed.
@@ -56,14 +56,15 @@ impl<E: Display + Send + 'static> Outcome for Result<(), E> {
 /// its stop signal (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct Helpers {
-    ready: ReadyLatch,
+    board: Readiness,
+    slot: usize,
     stop: CancellationToken,
 }
 
 impl Helpers {
-    /// Helpers of the subsystem behind `ready`, expected to run until `stop` fires.
-    pub(super) fn new(ready: ReadyLatch, stop: CancellationToken) -> Self {
-        Helpers { ready, stop }
+    /// Helpers of the subsystem in `slot` of `board`, expected to run until `stop` fires.
+    pub(super) fn new(board: Readiness, slot: usize, stop: CancellationToken) -> Self {
+        Helpers { board, slot, stop }
     }
 
     /// Helpers that belong to a part the subsystem stops itself: their end is expected once
@@ -71,14 +72,15 @@ impl Helpers {
     /// it too).
     pub fn until(&self, stop: CancellationToken) -> Helpers {
         Helpers {
-            ready: self.ready.clone(),
+            board: self.board.clone(),
+            slot: self.slot,
             stop,
         }
     }
 
     /// Helpers that belong to no daemon: for running a subsystem's parts in tests.
     pub fn detached(stop: CancellationToken) -> Helpers {
-        Helpers::new(ReadyLatch::detached(), stop)
+        Helpers::new(Readiness::default(), usize::MAX, stop)
     }
 
     /// Spawns `task` as the helper `name` (how `/readyz` and the log name it: "gRPC server
@@ -90,7 +92,8 @@ impl Helpers {
         F::Output: Outcome,
     {
         let name = name.into();
-        let ready = self.ready.clone();
+        let board = self.board.clone();
+        let slot = self.slot;
         let stop = self.stop.clone();
         // The task runs on its own so that a panic ends it, not the judge below.
         let running = crate::logging::spawn(task);
@@ -116,7 +119,8 @@ impl Helpers {
                 ),
             };
             error!(helper = %name, reason = %reason, "Helper task stopped; /readyz reports the subsystem failed, the rest keeps serving");
-            ready.fail(reason);
+            // Final: nothing restarts the helper, so nothing may say ready again.
+            board.mark(slot, State::Failed(reason));
         })
     }
 }
@@ -126,13 +130,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::daemon::{Readiness, State};
 
     fn helpers(board: &Readiness, stop: &CancellationToken) -> Helpers {
         let slot = board.register("dra");
-        let latch = ReadyLatch::new(board.clone(), slot);
-        latch.set();
-        Helpers::new(latch, stop.clone())
+        board.mark(slot, State::Ready);
+        Helpers::new(board.clone(), slot, stop.clone())
     }
 
     #[tokio::test]
@@ -156,7 +158,7 @@ mod tests {
             )
         );
         // Final: the subsystem's later marks do not hide it.
-        ReadyLatch::new(board.clone(), 0).set();
+        board.mark(0, State::Ready);
         assert!(!board.all_ready());
     }
 
