@@ -130,6 +130,28 @@ fn run(mut files: Files, watch: Option<Folders>, tx: &mpsc::Sender<PathBuf>) {
     }
 }
 
+/// Follows `folders` from a thread named `thread`: the receiver yields every change, in order.
+/// An error when one cannot be watched (the caller polls instead); the receiver closes when
+/// the watch cannot be read any more, or after [`Change::FolderGone`] of a single folder.
+pub fn follow(folders: &[PathBuf], thread: &str) -> Result<mpsc::Receiver<Change>, WatchError> {
+    let watch = Folders::open(folders)?;
+    let single = folders.len() == 1;
+    let (tx, rx) = mpsc::channel(16);
+    crate::logging::spawn_thread(thread, move || {
+        while let Some(changes) = watch.next() {
+            for change in changes {
+                let over = single && change == Change::FolderGone;
+                // The reader is async and prompt; blocking here keeps every change, in order.
+                if tx.blocking_send(change).is_err() || over {
+                    return;
+                }
+            }
+        }
+    })
+    .map_err(WatchError::Thread)?;
+    Ok(rx)
+}
+
 /// One change in a watched folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -155,6 +177,8 @@ pub enum WatchError {
         #[source]
         source: nix::Error,
     },
+    #[error("cannot start the watching thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// An inotify watch on some folders, read by a thread of the user's (reads block).

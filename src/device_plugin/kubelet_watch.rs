@@ -3,8 +3,8 @@
 //! then serve and register again; a plugin socket removed by anyone else leaves the kubelet
 //! nothing to dial until it is served again; and the folder itself may go and come back.
 //!
-//! A small thread blocks on the daemon's folder watch ([`crate::daemon::file_watch::Folders`])
-//! and forwards what matters. When the folder cannot be watched (it does not exist, or inotify
+//! The daemon's folder watch ([`crate::daemon::file_watch::follow`]) reports every change
+//! there; this picks what matters. When the folder cannot be watched (it does not exist, or inotify
 //! is unavailable) it is polled instead: the kubelet socket's identity, and a look at the
 //! plugin sockets on every tick.
 
@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::daemon::file_watch::{Change, Folders};
+use crate::daemon::file_watch::{self, Change};
 
 /// How often the folder is looked at when inotify cannot be used.
 const POLL: Duration = Duration::from_millis(250);
@@ -40,7 +40,9 @@ pub enum DirEvent {
 pub struct KubeletWatch {
     dir: PathBuf,
     kubelet: Option<PathBuf>,
-    events: Option<mpsc::Receiver<DirEvent>>,
+    events: Option<mpsc::Receiver<Change>>,
+    /// The kubelet socket's name in the folder.
+    kubelet_name: Option<OsString>,
     last_identity: Option<(u64, u64)>,
     gone: bool,
 }
@@ -53,6 +55,7 @@ impl KubeletWatch {
             dir: dir.to_path_buf(),
             kubelet: kubelet.map(Path::to_path_buf),
             events: None,
+            kubelet_name: kubelet.and_then(Path::file_name).map(OsString::from),
             last_identity: kubelet.and_then(identity),
             gone: false,
         };
@@ -60,38 +63,40 @@ impl KubeletWatch {
         watch
     }
 
-    fn start(&self) -> Option<mpsc::Receiver<DirEvent>> {
-        let folders = match Folders::open(std::slice::from_ref(&self.dir)) {
-            Ok(folders) => folders,
-            Err(err) => {
-                debug!(error = %crate::logging::error_chain(&err), "Cannot watch the device-plugin folder; polling it");
-                return None;
+    fn start(&self) -> Option<mpsc::Receiver<Change>> {
+        file_watch::follow(std::slice::from_ref(&self.dir), "gpud-plugin-dir-watch")
+            .inspect_err(|err| debug!(error = %crate::logging::error_chain(err), "Cannot watch the device-plugin folder; polling it"))
+            .ok()
+    }
+
+    /// What `change` means here, if anything.
+    fn meaning(&self, change: Change) -> Option<DirEvent> {
+        match change {
+            Change::Created(name) if Some(&name) == self.kubelet_name.as_ref() => {
+                Some(DirEvent::KubeletStarted)
             }
-        };
-        let kubelet: Option<OsString> = self
-            .kubelet
-            .as_deref()
-            .and_then(Path::file_name)
-            .map(OsString::from);
-        let (tx, rx) = mpsc::channel(8);
-        let spawned = crate::logging::spawn_thread("gpud-plugin-dir-watch", move || {
-            watch_thread(&folders, kubelet.as_ref(), &tx)
-        });
-        spawned.ok().map(|_| rx)
+            Change::Removed(name) if Path::new(&name).extension() == Some("sock".as_ref()) => {
+                Some(DirEvent::SocketRemoved)
+            }
+            Change::FolderGone => Some(DirEvent::FolderGone),
+            _ => None,
+        }
     }
 
     /// Waits for the next thing that happens to the folder.
     pub async fn next(&mut self) -> DirEvent {
         loop {
             if let Some(rx) = &mut self.events {
-                match rx.recv().await {
-                    Some(DirEvent::FolderGone) => {
+                let received = rx.recv().await;
+                match received.map(|change| self.meaning(change)) {
+                    Some(None) => continue,
+                    Some(Some(DirEvent::FolderGone)) => {
                         // The watch went with the folder: poll until it is back.
                         self.events = None;
                         self.gone = true;
                         return DirEvent::FolderGone;
                     }
-                    Some(event) => {
+                    Some(Some(event)) => {
                         if event == DirEvent::KubeletStarted {
                             self.last_identity = self.kubelet.as_deref().and_then(identity);
                         }
@@ -126,25 +131,6 @@ impl KubeletWatch {
             } else {
                 DirEvent::SocketRemoved
             };
-        }
-    }
-}
-
-fn watch_thread(folders: &Folders, kubelet: Option<&OsString>, tx: &mpsc::Sender<DirEvent>) {
-    while let Some(changes) = folders.next() {
-        for change in changes {
-            let event = match change {
-                Change::Created(name) if Some(&name) == kubelet => DirEvent::KubeletStarted,
-                Change::Removed(name) if Path::new(&name).extension() == Some("sock".as_ref()) => {
-                    DirEvent::SocketRemoved
-                }
-                Change::FolderGone => DirEvent::FolderGone,
-                _ => continue,
-            };
-            // The reader is async and prompt; blocking here keeps every event in order.
-            if tx.blocking_send(event).is_err() || event == DirEvent::FolderGone {
-                return;
-            }
         }
     }
 }

@@ -7,17 +7,19 @@
 //! accept any `:authority` (kubelets before 1.26 send the socket path).
 //!
 //! A socket file that vanishes (a kubelet or an operator cleaning its folders) leaves the
-//! kubelet nothing to dial, and nothing else would bring it back: every [`CHECK`] the two paths
-//! are looked at, and a missing one is served again (the plugin socket first, then the
-//! registration socket, which makes the kubelet register the plugin anew).
+//! kubelet nothing to dial, and nothing else would bring it back: the two paths are looked at
+//! on every change in their folders ([`crate::daemon::file_watch::follow`]) and every
+//! [`CHECK`] besides (a folder removed ends its watch), and a missing one is served again (the
+//! plugin socket first, then the registration socket, which makes the kubelet register the
+//! plugin anew).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::args::DraConfig;
 use super::health_stream::HealthService;
@@ -25,6 +27,7 @@ use super::plugin::DraService;
 use super::prepare::Preparer;
 use super::registration::RegistrationService;
 use crate::daemon::Helpers;
+use crate::daemon::file_watch::{self, Change};
 use crate::grpc::{self, BindError};
 use crate::inventory::Inventory;
 use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
@@ -122,9 +125,17 @@ impl Sockets {
             self.config.plugin_socket(),
             self.config.registration_socket(),
         ];
+        let folders: Vec<PathBuf> = paths
+            .iter()
+            .filter_map(|p| p.parent().map(PathBuf::from))
+            .collect();
+        let mut changes = file_watch::follow(&folders, "gpud-dra-socket-watch")
+            .inspect_err(|err| debug!(error = %crate::logging::error_chain(err), "Cannot watch the DRA socket folders; looking every second"))
+            .ok();
         loop {
             tokio::select! {
                 () = self.cancel.cancelled() => break,
+                () = changed(&mut changes) => {}
                 () = tokio::time::sleep(CHECK) => {}
             }
             let plugin_gone = !paths[0].exists();
@@ -145,5 +156,18 @@ impl Sockets {
         for path in paths {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// Resolves on the next change in the watched folders; never once the watch is over.
+async fn changed(changes: &mut Option<mpsc::Receiver<Change>>) {
+    match changes {
+        Some(rx) => {
+            if rx.recv().await.is_none() {
+                *changes = None;
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
