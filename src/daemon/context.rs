@@ -112,3 +112,33 @@ impl ReadyLatch {
         Helpers::new(self.board.clone(), self.slot, stop)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_helper_spawned_through_the_context_that_fails_clears_readiness_with_its_reason() {
+        let board = Readiness::default();
+        let latch = ReadyLatch::new(board.clone(), board.register("device-plugin"));
+        let (_settings, rx) = watch::channel(Arc::new(()));
+        let ctx = Context::new(CancellationToken::new(), latch, rx);
+        ctx.set_ready();
+        assert!(board.all_ready());
+        ctx.spawn_helper("gRPC server for nvidia.com/gpu", async {
+            Err::<(), _>("accept: too many open files")
+        })
+        .await
+        .unwrap();
+        let (ready, body) = board.report();
+        assert!(!ready);
+        assert_eq!(
+            body,
+            "not ready\ndevice-plugin failed: gRPC server for nvidia.com/gpu: accept: too many \
+             open files\n"
+        );
+        // The subsystem's own loop saying ready again does not hide the lost helper.
+        ctx.set_ready();
+        assert!(!board.all_ready());
+    }
+}

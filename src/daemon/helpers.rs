@@ -78,11 +78,6 @@ impl Helpers {
         }
     }
 
-    /// Helpers that belong to no daemon: for running a subsystem's parts in tests.
-    pub fn detached(stop: CancellationToken) -> Helpers {
-        Helpers::new(Readiness::default(), usize::MAX, stop)
-    }
-
     /// Spawns `task` as the helper `name` (how `/readyz` and the log name it: "gRPC server
     /// for nvidia.com/gpu"). The handle resolves once the helper has ended and its end has
     /// been judged; dropping it leaves the helper running.
