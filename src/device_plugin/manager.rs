@@ -104,7 +104,8 @@ pub async fn run(
     let mut snapshots = inventory.subscribe();
     let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
     let mut last_error: Option<String> = None;
-    let mut restart_all = false;
+    // Why every plugin is to be served and registered again, when it is.
+    let mut restart_all: Option<&str> = None;
     let mut held = config.held.clone().map(HeldSource::subscribe);
     let mut markers = mps::Markers::default();
     let mut mps_logged: BTreeSet<String> = BTreeSet::new();
@@ -123,12 +124,11 @@ pub async fn run(
                 logged: &mut mps_logged,
             },
         };
-        if restart_all {
-            info!("Kubelet restarted; serving and registering every resource again");
+        if let Some(why) = restart_all.take() {
+            info!("{why}; serving and registering every resource again");
             for (_, plugin) in std::mem::take(&mut plugins) {
                 stop(plugin);
             }
-            restart_all = false;
         }
         let spawn = Spawn {
             dir: &dir,
@@ -174,7 +174,7 @@ pub async fn run(
                 () = held_changed(&mut held) => break,
                 event = folder.next() => match event {
                     DirEvent::KubeletStarted => {
-                        restart_all = true;
+                        restart_all = Some("Kubelet restarted");
                         break;
                     }
                     DirEvent::SocketRemoved => {
@@ -188,9 +188,8 @@ pub async fn run(
                         break;
                     }
                     DirEvent::FolderBack => {
-                        info!(folder = %dir.display(), "The device-plugin folder is back");
                         dir_gone = false;
-                        restart_all = true;
+                        restart_all = Some("The device-plugin folder is back");
                         break;
                     }
                 },
