@@ -1,7 +1,8 @@
 //! `gpud run` with the device plugin and `--dra` keeps its sockets: a socket file removed from
 //! under the running daemon is served again at once (and the device plugin registers anew),
-//! and a removed device-plugin folder shows on `/readyz`, naming the subsystem, until a
-//! kubelet brings it back. Against the fake kubelet, the fake API server and the simulated
+//! the DRA plugin's own folder removed is made again with its socket, and a removed
+//! device-plugin folder shows on `/readyz`, naming the subsystem, until a kubelet brings it
+//! back. Against the fake kubelet, the fake API server and the simulated
 //! node; every wait polls a fact with a deadline.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -251,6 +252,28 @@ async fn a_removed_device_plugin_folder_is_reported_until_a_kubelet_brings_it_ba
     let mut gpud = Daemon::start().await;
     let first = gpud.kubelet.next_registration(20).await;
     gpud.readyz_when(|status, _| status == 200);
+
+    // The DRA plugin's own folder is made again, with its socket in it.
+    let plugin = gpud.dra_plugin_socket();
+    std::fs::remove_dir_all(plugin.parent().unwrap()).unwrap();
+    let removed = Instant::now();
+    by(
+        removed + BACK_WITHIN,
+        "the DRA plugin socket in its folder made again",
+        || async { accepts(&plugin) },
+    )
+    .await;
+    let registry = gpud.dra_registration_socket();
+    by(
+        removed + BACK_WITHIN,
+        "the DRA registration socket",
+        || async { accepts(&registry) },
+    )
+    .await;
+    assert_eq!(
+        fake_dra_kubelet::register(&registry).await.endpoint,
+        plugin.to_str().unwrap()
+    );
 
     let folder = gpud.kubelet.dir.clone();
     std::fs::remove_dir_all(&folder).unwrap();

@@ -132,7 +132,7 @@ impl Subsystem for Dra {
             ctx.helpers(),
         )
         .map_err(DraError::Bind)?;
-        ctx.spawn_helper("socket keeper", sockets.keep());
+        ctx.spawn_helper("socket keeper", sockets.keep(ctx.ready_latch()));
         ctx.set_ready();
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
