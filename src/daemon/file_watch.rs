@@ -1,7 +1,8 @@
 //! Watching folders with inotify, gpud's one file-watching module: [`Folders`] is the watch
 //! itself (which names were created, removed or written, and whether the folder itself went),
-//! used here to reload when a config file changes and by the device plugin to notice kubelet
-//! restarts and plugin sockets removed from under it.
+//! and [`follow`] reads it from a thread for async code. It is used here to reload when a
+//! config file changes, by the device plugin to notice kubelet restarts and plugin sockets
+//! removed from under it, and by the DRA plugin to serve its removed sockets again.
 //!
 //! Reloading when a config file changes is for the places where nothing can send SIGHUP: a
 //! Kubernetes ConfigMap mounted into a container whose image has no shell.
