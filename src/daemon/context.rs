@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::helpers::{Helpers, Outcome};
 use super::readiness::{Readiness, State};
 
 /// A subsystem's handle on the daemon. `S` is the part of the reloadable configuration the
@@ -49,6 +50,21 @@ impl<S> Context<S> {
         self.ready.clone()
     }
 
+    /// Spawns a helper task of this subsystem, `name`d in logs and on `/readyz`, that runs
+    /// until the daemon stops; see [`Helpers`] for what its end means.
+    pub fn spawn_helper<F>(&self, name: impl Into<String>, task: F) -> tokio::task::JoinHandle<()>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Outcome,
+    {
+        self.helpers().spawn(name, task)
+    }
+
+    /// The spawner of this subsystem's helper tasks, for code deeper down that starts them.
+    pub fn helpers(&self) -> Helpers {
+        self.ready.helpers(self.cancel.clone())
+    }
+
     /// The settings now and every reload after this (a receiver of its own).
     pub fn settings(&self) -> watch::Receiver<Arc<S>> {
         self.settings.clone()
@@ -80,8 +96,49 @@ impl ReadyLatch {
         }
     }
 
-    /// The subsystem is ready; later calls change nothing.
+    /// The subsystem is ready (again); later calls change nothing.
     pub fn set(&self) {
         self.board.mark(self.slot, State::Ready);
+    }
+
+    /// The subsystem is not doing its job for now, for `reason` (a sentence naming what is
+    /// missing and what brings it back); [`ReadyLatch::set`] ends it.
+    pub fn unset(&self, reason: impl Into<String>) {
+        self.board.mark(self.slot, State::NotReady(reason.into()));
+    }
+
+    /// The spawner of the subsystem's helpers, expected to run until `stop` fires.
+    fn helpers(&self, stop: CancellationToken) -> Helpers {
+        Helpers::new(self.board.clone(), self.slot, stop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_helper_spawned_through_the_context_that_fails_clears_readiness_with_its_reason() {
+        let board = Readiness::default();
+        let latch = ReadyLatch::new(board.clone(), board.register("device-plugin"));
+        let (_settings, rx) = watch::channel(Arc::new(()));
+        let ctx = Context::new(CancellationToken::new(), latch, rx);
+        ctx.set_ready();
+        assert!(board.all_ready());
+        ctx.spawn_helper("gRPC server for nvidia.com/gpu", async {
+            Err::<(), _>("accept: too many open files")
+        })
+        .await
+        .unwrap();
+        let (ready, body) = board.report();
+        assert!(!ready);
+        assert_eq!(
+            body,
+            "not ready\ndevice-plugin failed: gRPC server for nvidia.com/gpu: accept: too many \
+             open files\n"
+        );
+        // The subsystem's own loop saying ready again does not hide the lost helper.
+        ctx.set_ready();
+        assert!(!board.all_ready());
     }
 }

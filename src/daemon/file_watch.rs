@@ -1,4 +1,10 @@
-//! Reloading when a config file changes, for the places where nothing can send SIGHUP: a
+//! Watching folders with inotify, gpud's one file-watching module: [`Folders`] is the watch
+//! itself (which names were created, removed or written, and whether the folder itself went),
+//! and [`follow`] reads it from a thread for async code. It is used here to reload when a
+//! config file changes, by the device plugin to notice kubelet restarts and plugin sockets
+//! removed from under it, and by the DRA plugin to serve its removed sockets again.
+//!
+//! Reloading when a config file changes is for the places where nothing can send SIGHUP: a
 //! Kubernetes ConfigMap mounted into a container whose image has no shell.
 //!
 //! The kubelet updates a mounted ConfigMap by writing a new timestamped folder and renaming a
@@ -15,6 +21,7 @@
 //! the kubelet never updates; no watch can see a change there.
 
 use std::collections::hash_map::DefaultHasher;
+use std::ffi::OsString;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -89,20 +96,23 @@ pub fn watch(paths: &[PathBuf]) -> mpsc::Receiver<PathBuf> {
     }
     let files = Files::new(paths);
     // Watches are in place before this returns: no change after it can go unseen.
-    let inotify = open_watches(&files.folders());
-    let spawned =
-        crate::logging::spawn_thread("gpud-config-watch", move || run(files, inotify, &tx));
+    let watch = Folders::open(&files.folders())
+        .inspect_err(
+            |err| debug!(error = %err, "Cannot watch the config folders; polling the config files"),
+        )
+        .ok();
+    let spawned = crate::logging::spawn_thread("gpud-config-watch", move || run(files, watch, &tx));
     if let Err(err) = spawned {
         debug!(error = %crate::logging::error_chain(&err), "Cannot watch the config files; SIGHUP still reloads");
     }
     rx
 }
 
-fn run(mut files: Files, inotify: Option<Inotify>, tx: &mpsc::Sender<PathBuf>) {
+fn run(mut files: Files, watch: Option<Folders>, tx: &mpsc::Sender<PathBuf>) {
     loop {
-        match &inotify {
-            Some(inotify) => {
-                if inotify.read_events().is_err() {
+        match &watch {
+            Some(watch) => {
+                if watch.next().is_none() {
                     return;
                 }
                 // Let the rest of a ConfigMap update (several renames) or an editor's save land
@@ -121,25 +131,120 @@ fn run(mut files: Files, inotify: Option<Inotify>, tx: &mpsc::Sender<PathBuf>) {
     }
 }
 
-/// One inotify instance watching every folder, or `None` (then the files are polled) when one
-/// of them cannot be watched.
-fn open_watches(folders: &[PathBuf]) -> Option<Inotify> {
-    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)
-        .inspect_err(|err| debug!(error = %err, "inotify unavailable; polling the config files"))
-        .ok()?;
-    let events = AddWatchFlags::IN_CLOSE_WRITE
-        | AddWatchFlags::IN_CREATE
-        | AddWatchFlags::IN_MOVED_TO
-        | AddWatchFlags::IN_MOVED_FROM
-        | AddWatchFlags::IN_DELETE
-        | AddWatchFlags::IN_ATTRIB;
-    for folder in folders {
-        if let Err(err) = inotify.add_watch(folder, events) {
-            debug!(folder = %folder.display(), error = %err, "Cannot watch the config folder; polling the config files");
-            return None;
+/// Follows `folders` from a thread named `thread`: the receiver yields every change, in order.
+/// An error when one cannot be watched (the caller polls instead); the receiver closes when
+/// the watch cannot be read any more, or after [`Change::FolderGone`] of a single folder.
+pub fn follow(folders: &[PathBuf], thread: &str) -> Result<mpsc::Receiver<Change>, WatchError> {
+    let watch = Folders::open(folders)?;
+    let single = folders.len() == 1;
+    let (tx, rx) = mpsc::channel(16);
+    crate::logging::spawn_thread(thread, move || {
+        while let Some(changes) = watch.next() {
+            for change in changes {
+                let over = single && change == Change::FolderGone;
+                // The reader is async and prompt; blocking here keeps every change, in order.
+                if tx.blocking_send(change).is_err() || over {
+                    return;
+                }
+            }
         }
+    })
+    .map_err(WatchError::Thread)?;
+    Ok(rx)
+}
+
+/// One change in a watched folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A name appeared (created, or renamed into the folder).
+    Created(OsString),
+    /// A name went (deleted, or renamed out of the folder).
+    Removed(OsString),
+    /// A file was written or its metadata changed.
+    Written(OsString),
+    /// The folder itself was removed or renamed: its watch is over, and nothing more comes
+    /// from it.
+    FolderGone,
+}
+
+/// Why a folder cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("inotify is unavailable: {0}")]
+    Init(#[source] nix::Error),
+    #[error("cannot watch {}: {source}", folder.display())]
+    Folder {
+        folder: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot start the watching thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// An inotify watch on some folders, read by a thread of the user's (reads block).
+#[derive(Debug)]
+pub struct Folders {
+    inotify: Inotify,
+}
+
+impl Folders {
+    /// Watches every one of `folders`; the watches are in place when this returns, so no
+    /// change after it goes unseen. An error when one cannot be watched (it does not exist, or
+    /// the limit of watches is reached): the caller polls instead.
+    pub fn open(folders: &[PathBuf]) -> Result<Folders, WatchError> {
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(WatchError::Init)?;
+        let events = AddWatchFlags::IN_CLOSE_WRITE
+            | AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_ATTRIB
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF;
+        for folder in folders {
+            inotify
+                .add_watch(folder, events)
+                .map_err(|source| WatchError::Folder {
+                    folder: folder.clone(),
+                    source,
+                })?;
+        }
+        Ok(Folders { inotify })
     }
-    Some(inotify)
+
+    /// Blocks until something changes in a watched folder; `None` when the watch cannot be
+    /// read any more.
+    pub fn next(&self) -> Option<Vec<Change>> {
+        let events = self.inotify.read_events().ok()?;
+        Some(
+            events
+                .into_iter()
+                .filter_map(|event| {
+                    let mask = event.mask;
+                    if mask.intersects(
+                        AddWatchFlags::IN_DELETE_SELF
+                            | AddWatchFlags::IN_MOVE_SELF
+                            | AddWatchFlags::IN_IGNORED,
+                    ) {
+                        return Some(Change::FolderGone);
+                    }
+                    let name = event.name?;
+                    Some(
+                        if mask.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
+                            Change::Created(name)
+                        } else if mask
+                            .intersects(AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
+                        {
+                            Change::Removed(name)
+                        } else {
+                            Change::Written(name)
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -183,5 +288,24 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_folder_watch_names_what_came_and_went_and_sees_the_folder_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("device-plugins");
+        std::fs::create_dir(&folder).unwrap();
+        let watch = Folders::open(std::slice::from_ref(&folder)).unwrap();
+        std::fs::write(folder.join("a.sock"), "").unwrap();
+        std::fs::remove_file(folder.join("a.sock")).unwrap();
+        std::fs::remove_dir(&folder).unwrap();
+        let mut seen = Vec::new();
+        while !seen.contains(&Change::FolderGone) {
+            seen.extend(watch.next().unwrap());
+        }
+        let name = OsString::from("a.sock");
+        assert_eq!(seen.first(), Some(&Change::Created(name.clone())));
+        assert!(seen.contains(&Change::Removed(name)), "{seen:?}");
+        assert!(Folders::open(&[folder]).is_err());
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! A subsystem (device plugin, labeller, exporter, health watcher, rescanner, …) is a name plus
 //! [`Subsystem::run`]`(ctx, inventory)`. The [`Context`] carries what every subsystem needs from
-//! the process: cancellation, a readiness latch, the settings it re-reads on SIGHUP, and a
-//! tracing span named after it, so every log line says which subsystem wrote it.
+//! the process: cancellation, a readiness latch, the settings it re-reads on SIGHUP, a
+//! tracing span named after it, so every log line says which subsystem wrote it, and a
+//! spawner for its helper tasks ([`Helpers`]): a helper that stops before the daemon does
+//! marks its subsystem failed on `/readyz` while the rest keeps serving.
 //!
 //! [`Daemon`] is the supervisor every long-running applet uses: `gpud run` adds every
 //! subsystem, each standalone applet the few it needs. It starts them, reports readiness on
@@ -17,7 +19,8 @@
 mod admin;
 mod context;
 mod error;
-mod file_watch;
+pub mod file_watch;
+mod helpers;
 mod notify;
 pub mod poll;
 mod readiness;
@@ -29,6 +32,7 @@ mod supervisor;
 pub use admin::{Admin, DEFAULT_HEALTH_PORT, routes as admin_routes};
 pub use context::{Context, ReadyLatch};
 pub use error::{Error, exit_code};
+pub use helpers::{Helpers, Outcome};
 pub use readiness::{Readiness, State};
 pub use subsystem::Subsystem;
 pub use supervisor::Daemon;

@@ -15,7 +15,11 @@ pub enum State {
     Ready,
     /// Finished its work and stopped cleanly (a oneshot labeller); counts as ready.
     Done,
-    /// Stopped with this error.
+    /// Not doing its job for this reason, for now: it was ready, or started, and lost
+    /// something it serves from (a folder removed under it); ready again once that is back.
+    NotReady(String),
+    /// Stopped with this error, or lost a helper task it needs (see [`super::Helpers`]):
+    /// final.
     Failed(String),
 }
 
@@ -29,6 +33,7 @@ impl State {
             State::Starting => "starting",
             State::Ready => "ready",
             State::Done => "done",
+            State::NotReady(_) => "not ready",
             State::Failed(_) => "failed",
         }
     }
@@ -54,8 +59,8 @@ impl Readiness {
         entries.len() - 1
     }
 
-    /// Moves a subsystem to `state`. A failure is final, and `Ready` never goes back to
-    /// `Starting`.
+    /// Moves a subsystem to `state`. A failure is final, and `Ready` or `NotReady` never goes
+    /// back to `Starting`.
     pub(super) fn mark(&self, slot: usize, state: State) {
         let now_ready = state == State::Ready;
         let changed = {
@@ -63,7 +68,8 @@ impl Readiness {
             let Some((_, current)) = entries.get_mut(slot) else {
                 return;
             };
-            if *current == state || matches!(current, State::Failed(_) | State::Done) {
+            let backwards = state == State::Starting && *current != State::Starting;
+            if *current == state || backwards || matches!(current, State::Failed(_) | State::Done) {
                 false
             } else {
                 *current = state;
@@ -96,7 +102,9 @@ impl Readiness {
         let mut text = String::from(if ready { "ready\n" } else { "not ready\n" });
         for (name, state) in self.states() {
             let _ = match &state {
-                State::Failed(why) => writeln!(text, "{name} failed: {why}"),
+                State::Failed(why) | State::NotReady(why) => {
+                    writeln!(text, "{name} {}: {why}", state.word())
+                }
                 other => writeln!(text, "{name} {}", other.word()),
             };
         }
@@ -156,6 +164,25 @@ mod tests {
                 "not ready\nexporter failed: cannot listen on :9400\n".to_owned()
             )
         );
+    }
+
+    #[test]
+    fn not_ready_names_the_reason_and_ready_comes_back() {
+        let board = Readiness::default();
+        let a = board.register("device-plugin");
+        board.mark(a, State::Ready);
+        board.mark(a, State::NotReady("its folder was removed".into()));
+        assert_eq!(
+            board.report(),
+            (
+                false,
+                "not ready\ndevice-plugin not ready: its folder was removed\n".to_owned()
+            )
+        );
+        board.mark(a, State::Starting);
+        assert_eq!(board.states()[0].1.word(), "not ready");
+        board.mark(a, State::Ready);
+        assert!(board.all_ready());
     }
 
     #[test]

@@ -12,6 +12,12 @@
 //!   devices are unhealthy while the marker is gone (the daemon died and is being restarted).
 //! - When the kubelet recreates `kubelet.sock` (it restarted and wiped the plugin sockets),
 //!   every plugin is served and registered again.
+//! - A plugin socket removed from under a running plugin (an operator, a cleanup script) is
+//!   served again at once and registered anew; the whole folder removed makes the subsystem
+//!   not ready, naming the folder, until it is back (a kubelet restart creates it), when
+//!   every plugin is served and registered again.
+//! - Each plugin's gRPC server runs as a helper of the subsystem (`daemon::Helpers`): one that
+//!   fails marks the device plugin failed on `/readyz`, naming the resource.
 //! - Devices held by DRA claims ([`crate::holdings`]) are withdrawn from every resource's
 //!   list while the claim lasts, so the kubelet never hands one GPU out through both.
 
@@ -25,12 +31,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::allocate::CONTROL_NODES;
-use super::kubelet_watch::KubeletWatch;
+use super::kubelet_watch::{DirEvent, KubeletWatch};
 use super::mps;
 use super::registration;
 use super::retry;
 use super::server::{PluginService, PluginState};
-use crate::daemon::ReadyLatch;
+use crate::daemon::{Helpers, ReadyLatch};
 use crate::grpc;
 use crate::holdings::{Held, HeldSource};
 use crate::inventory::{Inventory, Snapshot};
@@ -77,28 +83,33 @@ struct Plugin {
 
 /// Runs until `cancel`, then stops every plugin and removes its socket. `ready` is set once
 /// every resource is served; registration goes on with backoff and does not hold readiness
-/// back, since a kubelet that starts after gpud (or after a node reboot) is normal.
+/// back, since a kubelet that starts after gpud (or after a node reboot) is normal. The
+/// plugins' servers run as `helpers`.
 pub async fn run(
     cancel: CancellationToken,
     inventory: Inventory,
     mut settings: watch::Receiver<Arc<Settings>>,
     config: ManagerConfig,
     ready: ReadyLatch,
+    helpers: Helpers,
 ) -> Result<(), ManagerError> {
     let dir = config
         .kubelet_socket
         .as_deref()
         .and_then(Path::parent)
         .map_or_else(|| config.plugin_dir.clone(), Path::to_path_buf);
-    let mut kubelet = config.kubelet_socket.as_deref().map(KubeletWatch::new);
+    let mut folder = KubeletWatch::new(&dir, config.kubelet_socket.as_deref());
+    let mut dir_gone = false;
+    let mut started = false;
     let mut snapshots = inventory.subscribe();
     let mut plugins: BTreeMap<String, Plugin> = BTreeMap::new();
     let mut last_error: Option<String> = None;
-    let mut restart_all = false;
+    // Why every plugin is to be served and registered again, when it is.
+    let mut restart_all: Option<&str> = None;
     let mut held = config.held.clone().map(HeldSource::subscribe);
     let mut markers = mps::Markers::default();
     let mut mps_logged: BTreeSet<String> = BTreeSet::new();
-    loop {
+    'run: loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
         let claimed = held
@@ -113,32 +124,76 @@ pub async fn run(
                 logged: &mut mps_logged,
             },
         };
-        if restart_all {
-            info!("Kubelet restarted; serving and registering every resource again");
+        if let Some(why) = restart_all.take() {
+            info!("{why}; serving and registering every resource again");
             for (_, plugin) in std::mem::take(&mut plugins) {
                 stop(plugin);
             }
-            restart_all = false;
         }
-        let all_served = reconcile(
-            &mut plugins,
-            &snapshot,
-            &current,
-            withheld,
-            &dir,
-            &config,
-            &mut last_error,
-        )?;
-        if all_served {
-            ready.set();
+        let spawn = Spawn {
+            dir: &dir,
+            config: &config,
+            cancel: &cancel,
+            helpers: &helpers,
+        };
+        if !dir_gone {
+            let served = reconcile(
+                &mut plugins,
+                &snapshot,
+                &current,
+                withheld,
+                &spawn,
+                &mut last_error,
+            );
+            match served {
+                Ok(true) => ready.set(),
+                Ok(false) => {}
+                // Gone between a look and a bind: the folder's watch says so in a moment.
+                Err(ManagerError::NoPluginDir(_)) if started => dir_gone = true,
+                Err(err) => return Err(err),
+            }
+            started = true;
         }
-        tokio::select! {
-            () = cancel.cancelled() => break,
-            changed = snapshots.changed() => if changed.is_err() { break },
-            changed = settings.changed() => if changed.is_err() { break },
-            () = markers.changed() => {}
-            () = recreated(&mut kubelet) => restart_all = true,
-            () = held_changed(&mut held) => {}
+        if dir_gone {
+            for (_, plugin) in std::mem::take(&mut plugins) {
+                stop(plugin);
+            }
+            ready.unset(format!(
+                "the device-plugin folder {} was removed; the resources are served and \
+                 registered again once it is back (a kubelet restart creates it)",
+                dir.display()
+            ));
+        }
+        // Folder events that change nothing (a socket of another plugin removed) wait on.
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break 'run,
+                changed = snapshots.changed() => if changed.is_err() { break 'run } else { break },
+                changed = settings.changed() => if changed.is_err() { break 'run } else { break },
+                () = markers.changed() => break,
+                () = held_changed(&mut held) => break,
+                event = folder.next() => match event {
+                    DirEvent::KubeletStarted => {
+                        restart_all = Some("Kubelet restarted");
+                        break;
+                    }
+                    DirEvent::SocketRemoved => {
+                        if serve_removed_again(&mut plugins) {
+                            break;
+                        }
+                    }
+                    DirEvent::FolderGone => {
+                        warn!(folder = %dir.display(), "The device-plugin folder was removed; not ready until it is back");
+                        dir_gone = true;
+                        break;
+                    }
+                    DirEvent::FolderBack => {
+                        dir_gone = false;
+                        restart_all = Some("The device-plugin folder is back");
+                        break;
+                    }
+                },
+            }
         }
     }
     for (_, plugin) in plugins {
@@ -160,11 +215,30 @@ async fn held_changed(held: &mut Option<watch::Receiver<Held>>) {
     }
 }
 
-async fn recreated(watch: &mut Option<KubeletWatch>) {
-    match watch {
-        Some(watch) => watch.recreated().await,
-        None => std::future::pending().await,
+/// Stops the plugins whose socket file is gone, for the next reconcile to serve and register
+/// them again; whether there was one.
+fn serve_removed_again(plugins: &mut BTreeMap<String, Plugin>) -> bool {
+    let removed: Vec<String> = plugins
+        .iter()
+        .filter(|(_, plugin)| !plugin.socket.exists())
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in &removed {
+        if let Some(plugin) = plugins.remove(name) {
+            warn!(resource = %name, socket = %plugin.socket.display(), "The plugin socket was removed; serving it again and registering anew");
+            stop(plugin);
+        }
     }
+    !removed.is_empty()
+}
+
+/// Where and how a plugin is started.
+struct Spawn<'a> {
+    dir: &'a Path,
+    config: &'a ManagerConfig,
+    /// The subsystem's stop; each plugin's is a child of it.
+    cancel: &'a CancellationToken,
+    helpers: &'a Helpers,
 }
 
 /// What keeps devices from being offered as the node and the settings say: GPUs held by DRA
@@ -214,8 +288,7 @@ fn reconcile(
     snapshot: &Arc<Snapshot>,
     settings: &Arc<Settings>,
     mut withheld: Withheld<'_>,
-    dir: &Path,
-    config: &ManagerConfig,
+    spawn: &Spawn<'_>,
     last_error: &mut Option<String>,
 ) -> Result<bool, ManagerError> {
     let mut wanted = match resources::resources(snapshot, settings) {
@@ -255,7 +328,7 @@ fn reconcile(
             stop(plugin);
         }
     }
-    let host = HostFacts::read(&settings.dev_root, &config.proc_root, snapshot);
+    let host = HostFacts::read(&settings.dev_root, &spawn.config.proc_root, snapshot);
     let mut all_served = true;
     for mut resource in wanted {
         let served = plugins.contains_key(&resource.name);
@@ -281,7 +354,7 @@ fn reconcile(
             }
             None => {
                 let name = state.resource.name.clone();
-                let plugin = start(state, dir, config)?;
+                let plugin = start(state, spawn)?;
                 plugins.insert(name, plugin);
             }
         }
@@ -345,7 +418,13 @@ fn mig_cap_nodes(proc_root: &Path, snapshot: &Snapshot) -> HashMap<String, Vec<S
     out
 }
 
-fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugin, ManagerError> {
+fn start(state: PluginState, spawn: &Spawn<'_>) -> Result<Plugin, ManagerError> {
+    let Spawn {
+        dir,
+        config,
+        cancel,
+        helpers,
+    } = *spawn;
     let resource: Arc<Resource> = Arc::clone(&state.resource);
     let socket_name = resource.socket_name();
     let socket = dir.join(&socket_name);
@@ -355,15 +434,13 @@ fn start(state: PluginState, dir: &Path, config: &ManagerConfig) -> Result<Plugi
     }
     let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
     let (tx, rx) = watch::channel(state);
-    let stop = CancellationToken::new();
+    let stop = cancel.child_token();
     // Any :authority is accepted: kubelets before 1.26 send the socket path there.
     let router = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::new(PluginService::new(rx)));
-    grpc::serve::spawn(
-        router,
-        listener,
-        stop.clone(),
-        format!("device plugin {}", resource.name),
+    helpers.until(stop.clone()).spawn(
+        format!("gRPC server for {}", resource.name),
+        grpc::serve::serve(router, listener, stop.clone()),
     );
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {

@@ -30,6 +30,7 @@ impl Subsystem for DevicePlugin {
             ctx.settings(),
             self.config,
             ctx.ready_latch(),
+            ctx.helpers(),
         )
         .await?;
         Ok(())

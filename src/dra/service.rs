@@ -6,6 +6,11 @@
 //! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
 //! every watch event on the node's slices (the kubelet's wipe), with backoff after failures
 //! and a resync every few minutes.
+//!
+//! The socket servers, the socket keeper, the slice watch and the MPS probe run as the
+//! subsystem's helpers (`daemon::Helpers`): one that stops while gpud runs marks `dra` failed
+//! on `/readyz`, naming it. The Warning event about a corrupt checkpoint is a one-off report,
+//! not a helper.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,11 +113,14 @@ impl Subsystem for Dra {
             self.held,
             self.nvml,
         ));
-        logging::spawn(supervise_mps(
-            Arc::clone(&preparer),
-            config.mps.probe_interval,
-            ctx.cancel_token(),
-        ));
+        ctx.spawn_helper(
+            "MPS daemon probe",
+            supervise_mps(
+                Arc::clone(&preparer),
+                config.mps.probe_interval,
+                ctx.cancel_token(),
+            ),
+        );
         let cancel = ctx.cancel_token();
         let registered = Arc::new(Notify::new());
         let sockets = Sockets::serve(
@@ -121,9 +129,10 @@ impl Subsystem for Dra {
             inventory.clone(),
             Arc::clone(&registered),
             cancel.clone(),
+            ctx.helpers(),
         )
         .map_err(DraError::Bind)?;
-        logging::spawn(sockets.keep());
+        ctx.spawn_helper("socket keeper", sockets.keep(ctx.ready_latch()));
         ctx.set_ready();
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
@@ -131,12 +140,15 @@ impl Subsystem for Dra {
         // Retries are jittered per node: every node of a cluster watches and publishes through
         // the same API server, and should not come back to it in step after an outage.
         let seed = backoff::seed_from(&config.node);
-        logging::spawn(watch_slices(
-            publisher.clone(),
-            Arc::clone(&slice_events),
-            seed,
-            cancel.clone(),
-        ));
+        ctx.spawn_helper(
+            "ResourceSlice watch",
+            watch_slices(
+                publisher.clone(),
+                Arc::clone(&slice_events),
+                seed,
+                cancel.clone(),
+            ),
+        );
         publish_loop(
             publisher,
             &config.driver,

@@ -7,23 +7,27 @@
 //! accept any `:authority` (kubelets before 1.26 send the socket path).
 //!
 //! A socket file that vanishes (a kubelet or an operator cleaning its folders) leaves the
-//! kubelet nothing to dial, and nothing else would bring it back: every [`CHECK`] the two paths
-//! are looked at, and a missing one is served again (the plugin socket first, then the
-//! registration socket, which makes the kubelet register the plugin anew).
+//! kubelet nothing to dial, and nothing else would bring it back: the two paths are looked at
+//! on every change in their folders ([`crate::daemon::file_watch::follow`]) and every
+//! [`CHECK`] besides (a folder removed ends its watch), and a missing one is served again (the
+//! plugin socket first, then the registration socket, which makes the kubelet register the
+//! plugin anew).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::args::DraConfig;
 use super::health_stream::HealthService;
 use super::plugin::DraService;
 use super::prepare::Preparer;
 use super::registration::RegistrationService;
+use crate::daemon::file_watch::{self, Change};
+use crate::daemon::{Helpers, ReadyLatch};
 use crate::grpc::{self, BindError};
 use crate::inventory::Inventory;
 use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
@@ -43,18 +47,21 @@ pub struct Sockets {
     inventory: Inventory,
     registered: Arc<Notify>,
     cancel: CancellationToken,
+    helpers: Helpers,
     plugin: Option<CancellationToken>,
     registration: Option<CancellationToken>,
 }
 
 impl Sockets {
-    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin.
+    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin. Each
+    /// server runs as a helper of the subsystem (`helpers`): one that fails marks it failed.
     pub fn serve(
         config: Arc<DraConfig>,
         preparer: Arc<Preparer>,
         inventory: Inventory,
         registered: Arc<Notify>,
         cancel: CancellationToken,
+        helpers: Helpers,
     ) -> Result<Sockets, BindError> {
         let mut sockets = Sockets {
             config,
@@ -62,6 +69,7 @@ impl Sockets {
             inventory,
             registered,
             cancel,
+            helpers,
             plugin: None,
             registration: None,
         };
@@ -80,7 +88,10 @@ impl Sockets {
             .add_service(HealthV1::new(health.clone()))
             .add_service(HealthV1alpha1::new(health));
         let stop = self.cancel.child_token();
-        grpc::serve::spawn(router, listener, stop.clone(), "DRA plugin".to_owned());
+        self.helpers.until(stop.clone()).spawn(
+            "gRPC server for the DRA plugin socket",
+            grpc::serve::serve(router, listener, stop.clone()),
+        );
         if let Some(old) = self.plugin.replace(stop) {
             old.cancel();
         }
@@ -98,11 +109,9 @@ impl Sockets {
         let router =
             tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
         let stop = self.cancel.child_token();
-        grpc::serve::spawn(
-            router,
-            listener,
-            stop.clone(),
-            "DRA registration".to_owned(),
+        self.helpers.until(stop.clone()).spawn(
+            "gRPC server for the DRA registration socket",
+            grpc::serve::serve(router, listener, stop.clone()),
         );
         if let Some(old) = self.registration.replace(stop) {
             old.cancel();
@@ -110,29 +119,41 @@ impl Sockets {
         Ok(())
     }
 
-    /// Serves again whichever socket vanished, until cancelled; then removes both.
-    pub async fn keep(mut self) {
+    /// Serves again whichever socket vanished, until cancelled; then removes both. While one
+    /// cannot be served again (its folder gone, a bind refused), the subsystem is not ready
+    /// (`ready`), with the reason; it is tried again on every change and every [`CHECK`].
+    pub async fn keep(mut self, ready: ReadyLatch) {
         let paths: [PathBuf; 2] = [
             self.config.plugin_socket(),
             self.config.registration_socket(),
         ];
+        let folders: Vec<PathBuf> = paths
+            .iter()
+            .filter_map(|p| p.parent().map(PathBuf::from))
+            .collect();
+        let mut changes = watch(&folders);
+        let mut failing = false;
         loop {
+            let mut rewatch = false;
             tokio::select! {
                 () = self.cancel.cancelled() => break,
+                change = changed(&mut changes) => rewatch = change == Change::FolderGone,
                 () = tokio::time::sleep(CHECK) => {}
             }
-            let plugin_gone = !paths[0].exists();
-            if plugin_gone {
-                warn!(socket = %paths[0].display(), "The DRA plugin socket was removed; serving it again");
-                if let Err(err) = self.serve_plugin() {
-                    warn!(error = %crate::logging::error_chain(&err), "Cannot serve the DRA plugin socket again; retrying");
-                    continue;
+            match self.serve_missing(&paths) {
+                Ok(()) => {
+                    if std::mem::take(&mut failing) {
+                        ready.set();
+                    }
+                    // A folder removed took its watch along; the one made again needs one.
+                    if rewatch || changes.is_none() {
+                        changes = watch(&folders);
+                    }
                 }
-            }
-            if plugin_gone || !paths[1].exists() {
-                warn!(socket = %paths[1].display(), "Serving the DRA registration socket again, for the kubelet to register the plugin");
-                if let Err(err) = self.serve_registration() {
-                    warn!(error = %crate::logging::error_chain(&err), "Cannot serve the DRA registration socket again; retrying");
+                Err(why) => {
+                    warn!(error = %why, "Cannot serve a removed DRA socket again; retrying");
+                    ready.unset(format!("{why}; retrying on every change in its folder"));
+                    failing = true;
                 }
             }
         }
@@ -140,4 +161,51 @@ impl Sockets {
             let _ = std::fs::remove_file(path);
         }
     }
+
+    /// Serves again whichever of `paths` (plugin, registration) is missing.
+    fn serve_missing(&mut self, paths: &[PathBuf; 2]) -> Result<(), String> {
+        let plugin_gone = !paths[0].exists();
+        if plugin_gone {
+            warn!(socket = %paths[0].display(), "The DRA plugin socket was removed; serving it again");
+            // The plugin's folder is gpud's own: one removed with the socket is made again.
+            if let Some(folder) = paths[0].parent() {
+                let _ = std::fs::create_dir_all(folder);
+            }
+            self.serve_plugin().map_err(|err| {
+                format!(
+                    "cannot serve the DRA plugin socket again: {}",
+                    crate::logging::error_chain(&err)
+                )
+            })?;
+        }
+        if plugin_gone || !paths[1].exists() {
+            warn!(socket = %paths[1].display(), "Serving the DRA registration socket again, for the kubelet to register the plugin");
+            self.serve_registration().map_err(|err| {
+                format!(
+                    "cannot serve the DRA registration socket again: {}",
+                    crate::logging::error_chain(&err)
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A watch on the sockets' folders; `None` (and a look every [`CHECK`] alone) when one cannot
+/// be watched.
+fn watch(folders: &[PathBuf]) -> Option<mpsc::Receiver<Change>> {
+    file_watch::follow(folders, "gpud-dra-socket-watch")
+        .inspect_err(|err| debug!(error = %crate::logging::error_chain(err), "Cannot watch the DRA socket folders; looking every second"))
+        .ok()
+}
+
+/// The next change in the watched folders; never once the watch is over.
+async fn changed(changes: &mut Option<mpsc::Receiver<Change>>) -> Change {
+    if let Some(rx) = changes
+        && let Some(change) = rx.recv().await
+    {
+        return change;
+    }
+    *changes = None;
+    std::future::pending().await
 }

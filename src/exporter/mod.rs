@@ -36,6 +36,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::daemon::Helpers;
 use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
@@ -94,9 +95,13 @@ pub enum ExporterError {
 /// window is the one `DCGM_EXP_XID_ERRORS_COUNT` reports. `admin` is served on the same port
 /// for the paths the exporter does not have (the daemon's probes; an empty router adds
 /// nothing); `on_ready` is called once, when the first body is published. Fails only on setup
-/// (listen address, threads) or if the server itself fails.
+/// (listen address, threads) or if the server itself fails; the renderer and the pod-resources
+/// poller run as `helpers`, so one that stops marks the exporter failed on `/readyz` (its
+/// metrics would go stale) while `/metrics` keeps answering.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cancel: CancellationToken,
+    helpers: Helpers,
     nvml: Nvml,
     inventory: Inventory,
     config: ExporterConfig,
@@ -118,28 +123,29 @@ pub async fn run(
     )?;
     let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
     let poller = config.kubernetes.clone().map(|k8s| {
-        crate::logging::spawn(podresources::run(
-            cancel.clone(),
-            k8s,
-            inventory.clone(),
-            pods_tx,
-        ))
+        helpers.spawn(
+            "pod-resources poller",
+            podresources::run(cancel.clone(), k8s, inventory.clone(), pods_tx),
+        )
     });
     let shared: Shared = Arc::new(watch::Sender::new(Published::default()));
     let http_stats = Arc::new(http::Stats::default());
-    let renderer = crate::logging::spawn(render_loop(
-        cancel.clone(),
-        config.clone(),
-        inventory,
-        sample_rx,
-        pods_rx,
-        xids,
-        Publisher {
-            shared: Arc::clone(&shared),
-            http_stats: Arc::clone(&http_stats),
-            on_ready: Some(on_ready),
-        },
-    ));
+    let renderer = helpers.spawn(
+        "renderer",
+        render_loop(
+            cancel.clone(),
+            config.clone(),
+            inventory,
+            sample_rx,
+            pods_rx,
+            xids,
+            Publisher {
+                shared: Arc::clone(&shared),
+                http_stats: Arc::clone(&http_stats),
+                on_ready: Some(on_ready),
+            },
+        ),
+    );
     let router = server::router(shared, admin);
     let served = http::serve(listener, router, config.http, http_stats, cancel.clone()).await;
     cancel.cancel();

@@ -37,6 +37,7 @@ impl Subsystem for Exporter {
         let ready = ctx.ready_latch();
         super::run(
             ctx.cancel_token(),
+            ctx.helpers(),
             self.nvml,
             inventory,
             self.config,
