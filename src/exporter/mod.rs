@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::daemon::Helpers;
+use crate::daemon::{Helpers, ReadyLatch};
 use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
 use crate::nvml::{Nvml, NvmlError};
@@ -94,7 +94,8 @@ pub enum ExporterError {
 /// in (none when it does not run); build it with `XidLedger::new(config.xid_window)`, as its
 /// window is the one `DCGM_EXP_XID_ERRORS_COUNT` reports. `admin` is served on the same port
 /// for the paths the exporter does not have (the daemon's probes; an empty router adds
-/// nothing); `on_ready` is called once, when the first body is published. Fails only on setup
+/// nothing); `ready` is set when the first body is published, and unset while the last
+/// sample is older than [`STALE_INTERVALS`] collect intervals (a hung NVML call). Fails only on setup
 /// (listen address, threads) or if the server itself fails; the renderer and the pod-resources
 /// poller run as `helpers`, so one that stops marks the exporter failed on `/readyz` (its
 /// metrics would go stale) while `/metrics` keeps answering.
@@ -107,7 +108,7 @@ pub async fn run(
     config: ExporterConfig,
     xids: Option<XidLedger>,
     admin: axum::Router,
-    on_ready: Box<dyn FnOnce() + Send>,
+    ready: ReadyLatch,
 ) -> Result<(), ExporterError> {
     let listener = http::bind(&config.address).await?;
     if let Ok(local) = listener.local_addr() {
@@ -142,7 +143,9 @@ pub async fn run(
             Publisher {
                 shared: Arc::clone(&shared),
                 http_stats: Arc::clone(&http_stats),
-                on_ready: Some(on_ready),
+                ready,
+                first: true,
+                stale: false,
             },
         ),
     );
@@ -161,18 +164,36 @@ struct Publisher {
     shared: Shared,
     /// The HTTP server's counters, rendered into each body.
     http_stats: Arc<http::Stats>,
-    /// Called after the first body is published.
-    on_ready: Option<Box<dyn FnOnce() + Send>>,
+    /// The exporter's readiness: set after the first body, unset while samples are stale.
+    ready: ReadyLatch,
+    /// No body published yet.
+    first: bool,
+    /// The last body was rendered from a stale sample.
+    stale: bool,
 }
 
 impl Publisher {
-    fn publish(&mut self, published: Published) {
+    /// Publishes a body rendered from a sample `age` old, moving readiness with its freshness.
+    fn publish(&mut self, published: Published, age: Duration, interval: Duration) {
         self.shared.send_replace(published);
-        if let Some(on_ready) = self.on_ready.take() {
-            on_ready();
+        let stale = age > interval * STALE_INTERVALS;
+        if stale && (!self.stale || self.first) {
+            self.ready.unset(format!(
+                "the last NVML sample is {:.1}s old (collect interval {}): an NVML call hangs",
+                age.as_secs_f64(),
+                humantime::format_duration(interval)
+            ));
+        } else if !stale && (self.stale || self.first) {
+            self.ready.set();
         }
+        self.stale = stale;
+        self.first = false;
     }
 }
+
+/// A sample older than this many collect intervals is stale: the exporter is not ready and
+/// re-renders its body every interval so that the age gauge keeps growing.
+pub const STALE_INTERVALS: u32 = 3;
 
 /// Renders a new body whenever a sample, the pod attribution, the inventory or the XID record
 /// changes.
@@ -191,6 +212,9 @@ async fn render_loop(
     let mut capacity = 16 * 1024;
     // Without pod attribution the pods channel's sender is gone at once; stop watching it.
     let mut pods_live = true;
+    // A sampler stuck in NVML sends nothing: this tick notices, and re-renders.
+    let mut freshness = tokio::time::interval(config.collect_interval);
+    freshness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -198,11 +222,21 @@ async fn render_loop(
             changed = pods.changed(), if pods_live => if changed.is_err() { pods_live = false },
             changed = snapshots.changed() => if changed.is_err() { return },
             changed = xid_changes.changed() => if changed.is_err() { return },
+            _ = freshness.tick() => {
+                let stale = samples
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|s| s.at.elapsed() > config.collect_interval * STALE_INTERVALS);
+                if !stale {
+                    continue;
+                }
+            }
         }
         let sample = samples.borrow_and_update().clone();
         let Some(sample) = sample else {
             continue; // nothing to serve before the first sample
         };
+        let age = sample.at.elapsed();
         let now = SystemTime::now();
         let pods_state = pods.borrow_and_update().clone();
         let snapshot = snapshots.borrow_and_update().clone();
@@ -216,6 +250,7 @@ async fn render_loop(
         let own = OwnStats {
             samples: sample.cycles,
             last_sample_seconds: sample.duration.as_secs_f64(),
+            last_sample_age_seconds: age.as_secs_f64(),
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
             http: Some(publisher.http_stats.snapshot()),
             mig: config.mig.as_ref().map(|m| m.read()),
@@ -239,6 +274,6 @@ async fn render_loop(
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };
-        publisher.publish(published);
+        publisher.publish(published, age, config.collect_interval);
     }
 }

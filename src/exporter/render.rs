@@ -55,6 +55,8 @@ pub struct OwnStats {
     pub samples: u64,
     /// Wall time of the last sample cycle.
     pub last_sample_seconds: f64,
+    /// How long ago the last sample cycle finished, when the body was rendered.
+    pub last_sample_age_seconds: f64,
     /// Whether the last pod-resources `List` succeeded; `None` without `--kubernetes`.
     pub pod_resources_up: Option<bool>,
     /// The HTTP server's connection counters when the body was rendered.
@@ -449,6 +451,18 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
         out,
         "gpud_sample_duration_seconds {}",
         frame.own.last_sample_seconds
+    );
+    header(
+        out,
+        "gpud_exporter_last_sample_age_seconds",
+        "Seconds since the last NVML sample finished, when this body was rendered; past three \
+         collect intervals the exporter is not ready (an NVML call hangs).",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "gpud_exporter_last_sample_age_seconds {:.3}",
+        frame.own.last_sample_age_seconds
     );
 
     let snapshot = frame.snapshot;
@@ -949,6 +963,7 @@ mod tests {
         let own = OwnStats {
             samples: 3,
             last_sample_seconds: 0.25,
+            last_sample_age_seconds: 0.0,
             pod_resources_up: Some(false),
             http: Some(StatsSnapshot {
                 open: 2,

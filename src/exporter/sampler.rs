@@ -31,6 +31,8 @@ pub struct Sampled {
     pub cycles: u64,
     /// Wall time of this cycle.
     pub duration: Duration,
+    /// When this cycle finished: a sample that gets old means an NVML call hangs.
+    pub at: Instant,
 }
 
 /// The running thread; dropping it stops the thread after its current cycle.
@@ -96,6 +98,7 @@ fn run(
             nvlink_rates,
             cycles,
             duration,
+            at: Instant::now(),
         };
         if tx.send(Some(Arc::new(sampled))).is_err() {
             return; // nobody renders any more

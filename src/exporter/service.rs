@@ -43,7 +43,7 @@ impl Subsystem for Exporter {
             self.config,
             Some(self.xids),
             self.admin,
-            Box::new(move || ready.set()),
+            ready,
         )
         .await?;
         Ok(())

@@ -132,3 +132,37 @@ fn xids_set_the_dcgm_gauge_and_count_per_code() {
         Some("0")
     );
 }
+
+#[test]
+fn a_hung_sampler_makes_the_exporter_not_ready_and_says_how_old_its_sample_is() {
+    let node = Node::new("dgx-h100");
+    let exporter = Exporter::start(&node, &[]);
+    let fresh = exporter.metrics_after(2);
+    let age = |body: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix("gpud_exporter_last_sample_age_seconds "))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    assert!(age(&fresh) < 0.3, "{}", age(&fresh));
+    // The sampler's power reading never returns: no sample comes after it.
+    node.inject("hang nvmlDeviceGetPowerUsage");
+    let ready = crate::common::http::wait_for(exporter.port, "/readyz", 20, |a| a.status != 200);
+    assert!(
+        ready
+            .body
+            .contains("exporter not ready: the last NVML sample is ")
+            && ready
+                .body
+                .contains("s old (collect interval 100ms): an NVML call hangs"),
+        "{}",
+        ready.body
+    );
+    // The body is rendered again while stale, so the age keeps growing past three intervals.
+    let stale = exporter.metrics_until(20, |b| age(b) > 0.6);
+    assert!(age(&stale) > 0.6);
+    node.inject("unhang nvmlDeviceGetPowerUsage");
+    crate::common::http::wait_for(exporter.port, "/readyz", 20, |a| a.status == 200);
+    let recovered = exporter.metrics_until(20, |b| age(b) < 0.3);
+    assert!(age(&recovered) < 0.3);
+}

@@ -135,10 +135,14 @@ pub fn samples(body: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The body without the lines that change from run to run (sample count and duration, and the
+/// The body without the lines that change from run to run (sample count, duration and age, and the
 /// HTTP connection counters, which depend on the test's own requests and on the fd limit).
 pub fn stable(body: &str) -> String {
-    const VOLATILE: [&str; 2] = ["gpud_samples_total", "gpud_sample_duration_seconds"];
+    const VOLATILE: [&str; 3] = [
+        "gpud_samples_total",
+        "gpud_sample_duration_seconds",
+        "gpud_exporter_last_sample_age_seconds",
+    ];
     let mut out = String::with_capacity(body.len());
     for line in body.lines() {
         let name = line
