@@ -809,3 +809,21 @@ fn a_table_of_applets_names_exactly_the_daemons_that_take_each_option() {
     assert!(rows > 0, "no table with an applets column");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[test]
+fn the_admin_port_table_is_the_one_the_applets_use_and_no_port_is_shared() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/cli.md")).unwrap();
+    let mut ports = std::collections::BTreeSet::new();
+    for (applet, port) in gpud::applets::ADMIN_PORTS {
+        assert!(
+            ports.insert(*port),
+            "port {port} of {applet} is another applet's too"
+        );
+        let row = format!("127.0.0.1:{port}` |");
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with(&format!("| `{applet}`")) && l.ends_with(&row)),
+            "docs/cli.md has no row `{applet}` … 127.0.0.1:{port}"
+        );
+    }
+}

@@ -338,3 +338,58 @@ fn check_config_loads_the_mig_config_file() {
         assert!(stderr.contains(bad.to_str().unwrap()), "{stderr}");
     }
 }
+
+#[test]
+fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_ports() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({}));
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    let state_dir = node.dir.path().join("mig-state");
+    // No --health-address and no GPUD_HEALTH_ADDRESS: each takes its own default port.
+    let spawn = |args: &[&str]| {
+        Reconciler(
+            node.gpud(args)
+                .env_remove("GPUD_HEALTH_ADDRESS")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut reconciler = spawn(&[
+        "mig",
+        "reconcile",
+        "--mig-config-file",
+        default_config().to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig,
+        "--mig-state-dir",
+        state_dir.to_str().unwrap(),
+    ]);
+    let mut status = spawn(&["node-status", "--kubeconfig", kubeconfig, "--kmsg", ""]);
+    let port = |applet: &str| {
+        gpud::applets::ADMIN_PORTS
+            .iter()
+            .find(|(name, _)| *name == applet)
+            .unwrap()
+            .1
+    };
+    for (applet, child) in [
+        ("mig reconcile", &mut reconciler),
+        ("node-status", &mut status),
+    ] {
+        let port = port(applet);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !common::http::get(port, "/healthz").is_ok_and(|a| a.status == 200) {
+            assert!(
+                child.0.try_wait().unwrap().is_none(),
+                "{applet} exited: its admin port {port} was taken"
+            );
+            assert!(Instant::now() < deadline, "{applet}: no /healthz on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert!(reconciler.0.try_wait().unwrap().is_none());
+    assert!(status.0.try_wait().unwrap().is_none());
+}

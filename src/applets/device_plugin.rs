@@ -8,15 +8,12 @@ use std::sync::Arc;
 use clap::Parser;
 
 use crate::cli::{self, AdminArgs, CommonArgs, NodeArgs, RescanArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::nvml::Rescanner;
-
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 1;
 
 /// Advertise the node's GPUs to the kubelet (Device Plugin API v1beta1), as NVIDIA's
 /// k8s-device-plugin does, with the same config file, flags and environment. SIGHUP re-reads
@@ -64,6 +61,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(rescanner);
     daemon.add_support(HealthWatcher::optional(nvml, health));
     daemon.add(DevicePlugin::new(args.kubelet.manager_config()), Arc::clone);
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("device-plugin")));
     daemon.run(inventory)
 }

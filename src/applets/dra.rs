@@ -8,16 +8,13 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs, RescanArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::dra::{Dra, DraArgs};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::holdings;
 use crate::mps::MpsArgs;
 use crate::nvml::Rescanner;
-
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 7;
 
 /// Be the kubelet's Dynamic Resource Allocation plugin for the node's GPUs and MIG devices
 /// (driver gpu.nvidia.com, as NVIDIA's DRA driver names them): publish ResourceSlices,
@@ -71,6 +68,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
     let (held, _) = holdings::channel();
     daemon.add_fixed(Dra::new(config, held, nvml));
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("dra")));
     daemon.run(inventory)
 }

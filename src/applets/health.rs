@@ -13,9 +13,6 @@ use crate::health::args::HealthArgs;
 use crate::health::report;
 use crate::health::service::{HealthWatcher, TransitionPrinter};
 
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 3;
-
 /// Watch GPU health: XIDs, ECC errors, row remapping, lost GPUs, temperature and NVLinks.
 ///
 /// Prints one line per health transition. XIDs that NVIDIA's device plugin treats as
@@ -70,6 +67,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let mut daemon = Daemon::fixed("health");
     daemon.add_support(HealthWatcher::required(nvml, settings));
     daemon.add_fixed(TransitionPrinter::new(args.json));
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("health")));
     daemon.run(inventory)
 }

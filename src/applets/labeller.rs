@@ -12,16 +12,13 @@ use clap::Parser;
 use tracing::warn;
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, RescanArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::inventory::Inventory;
 use crate::labeller::args::LabellerArgs;
 use crate::nvidia_config::SharedFlags;
 use crate::nvml::{NodeFacts, Nvml, Rescanner};
-
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 2;
 
 /// Label the node with GPU features (GFD-compatible): model, memory, count, MIG, sharing,
 /// driver and CUDA versions, plus gpud's health summary.
@@ -125,7 +122,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         Arc::clone,
     );
     if !oneshot {
-        daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+        daemon.serve_admin(&args.admin.address(super::admin_port("labeller")));
     }
     daemon.run(inventory)
 }

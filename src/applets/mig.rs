@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
 use crate::mig::reconcile::args::ReconcileArgs;
@@ -22,9 +22,6 @@ use crate::mig_config::spec::{Entry, Spec};
 use crate::mig_config::{self, assert, select};
 use crate::nvml::mig_admin::MigAdmin;
 use crate::nvml::{NodeFacts, Rescanner};
-
-/// The admin endpoint's default port (`--health-address`) for `gpud mig reconcile`.
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 4;
 
 /// Partition GPUs with MIG from mig-parted config files.
 #[derive(Debug, Parser)]
@@ -385,6 +382,6 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     };
     let mut daemon = Daemon::fixed("mig-reconcile");
     daemon.add_fixed(reconciler);
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("mig reconcile")));
     daemon.run(inventory)
 }

@@ -18,6 +18,29 @@ use std::process::ExitCode;
 
 use crate::daemon::Error;
 
+/// The admin endpoint's port (`/healthz`, `/readyz`) of each long-running applet when
+/// `--health-address` is not given: one port each, so every applet can run on one host (or in
+/// one pod, whose containers share a network namespace) with its defaults. The exporter serves
+/// them on its metrics port. docs/cli.md lists the same table.
+pub const ADMIN_PORTS: &[(&str, u16)] = &[
+    ("run", 9410),
+    ("device-plugin", 9411),
+    ("labeller", 9412),
+    ("health", 9413),
+    ("node-status", 9414),
+    ("mig reconcile", 9415),
+    ("mps-control-daemon", 9416),
+    ("dra", 9417),
+];
+
+/// The default admin port of `applet` (a name from [`ADMIN_PORTS`]).
+fn admin_port(applet: &str) -> u16 {
+    ADMIN_PORTS
+        .iter()
+        .find(|(name, _)| *name == applet)
+        .map_or(crate::daemon::DEFAULT_HEALTH_PORT, |(_, port)| *port)
+}
+
 /// One applet: a name for `gpud <name>` / `gpud-<name>` and its entry point.
 #[derive(Debug)]
 pub struct Applet {

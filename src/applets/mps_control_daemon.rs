@@ -8,13 +8,10 @@ use std::sync::Arc;
 use clap::Parser;
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs, RescanArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::device_plugin::settings_source::{self, PluginArgs};
 use crate::mps::{self, MpsArgs, MpsControl};
 use crate::nvml::Rescanner;
-
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 6;
 
 /// Run one MPS control daemon per MPS-shared resource of NVIDIA's config (`sharing.mps`, with
 /// `mpsRoot`), as NVIDIA's mps-control-daemon does: compute mode EXCLUSIVE_PROCESS, the
@@ -77,6 +74,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
     daemon.add(MpsControl::new(nvml, args.mps.options(events)), Arc::clone);
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("mps-control-daemon")));
     daemon.run(inventory)
 }

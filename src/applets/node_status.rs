@@ -7,13 +7,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::node_status::{NodeStatus, NodeStatusArgs};
-
-/// The admin endpoint's default port (`--health-address`).
-pub const HEALTH_PORT: u16 = daemon::DEFAULT_HEALTH_PORT + 4;
 
 /// Keep the GPUs' health on this node's Node object: the GPUHealthy condition, an event per
 /// health transition, and (when configured) taints that are removed when the GPUs recover.
@@ -68,6 +65,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         args.api.kubeconfig.clone(),
         args.status.settings(),
     ));
-    daemon.serve_admin(&args.admin.address(HEALTH_PORT));
+    daemon.serve_admin(&args.admin.address(super::admin_port("node-status")));
     daemon.run(inventory)
 }

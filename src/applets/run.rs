@@ -17,7 +17,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, RescanArgs};
-use crate::daemon::{self, Daemon, Error};
+use crate::daemon::{Daemon, Error};
 use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
 use crate::doctor::service::{self as doctor_service, PeriodicDoctor};
@@ -258,7 +258,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         daemon.add_fixed(exporter);
     } else {
         daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
-        daemon.serve_admin(&args.admin.address(daemon::DEFAULT_HEALTH_PORT));
+        daemon.serve_admin(&args.admin.address(super::admin_port("run")));
     }
     if let Some(mps) = mps {
         daemon.add(mps, |config: &Arc<Reloadable>| Arc::clone(&config.plugin));
