@@ -81,6 +81,12 @@ pub struct ApiArgs {
     /// kubeconfig for the API server; without it the in-cluster service account is used.
     #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// How long the API server may leave calls unanswered before a subsystem that needs it is
+    /// not ready (/readyz says why); until its first answer it is not ready either.
+    #[arg(long, value_name = "DURATION", env = "GPUD_API_UNREADY_AFTER", default_value = "2m",
+          value_parser = crate::values::positive_duration)]
+    pub api_unready_after: std::time::Duration,
 }
 
 impl ApiArgs {

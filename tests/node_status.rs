@@ -536,3 +536,22 @@ fn node_status_needs_the_node_name() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+#[test]
+fn not_ready_until_the_api_server_answers_and_it_says_why() {
+    let node = Node::new("dgx-h100");
+    let mut api = FakeApi::start_with_node(json!({}));
+    api.stop();
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let _gpud = node_status(&node, &api, &["--health-address", &address]);
+    let refused = common::http::wait_for(port, "/readyz", 20, |a| {
+        a.status == 503
+            && a.body
+                .contains("node-status not ready: no answer from the API server yet: ")
+    });
+    assert!(refused.body.contains("node test-node"), "{}", refused.body);
+    api.restart();
+    common::http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+}

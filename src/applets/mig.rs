@@ -374,6 +374,7 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     let Some(reconciler) = args.reconcile.reconciler(
         args.node_name.as_deref(),
         args.api.kubeconfig(),
+        args.api.api_unready_after,
         &nvml,
         rescanner,
     )?

@@ -60,11 +60,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let inventory = nvml.inventory(&args.node.facts())?;
     let mut daemon = Daemon::fixed("node-status");
     daemon.add_support(HealthWatcher::required(nvml, health));
-    daemon.add_fixed(NodeStatus::new(
-        node,
-        args.api.kubeconfig.clone(),
-        args.status.settings(),
-    ));
+    daemon.add_fixed(
+        NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())
+            .with_unready_after(args.api.api_unready_after),
+    );
     daemon.serve_admin(&args.admin.address(super::admin_port("node-status")));
     daemon.run(inventory)
 }

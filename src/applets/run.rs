@@ -204,6 +204,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let reconciler = args.mig.reconciler(
         args.node_name.as_deref(),
         args.api.kubeconfig(),
+        args.api.api_unready_after,
         &nvml,
         rescanner.clone(),
     )?;
@@ -224,8 +225,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     });
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner);
-    let mut status = node_status
-        .map(|node| NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings()));
+    let mut status = node_status.map(|node| {
+        NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())
+            .with_unready_after(args.api.api_unready_after)
+    });
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
         status = status.map(|s| s.with_doctor(latest.clone()));

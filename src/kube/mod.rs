@@ -4,7 +4,8 @@
 //! - [`bounded`]: every call with a time limit, failures as one [`ApiError`];
 //! - [`NodeClient`]: the one client of this node's Node object (labels, annotations,
 //!   conditions, taints, a watch, events about it);
-//! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox.
+//! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox;
+//! - [`ApiReadiness`]: a subsystem that needs the API server is ready while it gets answers.
 //!
 //! Subsystems that write to the API server (labeller, node status, DRA, MIG reconciler, MPS)
 //! use this seam and none of each other's code. Retry pauses come from [`crate::backoff`].
@@ -13,7 +14,9 @@ mod call;
 mod client;
 pub mod events;
 mod node;
+pub mod readiness;
 
 pub use call::{ApiError, CALL_TIMEOUT, bounded, within};
 pub use client::connect;
 pub use node::{ConditionRecord, NodeClient, NodeView};
+pub use readiness::ApiReadiness;

@@ -25,7 +25,7 @@ use crate::doctor_report::LatestReport;
 use crate::inventory::Inventory;
 use crate::inventory::transitions;
 use crate::kube::events::Outbox;
-use crate::kube::{self, ApiError, ConditionRecord, NodeClient};
+use crate::kube::{self, ApiError, ApiReadiness, ConditionRecord, NodeClient};
 
 /// The node-status subsystem for one node.
 /// The field manager of gpud's conditions and taints, and the component of its events.
@@ -37,6 +37,8 @@ pub struct NodeStatus {
     kubeconfig: Option<PathBuf>,
     settings: Settings,
     doctor: Option<LatestReport>,
+    /// How long the API server may go unanswered before the subsystem is not ready.
+    unready_after: Duration,
 }
 
 impl NodeStatus {
@@ -47,7 +49,14 @@ impl NodeStatus {
             kubeconfig,
             settings,
             doctor: None,
+            unready_after: Duration::from_secs(120),
         }
+    }
+
+    /// Not ready after `limit` without an answer from the API server (`--api-unready-after`).
+    pub fn with_unready_after(mut self, limit: Duration) -> Self {
+        self.unready_after = limit;
+        self
     }
 
     /// Also publishes the verdict of the daemon's periodic doctor.
@@ -84,7 +93,8 @@ impl Subsystem for NodeStatus {
             report.as_deref(),
             Instant::now().into_std(),
         );
-        ctx.set_ready();
+        // Ready once the API server answers the first write, not before.
+        let mut api_ready = ApiReadiness::new(ctx.ready_latch(), self.unready_after);
 
         let mut backoff = Backoff::capped(backoff::seed_from(&self.node), settings.retry_max);
         let mut outbox = Outbox::new(Instant::now().into_std());
@@ -114,6 +124,7 @@ impl Subsystem for NodeStatus {
                 };
                 match attempt.await {
                     Ok(()) => {
+                        api_ready.answered();
                         if due {
                             log_changes(wrote.as_ref(), &want);
                             wrote = Some(want);
@@ -122,6 +133,7 @@ impl Subsystem for NodeStatus {
                         backoff.reset();
                     }
                     Err(err) => {
+                        api_ready.failed(&crate::logging::error_chain(&err));
                         let delay = backoff.next_delay();
                         warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Node status not written; retrying with the state of that moment");
                         next_attempt = Instant::now() + delay;

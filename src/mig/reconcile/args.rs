@@ -106,6 +106,7 @@ impl ReconcileArgs {
         &self,
         node_name: Option<&str>,
         kubeconfig: Option<&Path>,
+        unready_after: Duration,
         nvml: &Nvml,
         rescanner: Rescanner,
     ) -> Result<Option<Reconciler>, Error> {
@@ -129,6 +130,7 @@ impl ReconcileArgs {
             admin: nvml.mig_admin(),
             rescanner,
             metrics: Default::default(),
+            unready_after,
         }))
     }
 }

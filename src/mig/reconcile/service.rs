@@ -24,7 +24,7 @@ use super::node::{self, FIELD_MANAGER, State, View};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
-use crate::kube::{self, NodeClient};
+use crate::kube::{self, ApiReadiness, NodeClient};
 use crate::mig::apply::{ApplyError, Outcome};
 use crate::mig_state::metrics::Metrics;
 use crate::mig_state::record::{self, Record};
@@ -61,6 +61,8 @@ pub struct Reconciler {
     pub rescanner: Rescanner,
     /// Applies and states, for the exporter of the same process.
     pub metrics: Metrics,
+    /// How long the API server may go unanswered before the reconciler is not ready.
+    pub unready_after: Duration,
 }
 
 /// How an attempt ended.
@@ -318,7 +320,9 @@ impl Reconciler {
             self.node.clone(),
             FIELD_MANAGER,
         );
-        ctx.set_ready();
+        // Ready once the Node is read, not before: a reconciler that cannot read its label
+        // follows nothing.
+        let mut api_ready = ApiReadiness::new(ctx.ready_latch(), self.unready_after);
         let mut backoff = Backoff::new(backoff::seed_from(&self.node));
         // Failed configs: from `--mig-retry-interval` up to RETRY_MAX while the same label keeps
         // failing, from the start again for a new label.
@@ -332,8 +336,12 @@ impl Reconciler {
                 read = node::read(&client) => read,
             };
             let view = match read {
-                Ok(view) => view,
+                Ok(view) => {
+                    api_ready.answered();
+                    view
+                }
                 Err(err) => {
+                    api_ready.failed(&crate::logging::error_chain(&err));
                     warn!(error = %crate::logging::error_chain(&err), "Cannot read the Node; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return Ok(()),
