@@ -1007,6 +1007,7 @@ mod tests {
                 "gpud_nvml_up 1".to_owned(),
                 "gpud_samples_total 3".to_owned(),
                 "gpud_sample_duration_seconds 0.25".to_owned(),
+                "gpud_exporter_last_sample_age_seconds 0.000".to_owned(),
                 format!("gpud_gpu_sampled{{{}}} 1", own_id(0)),
                 format!("gpud_gpu_sampled{{{}}} 0", own_id(1)),
                 format!("gpud_gpu_health{{{},state=\"healthy\"}} 1", own_id(0)),
