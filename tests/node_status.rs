@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::host::Host;
 use common::{Node, Running};
-use fake_api::FakeApi;
+use fake_api::{FakeApi, Fault, Rule};
 use serde_json::{Value, json};
 
 /// The hold time the tests run with.
@@ -554,4 +554,230 @@ fn not_ready_until_the_api_server_answers_and_it_says_why() {
     api.restart();
     common::http::wait_for(port, "/readyz", 20, |a| a.status == 200);
     condition_when(&api, "GPUHealthy", status_is("True"));
+}
+
+/// The requests to the Node itself (reads and patches, not its status), from `since` on.
+fn node_requests(api: &FakeApi, since: Instant) -> Vec<fake_api::Recorded> {
+    api.log()
+        .into_iter()
+        .filter(|r| r.at >= since && r.path.starts_with("/api/v1/nodes/test-node"))
+        .filter(|r| !r.path.starts_with("/api/v1/nodes/test-node/status"))
+        .collect()
+}
+
+#[test]
+fn a_conflict_on_the_taint_patch_reads_the_node_again_and_retries_at_once() {
+    let node = Node::new("pcie-4gpu");
+    let api = busy_node();
+    let gpud = node_status(&node, &api, &["--taint-unhealthy", "NoSchedule"]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    let rule =
+        api.refuse(Rule::exact("PATCH", "/api/v1/nodes/test-node", Fault::Conflict).times(1));
+    let since = Instant::now();
+    node.inject("lost 2");
+    wait_for(20, "gpud's taint", || {
+        (taint_keys(&api).len() == 2).then_some(())
+    });
+    assert_eq!(api.refused_by(rule), 1);
+    // The refused patch, then at once a fresh read and the patch again, from that read.
+    let seen: Vec<(String, u16)> = node_requests(&api, since)
+        .iter()
+        .map(|r| (r.method.clone(), r.status))
+        .collect();
+    let at = seen
+        .iter()
+        .position(|r| *r == ("PATCH".to_owned(), 409))
+        .unwrap();
+    assert_eq!(
+        seen[at..at + 3],
+        [
+            ("PATCH".to_owned(), 409),
+            ("GET".to_owned(), 200),
+            ("PATCH".to_owned(), 200)
+        ],
+        "{seen:?}"
+    );
+    let requests = node_requests(&api, since);
+    let converged = requests[at + 2].at.duration_since(requests[at].at);
+    eprintln!("409 on the taint patch: converged {converged:?} after the refusal");
+    // No backoff pause: the retry was immediate (the backoff starts at 0.5 s).
+    assert!(converged < Duration::from_millis(450), "{converged:?}");
+    assert_eq!(
+        taint_keys(&api),
+        [
+            ("example.com/maintenance".to_owned(), "NoExecute".to_owned()),
+            ("gpud.io/gpu-unhealthy".to_owned(), "NoSchedule".to_owned()),
+        ]
+    );
+    others_survived(&api);
+    let log = gpud.stderr();
+    assert!(
+        log.contains("The Node changed while gpud wrote its taints; reading it again"),
+        "{log}"
+    );
+    assert!(log.contains("the object has been modified"), "{log}");
+}
+
+#[test]
+fn too_many_requests_waits_as_long_as_retry_after_says() {
+    let node = Node::new("pcie-4gpu");
+    let api = busy_node();
+    let gpud = node_status(&node, &api, &["--taint-unhealthy", "NoSchedule"]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    // Twice, so the second refusal shows the pause is the server's, not the backoff's (capped
+    // at 1 s here).
+    let rule = api.refuse(
+        Rule::exact(
+            "PATCH",
+            "/api/v1/nodes/test-node",
+            Fault::TooManyRequests(2),
+        )
+        .times(2),
+    );
+    let since = Instant::now();
+    node.inject("lost 2");
+    wait_for(30, "gpud's taint", || {
+        (taint_keys(&api).len() == 2).then_some(())
+    });
+    assert_eq!(api.refused_by(rule), 2);
+    let requests = node_requests(&api, since);
+    let refused: Vec<usize> = requests
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.status == 429)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(refused.len(), 2);
+    // Nothing reached the Node before Retry-After elapsed.
+    for &i in &refused {
+        let next = &requests[i + 1];
+        let gap = next.at.duration_since(requests[i].at);
+        eprintln!("429 Retry-After: 2: next request {gap:?} later");
+        assert!(gap >= Duration::from_millis(1950), "{gap:?}: {requests:?}");
+    }
+    let during = requests.len();
+    let converged = requests
+        .last()
+        .unwrap()
+        .at
+        .duration_since(requests[refused[0]].at);
+    eprintln!("429 twice: {during} Node requests, converged {converged:?} after the first");
+    assert!(during <= 6, "{requests:?}");
+    assert_eq!(
+        taint_keys(&api),
+        [
+            ("example.com/maintenance".to_owned(), "NoExecute".to_owned()),
+            ("gpud.io/gpu-unhealthy".to_owned(), "NoSchedule".to_owned()),
+        ]
+    );
+    others_survived(&api);
+    let log = gpud.stderr();
+    assert!(
+        log.contains("Too many requests, please try again later"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_event_the_api_server_already_has_counts_as_created() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start_with_node(json!({}));
+    let events_path = "/api/v1/namespaces/default/events";
+    let rule = api.refuse(Rule::exact("POST", events_path, Fault::AlreadyExists).times(1));
+    let gpud = node_status(&node, &api, &[]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    inject_until(&node, "lost 2", || {
+        (api.refused_by(rule) == 1).then_some(())
+    });
+    condition_when(&api, "GPUHealthy", status_is("False"));
+    node.inject("recover 2");
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    wait_for(20, "the recovery event", || {
+        events(&api)
+            .iter()
+            .any(|(reason, _)| reason == "GPURecovered")
+            .then_some(())
+    });
+    // The refused event was not sent again: one POST per event, the refused one included.
+    let posts = api.requests_to("POST", events_path);
+    assert_eq!(posts.len(), api.events().len() + 1, "{posts:?}");
+    assert_eq!(posts.iter().filter(|r| r.status == 409).count(), 1);
+    assert!(
+        !events(&api)
+            .iter()
+            .any(|(reason, _)| reason == "GPUUnhealthy"),
+        "{:?}",
+        events(&api)
+    );
+    let log = gpud.stderr();
+    assert!(!log.contains("Node status not written"), "{log}");
+}
+
+/// One raw HTTP/1.1 request to the fake API server: (status, body).
+fn raw(api: &FakeApi, method: &str, path: &str, content_type: &str, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", api.port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: fake\r\nConnection: close\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, serde_json::from_str(body).unwrap())
+}
+
+#[test]
+fn apply_without_a_field_manager_or_to_another_node_is_refused_as_the_api_server_does() {
+    // The fake's own strictness, which the tests above rely on.
+    let api = FakeApi::start_with_node(json!({}));
+    let (code, status) = raw(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/test-node/status",
+        "application/apply-patch+yaml",
+        r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"test-node"}}"#,
+    );
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        (
+            &status["kind"],
+            &status["status"],
+            &status["reason"],
+            &status["code"]
+        ),
+        (
+            &json!("Status"),
+            &json!("Failure"),
+            &json!("Invalid"),
+            &json!(422)
+        )
+    );
+    let (code, status) = raw(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/other-node",
+        "application/merge-patch+json",
+        r#"{"metadata":{"labels":{"a":"b"}}}"#,
+    );
+    assert_eq!((code, &status["reason"]), (404, &json!("NotFound")));
+    let (code, status) = raw(
+        &api,
+        "PATCH",
+        "/api/v1/nodes/test-node?fieldManager=x",
+        "application/merge-patch+json",
+        r#"{"metadata":{"resourceVersion":"0","labels":{"a":"b"}}}"#,
+    );
+    assert_eq!((code, &status["reason"]), (409, &json!("Conflict")));
+    let log = api.log();
+    assert_eq!(
+        log.iter().map(|r| r.status).collect::<Vec<_>>(),
+        [422, 404, 409]
+    );
+    assert_eq!(log[2].field_manager.as_deref(), Some("x"));
+    assert_eq!(log[2].path, "/api/v1/nodes/test-node?fieldManager=x");
 }

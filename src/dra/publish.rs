@@ -174,13 +174,13 @@ impl Publisher {
         let params = WatchParams::default()
             .fields(&self.selector())
             .timeout(WATCH_SECONDS);
-        let stream = api
-            .watch(&params, "0")
-            .await
-            .map_err(|source| ApiError::Api {
-                what: format!("watching the ResourceSlices of node {}", self.node),
-                source,
-            })?;
+        // Bounded like every call: an API server that never answers the watch request is
+        // reported and the watch reopened, instead of waiting on it forever.
+        let stream = bounded(
+            || format!("watching the ResourceSlices of node {}", self.node),
+            api.watch(&params, "0"),
+        )
+        .await?;
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{error, info, warn};
 
-use super::api_version::ResourceApi;
+use super::api_version::{ResourceApi, ResourceApiError};
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
 use super::prepare::Preparer;
@@ -212,7 +212,7 @@ async fn watch_slices(
                     backoff.reset();
                     continue;
                 }
-                Err(err) => debug!(error = %logging::error_chain(&err), "ResourceSlice watch ended"),
+                Err(err) => info!(error = %logging::error_chain(&err), "ResourceSlice watch failed; listing again, then watching again after a pause"),
             },
         }
         // A watch that reopens may have missed events.
@@ -252,7 +252,11 @@ async fn publish_loop(
                     warn!(error = %text, "Cannot publish the node's ResourceSlices; retrying with backoff");
                     last_error = Some(text);
                 }
-                backoff.next_delay()
+                let delay = backoff.next_delay();
+                match &err {
+                    ResourceApiError::Call(call) => call.paced(delay),
+                    ResourceApiError::NotServed { .. } => delay,
+                }
             }
         };
         tokio::select! {

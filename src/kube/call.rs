@@ -48,6 +48,50 @@ impl ApiError {
             _ => None,
         }
     }
+
+    /// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
+    /// 429 or 5xx `Status`, which the API server sets together with its `Retry-After`
+    /// header). kube-rs surfaces the body only, so a 429 whose body is not a `Status` (a
+    /// proxy's, or priority and fairness's plain-text refusal) carries none.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::Api {
+                source: ::kube::Error::Api(status),
+                ..
+            }
+            | ApiError::Hinted {
+                source: ::kube::Error::Api(status),
+                ..
+            } => status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|&seconds| seconds > 0)
+                .map(|seconds| Duration::from_secs(u64::from(seconds))),
+            _ => None,
+        }
+    }
+
+    /// The pause before the next attempt: the backoff's `delay`, or longer if the API
+    /// server asked for longer.
+    pub fn paced(&self, delay: Duration) -> Duration {
+        self.retry_after().map_or(delay, |after| after.max(delay))
+    }
+
+    /// A refusal by RBAC says so: the fix is in gpud's ClusterRole, not in gpud.
+    fn with_hint(self) -> Self {
+        match self {
+            ApiError::Api { what, source } if matches!(&source, ::kube::Error::Api(s) if s.code == 403) => {
+                ApiError::Hinted {
+                    what,
+                    hint: "forbidden by RBAC: gpud's service account needs this verb on this \
+                           resource; check the ClusterRole bound to it",
+                    source,
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 /// Runs `call` within [`CALL_TIMEOUT`]; `what` names it in the error.
@@ -79,7 +123,8 @@ where
                 source,
             },
             other => other,
-        }),
+        }
+        .with_hint()),
         Err(_) => Err(ApiError::Timeout {
             what: what(),
             after: limit,
@@ -94,5 +139,56 @@ impl From<::kube::Error> for ApiError {
             what: String::new(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, retry_after: u32) -> ::kube::Error {
+        let mut status = ::kube::core::Status::failure("refused", "Refused").with_code(code);
+        if retry_after > 0 {
+            status.details = Some(::kube::core::response::StatusDetails {
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: retry_after,
+            });
+        }
+        ::kube::Error::Api(status.boxed())
+    }
+
+    async fn failed(source: ::kube::Error) -> ApiError {
+        match bounded(|| "patching node n".to_owned(), async {
+            Err::<(), _>(source)
+        })
+        .await
+        {
+            Err(err) => err,
+            Ok(()) => panic!("no error"),
+        }
+    }
+
+    #[tokio::test]
+    async fn retry_after_lengthens_the_backoff_and_never_shortens_it() {
+        let err = failed(refused(429, 7)).await;
+        assert_eq!(err.status(), Some(429));
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(err.paced(Duration::from_secs(1)), Duration::from_secs(7));
+        assert_eq!(err.paced(Duration::from_secs(9)), Duration::from_secs(9));
+        let plain = failed(refused(500, 0)).await;
+        assert_eq!(plain.paced(Duration::from_secs(1)), Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_by_rbac_names_rbac() {
+        let err = failed(refused(403, 0)).await;
+        assert_eq!(err.status(), Some(403));
+        let text = err.to_string();
+        assert!(text.starts_with("patching node n: "), "{text}");
+        assert!(text.contains("forbidden by RBAC"), "{text}");
     }
 }

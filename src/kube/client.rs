@@ -27,6 +27,12 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
             .await
             .map_err(|e| ApiError::Config(e.to_string()))?,
     };
+    // No retries hidden inside one call: kube-rs would otherwise repeat a 429, 503 or 504 up
+    // to 15 times from 5 ms within the call's time limit, unseen by gpud's log and backoff.
+    // Each call is one request; its caller retries on gpud's backoff, lengthened to what the
+    // API server asks for ([`ApiError::paced`]).
+    let mut config = config;
+    config.default_retry = false;
     ::kube::Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))
 }
 

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use ::kube::api::{Api, Patch, PatchParams, PostParams, WatchParams};
+use ::kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use k8s_openapi::api::core::v1::{Event, Node, Taint};
 use serde_json::{Value, json};
 use tokio_stream::StreamExt;
@@ -196,6 +196,13 @@ impl NodeClient {
             Ok(Some(Err(source))) => Err(ApiError::Api {
                 what: what(),
                 source,
+            }),
+            // The API server ends a watch with an ERROR event, a 410 Gone when `version` is
+            // too old: an error, so that the caller reads again and a watch that keeps failing
+            // is paced by the caller's backoff rather than reopened at once.
+            Ok(Some(Ok(WatchEvent::Error(status)))) => Err(ApiError::Api {
+                what: what(),
+                source: ::kube::Error::Api(status),
             }),
             _ => Ok(()),
         }

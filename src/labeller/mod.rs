@@ -220,7 +220,7 @@ impl ApiState {
                 Ok(())
             }
             Err(err) => {
-                let delay = self.backoff.next_delay();
+                let delay = err.paced(self.backoff.next_delay());
                 warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Cannot write the labels to {}; retrying", self.sink.target());
                 self.retry_at = Some(Instant::now() + delay);
                 Err(err)

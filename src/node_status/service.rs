@@ -102,6 +102,8 @@ impl Subsystem for NodeStatus {
         let mut uid: Option<String> = None;
         let mut next_attempt = Instant::now();
         let mut resync_at = Instant::now();
+        // Whether the last attempt lost a race for the taints (409) and was retried at once.
+        let mut reread = false;
         loop {
             let now = Instant::now();
             if let Some(changed) = desired.settle(now.into_std()) {
@@ -131,10 +133,19 @@ impl Subsystem for NodeStatus {
                             resync_at = Instant::now() + settings.resync;
                         }
                         backoff.reset();
+                        reread = false;
+                    }
+                    // Someone changed the Node between the read and the taint patch: read it
+                    // again and retry at once, once; a second conflict in a row backs off.
+                    Err(err) if err.status() == Some(409) && !reread => {
+                        info!(error = %crate::logging::error_chain(&err), "The Node changed while gpud wrote its taints; reading it again");
+                        reread = true;
+                        next_attempt = Instant::now();
                     }
                     Err(err) => {
                         api_ready.failed(&crate::logging::error_chain(&err));
-                        let delay = backoff.next_delay();
+                        reread = false;
+                        let delay = err.paced(backoff.next_delay());
                         warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Node status not written; retrying with the state of that moment");
                         next_attempt = Instant::now() + delay;
                     }

@@ -9,6 +9,13 @@
 //! no conversion between versions) and 404 in the others. It can
 //! fail the next requests with 500, and stop and come back on the same port (an API server
 //! restart) with what it held.
+//!
+//! It also says no as a real API server does: [`Rule`]s matched by method and path (and
+//! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
+//! event carrying 410, 429 with `Retry-After`, 403, 422, a stall, a dropped connection), every
+//! refusal a real `metav1.Status` body. Server-side apply without a field manager is refused
+//! with 422, writes to a Node that does not exist with 404, and every request is recorded
+//! ([`Recorded`]: method, path with query, field manager, status answered).
 
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
@@ -72,6 +79,139 @@ pub struct ApiState {
     pub resource_versions: Vec<String>,
     /// `METHOD path` of every `resource.k8s.io` request, discovery included.
     pub resource_requests: Vec<String>,
+    /// Every request, in the order they arrived.
+    pub log: Vec<Recorded>,
+    /// Fault rules, tried in order; the first that fires answers.
+    pub rules: Vec<Rule>,
+}
+
+/// One request as the fake API server saw it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// When it arrived.
+    pub at: Instant,
+    pub method: String,
+    /// Path and query, as sent.
+    pub path: String,
+    /// The `fieldManager` query parameter, decoded.
+    pub field_manager: Option<String>,
+    /// The HTTP status answered; 0 while unanswered, and for a dropped connection.
+    pub status: u16,
+    /// Whether a fault rule answered it.
+    pub refused: bool,
+}
+
+/// What a fault rule answers instead of the API server's real answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// 409 Conflict: the object was modified since the client read it.
+    Conflict,
+    /// 409 AlreadyExists, as a create of an existing name gets.
+    AlreadyExists,
+    /// HTTP 410 Gone (reason Expired), as a watch or list from a compacted resourceVersion.
+    Gone,
+    /// 200 and a single watch event of type ERROR carrying a 410 Expired Status, then the end
+    /// of the stream: what a real API server sends when a watch's resourceVersion expires.
+    GoneEvent,
+    /// 429 TooManyRequests with `Retry-After: <seconds>` and `details.retryAfterSeconds`.
+    TooManyRequests(u64),
+    /// 403 Forbidden, as RBAC refuses.
+    Forbidden,
+    /// 422 Invalid.
+    Invalid,
+    /// No answer for this long, then the real answer (to a client still waiting).
+    Stall(Duration),
+    /// The connection closes without an answer.
+    Drop,
+}
+
+/// A fault rule: which requests it refuses, and how.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// The method (`GET`, `PATCH`, …), or `*` for any.
+    pub method: String,
+    pub path: String,
+    /// Whether `path` is a prefix of the request's path rather than all of it.
+    pub prefix: bool,
+    /// Text the query must contain (`watch=true`), if any.
+    pub query: Option<String>,
+    /// Only the Nth matching request (1-based), if set.
+    pub nth: Option<u32>,
+    /// At most this many refusals, if set.
+    pub times: Option<u32>,
+    pub fault: Fault,
+    /// Matching requests so far.
+    pub matched: u32,
+    /// Refusals so far.
+    pub fired: u32,
+}
+
+impl Rule {
+    /// Refuses every `method` request to exactly `path` (no query) with `fault`.
+    pub fn exact(method: &str, path: &str, fault: Fault) -> Rule {
+        Rule {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            prefix: false,
+            query: None,
+            nth: None,
+            times: None,
+            fault,
+            matched: 0,
+            fired: 0,
+        }
+    }
+
+    /// Refuses every `method` request to a path starting with `path` with `fault`.
+    pub fn prefix(method: &str, path: &str, fault: Fault) -> Rule {
+        Rule {
+            prefix: true,
+            ..Rule::exact(method, path, fault)
+        }
+    }
+
+    /// Only requests whose query contains `text`.
+    pub fn query(mut self, text: &str) -> Rule {
+        self.query = Some(text.to_owned());
+        self
+    }
+
+    /// Only the `n`th matching request (1-based).
+    pub fn nth(mut self, n: u32) -> Rule {
+        self.nth = Some(n);
+        self
+    }
+
+    /// At most `n` refusals.
+    pub fn times(mut self, n: u32) -> Rule {
+        self.times = Some(n);
+        self
+    }
+
+    /// Whether this rule refuses the request, counting it.
+    fn fires(&mut self, method: &str, uri: &axum::http::Uri) -> bool {
+        let path = uri.path();
+        let path_ok = if self.prefix {
+            path.starts_with(&self.path)
+        } else {
+            path == self.path
+        };
+        let query_ok = self
+            .query
+            .as_ref()
+            .is_none_or(|q| uri.query().unwrap_or_default().contains(q.as_str()));
+        if !(path_ok && query_ok && (self.method == "*" || self.method == method)) {
+            return false;
+        }
+        self.matched += 1;
+        if self.nth.is_some_and(|n| n != self.matched)
+            || self.times.is_some_and(|t| self.fired >= t)
+        {
+            return false;
+        }
+        self.fired += 1;
+        true
+    }
 }
 
 impl ApiState {
@@ -133,6 +273,175 @@ fn status(code: StatusCode, reason: &str) -> (StatusCode, axum::Json<Value>) {
     )
 }
 
+/// A `metav1.Status` failure as the API server sends it, with `details` when given.
+fn failure(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    details: Value,
+) -> axum::response::Response {
+    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
+    if !details.is_null() {
+        body["details"] = details;
+    }
+    axum::response::IntoResponse::into_response((code, axum::Json(body)))
+}
+
+/// The (group, resource, name) a request path names: `/api/v1/nodes/n/status` is
+/// `("", "nodes", "n")`, `/apis/g/v/namespaces/ns/things` is `("g", "things", "")`.
+fn target(path: &str) -> (String, String, String) {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _, rest @ ..] => (String::new(), rest),
+        ["apis", group, _, rest @ ..] => ((*group).to_owned(), rest),
+        _ => (String::new(), &parts[..]),
+    };
+    let rest = match rest {
+        ["namespaces", _, more @ ..] if !more.is_empty() => more,
+        other => other,
+    };
+    let resource = rest.first().copied().unwrap_or_default().to_owned();
+    let name = rest.get(1).copied().unwrap_or_default().to_owned();
+    (group, resource, name)
+}
+
+/// The answer of a fault: a Status as the real API server words it.
+fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response::Response {
+    let (group, resource, name) = target(uri.path());
+    let qualified = if group.is_empty() {
+        resource.clone()
+    } else {
+        format!("{resource}.{group}")
+    };
+    let details = json!({"name": name, "group": group, "kind": resource});
+    match fault {
+        Fault::Conflict => failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on {qualified} \"{name}\": the object has been \
+                 modified; please apply your changes to the latest version and try again"
+            ),
+            details,
+        ),
+        Fault::AlreadyExists => failure(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("{qualified} \"{name}\" already exists"),
+            details,
+        ),
+        Fault::Gone => failure(
+            StatusCode::GONE,
+            "Expired",
+            "too old resource version: 1 (1000)",
+            Value::Null,
+        ),
+        Fault::GoneEvent => {
+            let event = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                "metadata": {}, "status": "Failure", "message": "too old resource version: 1 (1000)",
+                "reason": "Expired", "code": 410}});
+            axum::response::IntoResponse::into_response(format!("{event}\n"))
+        }
+        Fault::TooManyRequests(seconds) => {
+            let mut response = failure(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+                json!({"retryAfterSeconds": seconds}),
+            );
+            response.headers_mut().insert(
+                "retry-after",
+                axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
+            );
+            response
+        }
+        Fault::Forbidden => {
+            let verb = match method {
+                "GET" if uri.query().unwrap_or_default().contains("watch=true") => "watch",
+                "GET" if name.is_empty() => "list",
+                "GET" => "get",
+                "PATCH" => "patch",
+                "PUT" => "update",
+                "POST" => "create",
+                "DELETE" if name.is_empty() => "deletecollection",
+                "DELETE" => "delete",
+                other => other,
+            };
+            let object = if name.is_empty() {
+                qualified.clone()
+            } else {
+                format!("{qualified} \"{name}\"")
+            };
+            failure(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                &format!(
+                    "{object} is forbidden: User \"system:serviceaccount:gpu-operator:gpud\" \
+                     cannot {verb} resource \"{resource}\" in API group \"{group}\" at the \
+                     cluster scope"
+                ),
+                details,
+            )
+        }
+        Fault::Invalid => failure(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!(
+                "{qualified} \"{name}\" is invalid: metadata: Invalid value: \"{name}\": \
+                 refused by a fault rule"
+            ),
+            details,
+        ),
+        Fault::Stall(_) | Fault::Drop => unreachable!("answered by the middleware"),
+    }
+}
+
+/// Records every request and answers it from the first fault rule that fires, else from the
+/// routes.
+#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
+async fn faults(
+    State(s): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = request.method().as_str().to_owned();
+    let uri = request.uri().clone();
+    let (index, fault) = {
+        let mut state = s.lock().unwrap();
+        let fault = state
+            .rules
+            .iter_mut()
+            .find_map(|rule| rule.fires(&method, &uri).then(|| rule.fault.clone()));
+        state.log.push(Recorded {
+            at: Instant::now(),
+            method: method.clone(),
+            path: uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_owned(), ToString::to_string),
+            field_manager: query(&uri).get("fieldManager").map(|m| decode(m)),
+            status: 0,
+            refused: fault.is_some(),
+        });
+        (state.log.len() - 1, fault)
+    };
+    let response = match fault {
+        None => next.run(request).await,
+        Some(Fault::Stall(pause)) => {
+            tokio::time::sleep(pause).await;
+            next.run(request).await
+        }
+        Some(Fault::Drop) => {
+            // Unwinding ends this connection's task: the socket closes with no answer.
+            // `resume_unwind` skips the panic hook, so nothing is printed; no lock is held.
+            std::panic::resume_unwind(Box::new("connection dropped by a fault rule"))
+        }
+        Some(fault) => refusal(&fault, &method, &uri),
+    };
+    s.lock().unwrap().log[index].status = response.status().as_u16();
+    response
+}
+
 /// Applies an RFC 7386 JSON merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     match patch {
@@ -166,35 +475,63 @@ fn gate_status(state: &mut ApiState) -> Result<(), (StatusCode, axum::Json<Value
     gate(state).map_err(|code| status(code, "InternalError"))
 }
 
+/// 404 `nodes "name" not found` unless `name` is the Node served.
+fn node_named(state: &ApiState, name: &str) -> Result<(), axum::response::Response> {
+    if state.node["metadata"]["name"] == name {
+        return Ok(());
+    }
+    Err(failure(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("nodes \"{name}\" not found"),
+        json!({"name": name, "kind": "nodes"}),
+    ))
+}
+
 async fn get_node(
     State(s): State<Shared>,
     UrlPath(name): UrlPath<String>,
-) -> Result<axum::Json<Value>, StatusCode> {
+) -> Result<axum::Json<Value>, axum::response::Response> {
     let mut state = s.lock().unwrap();
-    gate(&mut state)?;
-    if name != "test-node" {
-        return Err(StatusCode::NOT_FOUND);
-    }
+    gate_status(&mut state).map_err(axum::response::IntoResponse::into_response)?;
+    node_named(&state, &name)?;
     Ok(axum::Json(state.node.clone()))
 }
 
 async fn patch_node(
     State(s): State<Shared>,
-    UrlPath(_): UrlPath<String>,
+    UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<axum::Json<Value>, StatusCode> {
+) -> Result<axum::Json<Value>, axum::response::Response> {
     let mut state = s.lock().unwrap();
-    gate(&mut state)?;
-    let patch: Value = serde_json::from_slice(&body).map_err(|_| StatusCode::BAD_REQUEST)?;
+    gate_status(&mut state).map_err(axum::response::IntoResponse::into_response)?;
+    node_named(&state, &name)?;
+    let patch: Value = serde_json::from_slice(&body).map_err(|_| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON",
+            Value::Null,
+        )
+    })?;
     let kind = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    // Optimistic concurrency, as the API server does it for a patch that names a version.
     let wanted_version = &patch["metadata"]["resourceVersion"];
     if !wanted_version.is_null() && *wanted_version != state.node["metadata"]["resourceVersion"] {
-        return Err(StatusCode::CONFLICT);
+        return Err(failure(
+            StatusCode::CONFLICT,
+            "Conflict",
+            &format!(
+                "Operation cannot be fulfilled on nodes \"{name}\": the object has been \
+                 modified; please apply your changes to the latest version and try again"
+            ),
+            json!({"name": name, "kind": "nodes"}),
+        ));
     }
     let mut node = state.node.clone();
     merge(&mut node, &patch);
@@ -541,27 +878,44 @@ fn query(uri: &axum::http::Uri) -> BTreeMap<String, String> {
 /// are removed, and a condition owned by another manager is a conflict unless forced.
 async fn apply_status(
     State(s): State<Shared>,
-    UrlPath(_): UrlPath<String>,
+    UrlPath(name): UrlPath<String>,
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Reply {
+) -> Result<axum::Json<Value>, axum::response::Response> {
+    use axum::response::IntoResponse;
     let mut state = s.lock().unwrap();
-    gate_status(&mut state)?;
+    gate_status(&mut state).map_err(IntoResponse::into_response)?;
     let kind = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     if kind != "application/apply-patch+yaml" {
-        return Err(status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
+        return Err(
+            status(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType").into_response(),
+        );
+    }
+    let params = query(&uri);
+    let manager = params
+        .get("fieldManager")
+        .map(|m| decode(m))
+        .unwrap_or_default();
+    // The API server's validation of PatchOptions: apply needs a field manager.
+    if manager.is_empty() {
+        return Err(failure(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is \
+             required for apply patch",
+            json!({"group": "meta.k8s.io", "kind": "PatchOptions",
+                   "causes": [{"reason": "FieldValueRequired",
+                               "message": "Required value: is required for apply patch",
+                               "field": "fieldManager"}]}),
         ));
     }
-    let applied: Value =
-        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
-    let params = query(&uri);
-    let manager = params.get("fieldManager").cloned().unwrap_or_default();
+    node_named(&state, &name)?;
+    let applied: Value = serde_json::from_slice(&body)
+        .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest").into_response())?;
     let force = params.get("force").is_some_and(|f| f == "true");
     let wanted = applied["status"]["conditions"]
         .as_array()
@@ -577,7 +931,7 @@ async fn apply_status(
             && *owner != manager
             && !force
         {
-            return Err(status(StatusCode::CONFLICT, "Conflict"));
+            return Err(status(StatusCode::CONFLICT, "Conflict").into_response());
         }
     }
     let applied_kinds: Vec<&str> = wanted.iter().filter_map(|c| c["type"].as_str()).collect();
@@ -877,6 +1231,36 @@ impl FakeApi {
             .remove(&format!("{namespace}/{name}"));
     }
 
+    /// Adds a fault rule (after the ones already there); returns its index.
+    pub fn refuse(&self, rule: Rule) -> usize {
+        let mut state = self.state.lock().unwrap();
+        state.rules.push(rule);
+        state.rules.len() - 1
+    }
+
+    /// Removes every fault rule: the API server answers normally again.
+    pub fn allow_all(&self) {
+        self.state.lock().unwrap().rules.clear();
+    }
+
+    /// How many requests rule `index` refused so far.
+    pub fn refused_by(&self, index: usize) -> u32 {
+        self.state.lock().unwrap().rules[index].fired
+    }
+
+    /// Every request so far.
+    pub fn log(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// The requests with `method` (`*`: any) whose path (query included) starts with `path`.
+    pub fn requests_to(&self, method: &str, path: &str) -> Vec<Recorded> {
+        self.log()
+            .into_iter()
+            .filter(|r| (method == "*" || r.method == method) && r.path.starts_with(path))
+            .collect()
+    }
+
     /// The Node's labels now.
     pub fn node_labels(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.state.lock().unwrap().node["metadata"]["labels"].clone())
@@ -925,6 +1309,10 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             &format!("{features}/{{name}}"),
             get(get_feature).put(replace_feature),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            faults,
+        ))
         .with_state(state);
     let (stop, stopped) = oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {

@@ -238,6 +238,11 @@ impl Running {
             .ok()
     }
 
+    /// gpud's stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
     /// Resident memory of the process in KiB.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))

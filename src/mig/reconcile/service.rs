@@ -120,10 +120,11 @@ impl Reconciler {
                     return true;
                 }
                 Err(err) => {
-                    warn!(error = %crate::logging::error_chain(&err), state = state.as_str(), "Cannot write the MIG state on the Node; retrying");
+                    let delay = err.paced(backoff.next_delay());
+                    warn!(error = %crate::logging::error_chain(&err), state = state.as_str(), retry_in = ?delay, "Cannot write the MIG state on the Node; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return false,
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                        () = tokio::time::sleep(delay) => {}
                     }
                 }
             }
@@ -328,6 +329,9 @@ impl Reconciler {
         // failing, from the start again for a new label.
         let mut config_backoff =
             Backoff::between(self.retry, RETRY_MAX, backoff::seed_from(&self.node));
+        // Apart from the reads': a read that succeeds between two failed watches must not
+        // bring a watch that keeps failing (410 after 410) back to the first, shortest pause.
+        let mut watch_backoff = Backoff::new(backoff::seed_from(&self.node).rotate_left(1));
         let mut done: Option<String> = None;
         let mut retry: Option<Retry> = None;
         loop {
@@ -342,10 +346,11 @@ impl Reconciler {
                 }
                 Err(err) => {
                     api_ready.failed(&crate::logging::error_chain(&err));
-                    warn!(error = %crate::logging::error_chain(&err), "Cannot read the Node; retrying");
+                    let delay = err.paced(backoff.next_delay());
+                    warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Cannot read the Node; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(backoff.next_delay()) => {}
+                        () = tokio::time::sleep(delay) => {}
                     }
                     continue;
                 }
@@ -393,11 +398,15 @@ impl Reconciler {
                 () = cancel.cancelled() => return Ok(()),
                 waited = client.changed(&view.version, limit) => waited,
             };
-            if let Err(err) = waited {
-                warn!(error = %crate::logging::error_chain(&err), "Watching the Node failed; retrying");
-                tokio::select! {
-                    () = cancel.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(backoff.next_delay()) => {}
+            match waited {
+                Ok(()) => watch_backoff.reset(),
+                Err(err) => {
+                    let delay = err.paced(watch_backoff.next_delay());
+                    warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; reading it again after a pause");
+                    tokio::select! {
+                        () = cancel.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
                 }
             }
         }
