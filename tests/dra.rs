@@ -22,7 +22,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{Node, assert_golden, stdout_ok};
-use fake_api::FakeApi;
+use fake_api::{FakeApi, Fault, Rule};
 use gpud::proto::dra_v1::{
     Device, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
     NodeUnprepareResourcesRequest,
@@ -1699,4 +1699,125 @@ async fn many_claims_in_one_call_are_all_prepared() {
             answer.claims[uid].error
         );
     }
+}
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_on_a_slice_update_lists_again_and_converges() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    let before = dra.slices_when("slices", |_| true);
+    let rule = dra
+        .api
+        .refuse(Rule::prefix("PUT", &format!("{SLICES}/"), Fault::Conflict).times(1));
+    let since = Instant::now();
+    dra.node.inject("xid 3 79");
+    let tainted = dra.slices_when("the XID taint", |s| {
+        device(s, "gpu-3").get("taints").is_some()
+    });
+    assert_eq!(dra.api.refused_by(rule), 1);
+    assert_eq!(tainted.len(), before.len());
+    assert!(generation(&tainted) > generation(&before));
+    assert_eq!(
+        device(&tainted, "gpu-3")["taints"],
+        json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}])
+    );
+    // After the refusal: a fresh list, then the update from it, which lands.
+    let calls: Vec<fake_api::Recorded> = dra
+        .api
+        .log()
+        .into_iter()
+        .filter(|r| r.at >= since && r.path.starts_with(SLICES) && !r.path.contains("watch="))
+        .collect();
+    let at = calls
+        .iter()
+        .position(|r| r.method == "PUT" && r.status == 409)
+        .unwrap();
+    let after: Vec<(&str, u16)> = calls[at + 1..]
+        .iter()
+        .map(|r| (r.method.as_str(), r.status))
+        .collect();
+    assert_eq!(after[..2], [("GET", 200), ("PUT", 200)], "{calls:?}");
+    let converged = calls[at + 2].at - calls[at].at;
+    eprintln!(
+        "409 on a slice update: {} requests until converged, {converged:?} after the refusal",
+        after.len()
+    );
+    assert!(after.len() <= 4, "{calls:?}");
+    let log = dra.log();
+    assert!(
+        log.contains("Cannot publish the node's ResourceSlices"),
+        "{log}"
+    );
+    assert!(log.contains("the object has been modified"), "{log}");
+    assert!(log.contains("ResourceSlices published again"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_watch_ended_by_410_gone_lists_again_without_a_storm() {
+    let mut dra = Dra::new("dgx-h100");
+    let rule = dra
+        .api
+        .refuse(Rule::exact("GET", SLICES, Fault::GoneEvent).query("watch=true"));
+    dra.start();
+    dra.register().await;
+    let before = dra.slices_when("slices", |_| true);
+    dra.until("a refused watch", || {
+        (dra.api.refused_by(rule) >= 1).then_some(())
+    });
+    let watches_of = |api: &FakeApi| -> Vec<fake_api::Recorded> {
+        api.requests_to("GET", SLICES)
+            .into_iter()
+            .filter(|r| r.path.contains("watch=true"))
+            .collect()
+    };
+    let first = watches_of(&dra.api)[0].at;
+    // A window of 8 s from the first refusal, measured, not waited on for readiness.
+    let window = Duration::from_secs(8);
+    tokio::time::sleep(window.saturating_sub(first.elapsed())).await;
+    let in_window = |r: &fake_api::Recorded| r.at >= first && r.at < first + window;
+    let watches = watches_of(&dra.api).iter().filter(|r| in_window(r)).count();
+    let lists = dra
+        .api
+        .requests_to("GET", SLICES)
+        .iter()
+        .filter(|r| in_window(r) && !r.path.contains("watch=true"))
+        .count();
+    eprintln!("410 on every slice watch: {watches} watches and {lists} lists in {window:?}");
+    // Pauses of 0.5, 1, 2, 4 s (and up to a quarter more): at most 5 watches in 8 s, and a
+    // list or two for each (after the failure, and once the next watch is open).
+    assert!((2..=5).contains(&watches), "{watches}: {:?}", dra.api.log());
+    assert!(
+        lists <= 2 * watches + 1,
+        "{lists} lists for {watches} watches"
+    );
+    let log = dra.log();
+    assert!(log.contains("ResourceSlice watch failed"), "{log}");
+    assert!(log.contains("too old resource version"), "{log}");
+
+    // Watches are answered again; the kubelet wipes the node's slices: gpud publishes them
+    // again once its watch is back.
+    dra.api.allow_all();
+    let wiped = Instant::now();
+    dra.api.wipe_slices("test-node");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let again = loop {
+        let slices: Vec<Value> = dra.api.slices().into_values().collect();
+        if !slices.is_empty() {
+            break slices;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not published again:\n{}",
+            dra.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("410: published again {:?} after the wipe", wiped.elapsed());
+    assert_eq!(
+        render(&again).replace(&format!("\"generation\": {}", generation(&again)), "G"),
+        render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
+    );
 }

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Node, assert_golden, send_signal, stdout_ok};
-use fake_api::FakeApi;
+use fake_api::{FakeApi, Fault, Rule};
 use serde_json::{Value, json};
 
 const FIXTURES: &[&str] = &[
@@ -781,6 +781,72 @@ fn node_sink_retries_with_backoff() {
         String::from_utf8_lossy(&output.stderr)
             .contains("Cannot write the labels to node test-node; retrying")
     );
+}
+
+#[test]
+fn node_sink_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
+    let api = FakeApi::start(json!({"kubernetes.io/hostname": "test-node"}));
+    let rule = api.refuse(Rule::exact(
+        "PATCH",
+        "/api/v1/nodes/test-node",
+        Fault::Forbidden,
+    ));
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let gpud = common::Running::spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "--oneshot",
+            "--no-timestamp",
+            "--sink",
+            "node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while api.refused_by(rule) < 3 {
+        assert!(Instant::now() < deadline, "three refusals: {:?}", api.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    api.allow_all();
+    let refused: Vec<Instant> = api
+        .requests_to("PATCH", "/api/v1/nodes/test-node")
+        .iter()
+        .filter(|r| r.status == 403)
+        .map(|r| r.at)
+        .collect();
+    // Backoff, not a storm: the pauses start at 0.5 s and double (jitter adds at most a
+    // quarter, so each is longer than the one before).
+    let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("403: {} refused patches, gaps {gaps:?}", refused.len());
+    assert!(gaps[0] >= Duration::from_millis(450), "{gaps:?}");
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "{gaps:?}");
+    let mut gpud = gpud;
+    let exit = loop {
+        if let Some(status) = gpud.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the labeller did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = gpud.stderr();
+    assert!(exit.success(), "{exit:?}\n{log}");
+    let converged = api.log().last().unwrap().at - *refused.last().unwrap();
+    eprintln!("403: converged {converged:?} after the last refusal");
+    // The labels are on the Node, exactly once written.
+    let labels = api.node_labels();
+    assert_eq!(labels["nvidia.com/gpu.count"], "4", "{labels:?}");
+    assert_eq!(api.state.lock().unwrap().patches.len(), 1);
+    // The error names the node and RBAC.
+    assert!(
+        log.contains("Cannot write the labels to node test-node; retrying"),
+        "{log}"
+    );
+    assert!(log.contains("forbidden by RBAC"), "{log}");
+    assert!(log.contains("cannot patch resource"), "{log}");
 }
 
 #[test]

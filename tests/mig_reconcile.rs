@@ -16,7 +16,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Node;
-use fake_api::FakeApi;
+use fake_api::{FakeApi, Fault, Rule};
 use serde_json::json;
 
 const CONFIG_LABEL: &str = "nvidia.com/mig.config";
@@ -58,10 +58,23 @@ fn start(node: &Node, api: &FakeApi) -> Reconciler {
             "",
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_file(node))
         .spawn()
         .unwrap();
     Reconciler(child)
+}
+
+/// The reconciler's stderr, kept in the node's folder.
+fn log_file(node: &Node) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(node.dir.path().join("gpud.log"))
+        .unwrap()
+}
+
+fn log(node: &Node) -> String {
+    std::fs::read_to_string(node.dir.path().join("gpud.log")).unwrap_or_default()
 }
 
 fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
@@ -392,4 +405,85 @@ fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_
     }
     assert!(reconciler.0.try_wait().unwrap().is_none());
     assert!(status.0.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn a_node_watch_ended_by_410_gone_reads_again_with_backoff_and_converges() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    // Every watch ends at once with the ERROR event of an expired resourceVersion.
+    let rule =
+        api.refuse(Rule::exact("GET", "/api/v1/nodes", Fault::GoneEvent).query("watch=true"));
+    let _reconciler = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    wait_until(20, "a watch refused", || api.refused_by(rule) >= 1);
+    let first = api.requests_to("GET", "/api/v1/nodes?").first().unwrap().at;
+    // A window of 8 s from the first refusal, measured, not waited on for readiness.
+    let window = Duration::from_secs(8);
+    std::thread::sleep(window.saturating_sub(first.elapsed()));
+    let within = |path: &str| {
+        api.requests_to("GET", path)
+            .iter()
+            .filter(|r| r.at >= first && r.at < first + window)
+            .count()
+    };
+    let watches = within("/api/v1/nodes?");
+    let reads = within("/api/v1/nodes/test-node");
+    eprintln!("410 on every watch: {watches} watches and {reads} reads in {window:?}");
+    // Pauses of 0.5, 1, 2, 4 s (and up to a quarter more): at most 5 watches in 8 s.
+    assert!(
+        (2..=5).contains(&watches),
+        "{watches} watches: {:?}",
+        api.log()
+    );
+    assert!(reads <= watches + 1, "{reads} reads for {watches} watches");
+    let text = log(&node);
+    assert!(text.contains("Watching the Node failed"), "{text}");
+    assert!(text.contains("too old resource version"), "{text}");
+
+    // The API server answers watches again: a new config is seen and applied.
+    api.allow_all();
+    let changed = Instant::now();
+    api.set_label(CONFIG_LABEL, Some("all-3g.40gb"));
+    wait_until(60, "the second success", || states(&api).len() == 4);
+    eprintln!(
+        "410: converged {:?} after watches were allowed",
+        changed.elapsed()
+    );
+    assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
+    assert!(asserts(&node, "all-3g.40gb"));
+}
+
+#[test]
+fn a_stalled_read_is_reported_after_the_call_limit_and_the_reconciler_converges() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    // The first read of the Node gets no answer for longer than a call may take.
+    api.refuse(
+        Rule::exact(
+            "GET",
+            "/api/v1/nodes/test-node",
+            Fault::Stall(Duration::from_secs(15)),
+        )
+        .times(1),
+    );
+    let _reconciler = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert_eq!(states(&api), ["pending", "success"]);
+    assert!(asserts(&node, "all-1g.10gb"));
+    let text = log(&node);
+    assert!(
+        text.contains("reading node test-node: no answer from the API server within 10s"),
+        "{text}"
+    );
+    let reads = api.requests_to("GET", "/api/v1/nodes/test-node");
+    let gap = reads[1].at - reads[0].at;
+    eprintln!("stall: the second read {gap:?} after the first");
+    // One request during the stall; the next after the 10 s limit and one backoff pause.
+    assert!(
+        gap >= Duration::from_secs(10) && gap < Duration::from_secs(12),
+        "{gap:?}"
+    );
+    let converged = api.log().last().unwrap().at - reads[0].at;
+    eprintln!("stall: converged {converged:?} after the first read");
 }

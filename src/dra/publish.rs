@@ -181,6 +181,9 @@ impl Publisher {
             api.watch(&params, "0"),
         )
         .await?;
+        // A slice deleted while no watch was open (between a failed watch and this one) sends
+        // this watch no event: the publisher lists again once the watch is open.
+        changed.notify_one();
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
