@@ -411,7 +411,13 @@ fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_
 fn a_node_watch_ended_by_410_gone_reads_again_with_backoff_and_converges() {
     let node = Node::new("a100-mig");
     let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
-    // Every watch ends at once with the ERROR event of an expired resourceVersion.
+    // The first watch is refused with an HTTP 410, every later one ends at once with the
+    // ERROR event of an expired resourceVersion.
+    let gone = api.refuse(
+        Rule::exact("GET", "/api/v1/nodes", Fault::Gone)
+            .query("watch=true")
+            .nth(1),
+    );
     let rule =
         api.refuse(Rule::exact("GET", "/api/v1/nodes", Fault::GoneEvent).query("watch=true"));
     let _reconciler = start(&node, &api);
@@ -437,6 +443,7 @@ fn a_node_watch_ended_by_410_gone_reads_again_with_backoff_and_converges() {
         api.log()
     );
     assert!(reads <= watches + 1, "{reads} reads for {watches} watches");
+    assert_eq!(api.refused_by(gone), 1);
     let text = log(&node);
     assert!(text.contains("Watching the Node failed"), "{text}");
     assert!(text.contains("too old resource version"), "{text}");

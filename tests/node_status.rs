@@ -781,3 +781,35 @@ fn apply_without_a_field_manager_or_to_another_node_is_refused_as_the_api_server
     assert_eq!(log[2].field_manager.as_deref(), Some("x"));
     assert_eq!(log[2].path, "/api/v1/nodes/test-node?fieldManager=x");
 }
+
+#[test]
+fn a_connection_dropped_without_an_answer_is_retried_with_backoff() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start_with_node(json!({}));
+    let status_path = "/api/v1/nodes/test-node/status";
+    let rule = api.refuse(Rule::exact("PATCH", status_path, Fault::Drop).times(2));
+    let gpud = node_status(&node, &api, &[]);
+    let condition = condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(
+        condition["message"],
+        "4 GPUs: 4 healthy, 0 degraded, 0 unhealthy"
+    );
+    assert_eq!(api.refused_by(rule), 2);
+    let applies = api.requests_to("PATCH", status_path);
+    assert_eq!(
+        applies.iter().map(|r| r.status).collect::<Vec<_>>(),
+        [0, 0, 200],
+        "{applies:?}"
+    );
+    // Each attempt after a pause of the backoff (0.5 s, then 1 s, plus jitter).
+    let gaps: Vec<Duration> = applies.windows(2).map(|w| w[1].at - w[0].at).collect();
+    eprintln!("dropped connections: applies {gaps:?} apart");
+    assert!(gaps[0] >= Duration::from_millis(450), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(950), "{gaps:?}");
+    let log = gpud.stderr();
+    assert!(log.contains("Node status not written"), "{log}");
+    assert!(
+        log.contains("applying conditions to node test-node"),
+        "{log}"
+    );
+}
