@@ -274,18 +274,28 @@ fn status(code: StatusCode, reason: &str) -> (StatusCode, axum::Json<Value>) {
 }
 
 /// A `metav1.Status` failure as the API server sends it, with `details` when given.
+fn failure_body(
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    details: Value,
+) -> (StatusCode, axum::Json<Value>) {
+    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
+    if !details.is_null() {
+        body["details"] = details;
+    }
+    (code, axum::Json(body))
+}
+
+/// [`failure_body`] as a response.
 fn failure(
     code: StatusCode,
     reason: &str,
     message: &str,
     details: Value,
 ) -> axum::response::Response {
-    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
-    if !details.is_null() {
-        body["details"] = details;
-    }
-    axum::response::IntoResponse::into_response((code, axum::Json(body)))
+    axum::response::IntoResponse::into_response(failure_body(code, reason, message, details))
 }
 
 /// The (group, resource, name) a request path names: `/api/v1/nodes/n/status` is
@@ -476,11 +486,11 @@ fn gate_status(state: &mut ApiState) -> Result<(), (StatusCode, axum::Json<Value
 }
 
 /// 404 `nodes "name" not found` unless `name` is the Node served.
-fn node_named(state: &ApiState, name: &str) -> Result<(), axum::response::Response> {
+fn node_named(state: &ApiState, name: &str) -> Result<(), (StatusCode, axum::Json<Value>)> {
     if state.node["metadata"]["name"] == name {
         return Ok(());
     }
-    Err(failure(
+    Err(failure_body(
         StatusCode::NOT_FOUND,
         "NotFound",
         &format!("nodes \"{name}\" not found"),
@@ -488,12 +498,9 @@ fn node_named(state: &ApiState, name: &str) -> Result<(), axum::response::Respon
     ))
 }
 
-async fn get_node(
-    State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
-) -> Result<axum::Json<Value>, axum::response::Response> {
+async fn get_node(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Reply {
     let mut state = s.lock().unwrap();
-    gate_status(&mut state).map_err(axum::response::IntoResponse::into_response)?;
+    gate_status(&mut state)?;
     node_named(&state, &name)?;
     Ok(axum::Json(state.node.clone()))
 }
@@ -503,12 +510,12 @@ async fn patch_node(
     UrlPath(name): UrlPath<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<axum::Json<Value>, axum::response::Response> {
+) -> Reply {
     let mut state = s.lock().unwrap();
-    gate_status(&mut state).map_err(axum::response::IntoResponse::into_response)?;
+    gate_status(&mut state)?;
     node_named(&state, &name)?;
     let patch: Value = serde_json::from_slice(&body).map_err(|_| {
-        failure(
+        failure_body(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             "the body is not JSON",
@@ -523,7 +530,7 @@ async fn patch_node(
     // Optimistic concurrency, as the API server does it for a patch that names a version.
     let wanted_version = &patch["metadata"]["resourceVersion"];
     if !wanted_version.is_null() && *wanted_version != state.node["metadata"]["resourceVersion"] {
-        return Err(failure(
+        return Err(failure_body(
             StatusCode::CONFLICT,
             "Conflict",
             &format!(
@@ -882,18 +889,18 @@ async fn apply_status(
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<axum::Json<Value>, axum::response::Response> {
-    use axum::response::IntoResponse;
+) -> Reply {
     let mut state = s.lock().unwrap();
-    gate_status(&mut state).map_err(IntoResponse::into_response)?;
+    gate_status(&mut state)?;
     let kind = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     if kind != "application/apply-patch+yaml" {
-        return Err(
-            status(StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType").into_response(),
-        );
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+        ));
     }
     let params = query(&uri);
     let manager = params
@@ -902,7 +909,7 @@ async fn apply_status(
         .unwrap_or_default();
     // The API server's validation of PatchOptions: apply needs a field manager.
     if manager.is_empty() {
-        return Err(failure(
+        return Err(failure_body(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
             "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is \
@@ -914,8 +921,8 @@ async fn apply_status(
         ));
     }
     node_named(&state, &name)?;
-    let applied: Value = serde_json::from_slice(&body)
-        .map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest").into_response())?;
+    let applied: Value =
+        serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
     let force = params.get("force").is_some_and(|f| f == "true");
     let wanted = applied["status"]["conditions"]
         .as_array()
@@ -931,7 +938,7 @@ async fn apply_status(
             && *owner != manager
             && !force
         {
-            return Err(status(StatusCode::CONFLICT, "Conflict").into_response());
+            return Err(status(StatusCode::CONFLICT, "Conflict"));
         }
     }
     let applied_kinds: Vec<&str> = wanted.iter().filter_map(|c| c["type"].as_str()).collect();
