@@ -1,7 +1,9 @@
 //! The Kubernetes seam: the one way gpud talks to the API server.
 //!
 //! - [`connect`]: a client from a kubeconfig file or the in-cluster service account;
-//! - [`bounded`]: every call with a time limit, failures as one [`ApiError`];
+//! - [`bounded`]: every call with a time limit, failures as one [`ApiError`]; a call is one
+//!   request (kube-rs's own retry layer is off), and its caller retries on gpud's backoff,
+//!   lengthened by [`ApiError::paced`] to the `retryAfterSeconds` of a 429;
 //! - [`NodeClient`]: the one client of this node's Node object (labels, annotations,
 //!   conditions, taints, a watch, events about it);
 //! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox;
