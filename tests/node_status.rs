@@ -620,20 +620,24 @@ fn a_conflict_on_the_taint_patch_reads_the_node_again_and_retries_at_once() {
 
 #[test]
 fn too_many_requests_waits_as_long_as_retry_after_says() {
+    retry_after_is_honoured(Fault::TooManyRequests(2));
+}
+
+#[test]
+fn a_plain_text_429_as_priority_and_fairness_sends_is_honoured_too() {
+    retry_after_is_honoured(Fault::TooManyRequestsPlain(2));
+}
+
+/// Two 429s answered with `fault` (Retry-After: 2) on the taint patch: nothing reaches the
+/// Node before each Retry-After elapses, and the taint lands.
+fn retry_after_is_honoured(fault: Fault) {
     let node = Node::new("pcie-4gpu");
     let api = busy_node();
     let gpud = node_status(&node, &api, &["--taint-unhealthy", "NoSchedule"]);
     condition_when(&api, "GPUHealthy", status_is("True"));
     // Twice, so the second refusal shows the pause is the server's, not the backoff's (capped
     // at 1 s here).
-    let rule = api.refuse(
-        Rule::exact(
-            "PATCH",
-            "/api/v1/nodes/test-node",
-            Fault::TooManyRequests(2),
-        )
-        .times(2),
-    );
+    let rule = api.refuse(Rule::exact("PATCH", "/api/v1/nodes/test-node", fault.clone()).times(2));
     let since = Instant::now();
     node.inject("lost 2");
     wait_for(30, "gpud's taint", || {
@@ -652,7 +656,7 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
     for &i in &refused {
         let next = &requests[i + 1];
         let gap = next.at.duration_since(requests[i].at);
-        eprintln!("429 Retry-After: 2: next request {gap:?} later");
+        eprintln!("{fault:?}: next request {gap:?} later");
         assert!(gap >= Duration::from_millis(1950), "{gap:?}: {requests:?}");
     }
     let during = requests.len();
@@ -661,7 +665,7 @@ fn too_many_requests_waits_as_long_as_retry_after_says() {
         .unwrap()
         .at
         .duration_since(requests[refused[0]].at);
-    eprintln!("429 twice: {during} Node requests, converged {converged:?} after the first");
+    eprintln!("{fault:?} twice: {during} Node requests, converged {converged:?} after the first");
     assert!(during <= 6, "{requests:?}");
     assert_eq!(
         taint_keys(&api),

@@ -51,8 +51,7 @@ impl ApiError {
 
     /// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
     /// 429 or 5xx `Status`, which the API server sets together with its `Retry-After`
-    /// header). kube-rs surfaces the body only, so a 429 whose body is not a `Status` (a
-    /// proxy's, or priority and fairness's plain-text refusal) carries none.
+    /// header; a plain-text 429 gets it from the header in [`super::connect`]'s client).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::Api {

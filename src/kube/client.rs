@@ -33,7 +33,70 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
     // API server asks for ([`ApiError::paced`]).
     let mut config = config;
     config.default_retry = false;
-    ::kube::Client::try_from(config).map_err(|e| ApiError::Config(e.to_string()))
+    let builder = ::kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| ApiError::Config(e.to_string()))?;
+    let keep_retry_after: fn(Reply) -> Reply = retry_after_status;
+    Ok(builder
+        .with_layer(&tower::util::MapResponseLayer::new(keep_retry_after))
+        .build())
+}
+
+type Reply = http::Response<Box<::kube::client::DynBody>>;
+
+/// Gives a 429 whose body is not a `Status` (priority and fairness and max-in-flight answer
+/// in plain text, as may a proxy) a `Status` body that carries its `Retry-After` header as
+/// `details.retryAfterSeconds`: kube-rs keeps an error response's body and drops its headers,
+/// and [`ApiError::retry_after`] reads the body. A `Status` body is left as it is (the API
+/// server sets `retryAfterSeconds` in it together with the header).
+fn retry_after_status(reply: Reply) -> Reply {
+    if reply.status() != http::StatusCode::TOO_MANY_REQUESTS {
+        return reply;
+    }
+    let headers = reply.headers();
+    let is_json = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let seconds = headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let Some(seconds) = seconds.filter(|_| !is_json) else {
+        return reply;
+    };
+    let status = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Too many requests, please try again later.", "reason": "TooManyRequests",
+        "code": 429, "details": {"retryAfterSeconds": seconds},
+    });
+    let (mut parts, _) = reply.into_parts();
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let body: Box<::kube::client::DynBody> =
+        Box::new(Once(Some(hyper::body::Bytes::from(status.to_string()))));
+    http::Response::from_parts(parts, body)
+}
+
+/// A body of one chunk.
+struct Once(Option<hyper::body::Bytes>);
+
+impl http_body::Body for Once {
+    type Data = hyper::body::Bytes;
+    type Error = tower::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.get_mut()
+                .0
+                .take()
+                .map(|b| Ok(http_body::Frame::data(b))),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -45,6 +108,48 @@ mod tests {
             Err(err) => err,
             Ok(_) => panic!("{} was accepted", path.display()),
         }
+    }
+
+    /// The body of `reply`, which is one chunk here.
+    async fn text(reply: Reply) -> String {
+        let mut body = reply.into_body();
+        let frame = std::future::poll_fn(|cx| {
+            http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+        })
+        .await;
+        let data = frame
+            .and_then(Result::ok)
+            .and_then(|f| f.into_data().ok())
+            .unwrap_or_default();
+        String::from_utf8_lossy(&data).into_owned()
+    }
+
+    fn reply(code: u16, content_type: &str, retry_after: &str, body: &str) -> Reply {
+        let body: Box<::kube::client::DynBody> =
+            Box::new(Once(Some(hyper::body::Bytes::from(body.to_owned()))));
+        http::Response::builder()
+            .status(code)
+            .header("content-type", content_type)
+            .header("retry-after", retry_after)
+            .body(body)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_plain_text_429_keeps_its_retry_after_in_a_status() {
+        let mapped = retry_after_status(reply(429, "text/plain; charset=utf-8", "3", "busy\n"));
+        let status: ::kube::core::Status = serde_json::from_str(&text(mapped).await).unwrap();
+        assert_eq!(status.code, 429);
+        assert_eq!(status.details.map(|d| d.retry_after_seconds), Some(3));
+        // A Status body, another status or an HTTP-date is left as it is.
+        let json = r#"{"kind":"Status","code":429}"#;
+        let kept = retry_after_status(reply(429, "application/json", "3", json));
+        assert_eq!(text(kept).await, json);
+        let kept = retry_after_status(reply(503, "text/plain", "3", "down"));
+        assert_eq!(text(kept).await, "down");
+        let date = "Wed, 21 Oct 2015 07:28:00 GMT";
+        let kept = retry_after_status(reply(429, "text/plain", date, "busy"));
+        assert_eq!(text(kept).await, "busy");
     }
 
     #[tokio::test]

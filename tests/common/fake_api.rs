@@ -13,7 +13,7 @@
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
 //! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
 //! event carrying 410, 429 with `Retry-After`, 403, 422, a stall, a dropped connection), every
-//! refusal a real `metav1.Status` body. Server-side apply without a field manager is refused
+//! refusal a real `metav1.Status` body (but the plain-text 429 of priority and fairness). Server-side apply without a field manager is refused
 //! with 422, writes to a Node that does not exist with 404, and every request is recorded
 //! ([`Recorded`]: method, path with query, field manager, status answered).
 
@@ -115,6 +115,9 @@ pub enum Fault {
     GoneEvent,
     /// 429 TooManyRequests with `Retry-After: <seconds>` and `details.retryAfterSeconds`.
     TooManyRequests(u64),
+    /// 429 as priority and fairness (or max-in-flight) answers it: `Retry-After: <seconds>`
+    /// and a plain-text body, no `Status`.
+    TooManyRequestsPlain(u64),
     /// 403 Forbidden, as RBAC refuses.
     Forbidden,
     /// 422 Invalid.
@@ -360,6 +363,17 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
                 "Too many requests, please try again later.",
                 json!({"retryAfterSeconds": seconds}),
             );
+            response.headers_mut().insert(
+                "retry-after",
+                axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
+            );
+            response
+        }
+        Fault::TooManyRequestsPlain(seconds) => {
+            let mut response = axum::response::IntoResponse::into_response((
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests, please try again later.\n",
+            ));
             response.headers_mut().insert(
                 "retry-after",
                 axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
