@@ -249,16 +249,27 @@ fn reset(
     let deadline = Instant::now() + opts.reset_wait;
     loop {
         let mut waiting = Vec::new();
+        // A GPU in the middle of its reset may refuse a query (its mode already changed, its
+        // instances not yet readable): that is still waiting, and the error counts only if it
+        // lasts until the deadline.
+        let mut refused = None;
         for &index in pending {
-            let gpu = admin
-                .gpu(index)
-                .map_err(failed(format!("GPU {index}: reading the MIG mode")))?;
-            if gpu.mode.is_some_and(|m| m.current != m.pending) {
-                waiting.push(index);
+            match admin.gpu(index) {
+                Ok(gpu) if gpu.mode.is_some_and(|m| m.current != m.pending) => waiting.push(index),
+                Ok(_) => {}
+                Err(err) => {
+                    waiting.push(index);
+                    refused = Some((index, err));
+                }
             }
         }
         if waiting.is_empty() {
             return Ok(());
+        }
+        if Instant::now() >= deadline
+            && let Some((index, err)) = refused
+        {
+            return Err(failed(format!("GPU {index}: reading the MIG mode"))(err));
         }
         if Instant::now() >= deadline {
             return Err(ApplyError::Failed(format!(
