@@ -917,3 +917,40 @@ async fn mig_reconfiguration_adds_and_removes_resources() {
     );
     assert!(node.dir.path().join("nvidia-mig-1g.10gb.sock").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_that_refuses_the_registration_is_asked_again_with_backoff() {
+    let node = Node::new("pcie-4gpu");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    kubelet.refuse_next(3);
+    let socket = kubelet.socket();
+    let started = std::time::Instant::now();
+    let _gpud = spawn_logged(
+        &node,
+        &[
+            "device-plugin",
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+            "--kmsg",
+            "",
+        ],
+    );
+    // Three refusals, then the kubelet takes it: the fourth attempt is recorded.
+    let (at, registration) = kubelet.next_registration_at(30).await;
+    assert_eq!(registration.resource_name, "nvidia.com/gpu");
+    log_shows(
+        &node,
+        "The kubelet refused the registration; retrying with backoff",
+    );
+    log_shows(
+        &node,
+        "requested device plugin version v1beta1 is not supported",
+    );
+    log_shows(&node, "Registered with the kubelet");
+    // Within the registration backoff's fast window (5 ms steps for the first 200 ms).
+    println!("registered after 3 refusals in {:?}", at - started);
+    assert!(
+        kubelet.registration_within(300).await.is_none(),
+        "registered twice"
+    );
+}

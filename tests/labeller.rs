@@ -1274,3 +1274,53 @@ fn node_feature_sink_needs_a_node_name_and_a_namespace() {
         "gpud: useNodeFeatureAPI (the node-feature sink) needs the namespace (--namespace or NAMESPACE)\n"
     );
 }
+
+#[test]
+fn a_features_file_that_cannot_be_written_is_an_error_then_retried_until_it_can() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    // A folder where the file should be: even root cannot replace it with a file.
+    let file = node.dir.path().join("gfd");
+    std::fs::create_dir(&file).unwrap();
+    let path = file.to_str().unwrap();
+    let out = labeller(&node, &sysfs, &["--oneshot", "-o", path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.ends_with(&format!(
+            "gpud: labeller: cannot write the features file: {path}: cannot replace the file: \
+             Is a directory (os error 21)\n"
+        )),
+        "{stderr}"
+    );
+
+    // Looping: not ready while the file cannot be written, and the labels land once it can.
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let child = spawn(labeller(
+        &node,
+        &sysfs,
+        &[
+            "-o",
+            path,
+            "--sleep-interval",
+            "200ms",
+            "--health-address",
+            &address,
+        ],
+    ));
+    let refused = common::http::wait_for(port, "/readyz", 20, |a| a.status == 503);
+    assert!(refused.body.contains("labeller"), "{}", refused.body);
+    std::fs::remove_dir(&file).unwrap();
+    let labels = wait_for(&file, 20, |l| l.contains_key("nvidia.com/gpu.count"));
+    assert_eq!(labels["nvidia.com/gpu.count"], "4");
+    common::http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    let (code, stderr) = stop(child);
+    assert_eq!(code, Some(0));
+    assert!(
+        stderr.contains("Cannot write the features file; retrying on the next pass"),
+        "{stderr}"
+    );
+}

@@ -480,8 +480,14 @@ async fn register_until_accepted(
                 }
                 Err(err) => {
                     let error = crate::logging::error_chain(&err);
-                    // Refusals inside the fast window are the kubelet still starting: not news.
-                    if !warned && backoff.past_fast_window(Instant::now()) {
+                    let refused = matches!(err, registration::RegistrationError::Refused { .. });
+                    if refused && !warned {
+                        // The kubelet answered and said no: news at once, unlike a socket
+                        // that does not answer yet.
+                        warn!(resource = %resource, error = %error, "The kubelet refused the registration; retrying with backoff");
+                        warned = true;
+                    } else if !warned && backoff.past_fast_window(Instant::now()) {
+                        // Failures inside the fast window are the kubelet still starting.
                         warn!(resource = %resource, error = %error, "Kubelet not reachable; retrying with backoff");
                         warned = true;
                     } else {

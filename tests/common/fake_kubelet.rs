@@ -9,6 +9,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
@@ -25,11 +27,24 @@ type Arrival = (Instant, RegisterRequest);
 
 struct Recorder {
     tx: mpsc::UnboundedSender<Arrival>,
+    /// Registrations still to refuse, as a kubelet refuses a version it does not support.
+    refusals: Arc<AtomicU32>,
 }
 
 #[tonic::async_trait]
 impl Registration for Recorder {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let refuse = self
+            .refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            // The kubelet's own words for a plugin it will not take (its gRPC status Unknown).
+            return Err(Status::unknown(format!(
+                "requested device plugin version {} is not supported. Supported version(s) are: [v1beta1]",
+                request.get_ref().version
+            )));
+        }
         let _ = self.tx.send((Instant::now(), request.into_inner()));
         Ok(Response::new(Empty {}))
     }
@@ -42,6 +57,7 @@ pub struct FakeKubelet {
     tx: mpsc::UnboundedSender<Arrival>,
     stop: Option<oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
+    refusals: Arc<AtomicU32>,
 }
 
 impl FakeKubelet {
@@ -54,9 +70,15 @@ impl FakeKubelet {
             tx,
             stop: None,
             served: None,
+            refusals: Arc::new(AtomicU32::new(0)),
         };
         kubelet.serve();
         kubelet
+    }
+
+    /// Refuses the next `n` registrations (they are not recorded).
+    pub fn refuse_next(&self, n: u32) {
+        self.refusals.store(n, Ordering::SeqCst);
     }
 
     /// Path of the registration socket.
@@ -77,6 +99,7 @@ impl FakeKubelet {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let recorder = Recorder {
             tx: self.tx.clone(),
+            refusals: Arc::clone(&self.refusals),
         };
         self.served = Some(tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
