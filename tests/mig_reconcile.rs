@@ -38,25 +38,31 @@ impl Drop for Reconciler {
 }
 
 fn start(node: &Node, api: &FakeApi) -> Reconciler {
+    start_with(node, api, &[])
+}
+
+/// [`start`] with more environment (the simulated driver's switches, the reboot command).
+fn start_with(node: &Node, api: &FakeApi, env: &[(&str, &str)]) -> Reconciler {
     let kubeconfig = api.kubeconfig(node.dir.path());
     let state_dir = node.dir.path().join("mig-state");
-    let child = node
-        .gpud(&[
-            "mig",
-            "reconcile",
-            "--mig-config-file",
-            default_config().to_str().unwrap(),
-            "--node-name",
-            "test-node",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--mig-state-dir",
-            state_dir.to_str().unwrap(),
-            "--mig-retry-interval",
-            "200ms",
-            "--health-address",
-            "",
-        ])
+    let mut cmd = node.gpud(&[
+        "mig",
+        "reconcile",
+        "--mig-config-file",
+        default_config().to_str().unwrap(),
+        "--node-name",
+        "test-node",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--mig-state-dir",
+        state_dir.to_str().unwrap(),
+        "--mig-retry-interval",
+        "200ms",
+        "--health-address",
+        "",
+    ]);
+    cmd.envs(env.iter().copied());
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(log_file(node))
         .spawn()
@@ -493,4 +499,48 @@ fn a_stalled_read_is_reported_after_the_call_limit_and_the_reconciler_converges(
     );
     let converged = api.log().last().unwrap().at - reads[0].at;
     eprintln!("stall: converged {converged:?} after the first read");
+}
+
+#[test]
+fn a_mode_change_the_driver_says_needs_a_reboot_reboots_once_and_succeeds_after_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new("a100-mig");
+    let called = node.dir.path().join("reboots");
+    let script = node.dir.path().join("reboot.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho rebooting >> {}\n", called.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let env = [
+        ("NVML_MOCK_MIG_RESET_REQUIRED", "1"),
+        ("GPUD_MIG_REBOOT_COMMAND", script.to_str().unwrap()),
+    ];
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-disabled"}));
+    let first = start_with(&node, &api, &env);
+    wait_until(60, "rebooting", || {
+        state(&api).as_deref() == Some("rebooting")
+    });
+    assert_eq!(states(&api), ["pending", "rebooting"]);
+    let reason = api.node_annotations()[REASON].clone();
+    assert!(reason.contains("needs a reboot"), "{reason}");
+    assert_eq!(std::fs::read_to_string(&called).unwrap(), "rebooting\n");
+    drop(first);
+
+    // Started again before the mode changed (a reboot that did not apply it): the reboot
+    // marker holds it back from rebooting twice, and the config is failed with the reason.
+    let _second = start_with(&node, &api, &env);
+    wait_until(60, "failed", || state(&api).as_deref() == Some("failed"));
+    let reason = api.node_annotations()[REASON].clone();
+    assert!(reason.contains("after rebooting"), "{reason}");
+    // The driver applies the pending mode (as a reboot does): the retry succeeds.
+    node.inject("reset 0");
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert!(asserts(&node, "all-disabled"));
+    assert_eq!(
+        std::fs::read_to_string(&called).unwrap(),
+        "rebooting\n",
+        "one reboot per config"
+    );
 }
