@@ -663,3 +663,59 @@ fn a_restart_is_an_event_on_the_node() {
     assert_eq!(events[0]["involvedObject"]["kind"], "Node");
     assert_eq!(events[0]["involvedObject"]["name"], "test-node");
 }
+
+#[test]
+fn a_missing_control_binary_keeps_the_daemon_not_ready_and_says_why() {
+    let node = Node::new("pcie-4gpu");
+    let bin = node.dir.path().join("no-such-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let root = node.dir.path().join("mps");
+    let config = write_config(&node, &mps_config(&root, 2));
+    let port = http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let missing = bin.join("nvidia-cuda-mps-control");
+    let _gpud = spawn(
+        &node,
+        &bin,
+        &[
+            "mps-control-daemon",
+            "--config-file",
+            config.to_str().unwrap(),
+            "--mps-skip-shm-mount",
+            "--mps-control-binary",
+            missing.to_str().unwrap(),
+            "--health-address",
+            &address,
+        ],
+    );
+    let answer = http::wait_for(port, "/readyz", 20, |a| {
+        a.status == 503
+            && a.body
+                .contains("mps not ready: the MPS control daemon for ")
+    });
+    assert!(
+        answer.body.contains(&format!(
+            "cannot start: cannot run the MPS control binary {} (install the driver's \
+                 nvidia-cuda-mps-control on PATH or point --mps-control-binary at it)",
+            missing.display()
+        )),
+        "{}",
+        answer.body
+    );
+    assert!(!root.join("nvidia.com/gpu/.started").exists());
+    // The log names the binary and the reason, so the fix (install the driver's MPS binary,
+    // or point --mps-control-binary at it) is plain.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(node.dir.path().join("gpud.log")).unwrap_or_default();
+        if log.contains(&missing.display().to_string()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line names {}:\n{log}",
+            missing.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

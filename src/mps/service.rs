@@ -77,6 +77,8 @@ struct Supervised {
     backoff: Backoff,
     /// Whether it has been up before (a start after that is a restart).
     was_up: bool,
+    /// Why the last start failed; `None` once it starts.
+    start_error: Option<String>,
 }
 
 impl Subsystem for MpsControl {
@@ -162,6 +164,7 @@ impl Supervised {
             retry_at: Instant::now(),
             backoff,
             was_up: false,
+            start_error: None,
         }
     }
 }
@@ -206,6 +209,7 @@ impl MpsControl {
             match blocking(move || daemon.start(&nvml)).await {
                 Ok(Ok(())) => {
                     entry.up = true;
+                    entry.start_error = None;
                     if entry.was_up {
                         self.restarted(&entry.daemon);
                     } else {
@@ -225,6 +229,7 @@ impl MpsControl {
                     let delay = entry.backoff.next_delay();
                     error!(resource = %entry.daemon.resource(), error = %why,
                            retry_in = ?delay, "Cannot start the MPS control daemon");
+                    entry.start_error = Some(why);
                     entry.retry_at = Instant::now() + delay;
                 }
             }
@@ -261,13 +266,23 @@ impl MpsControl {
         });
     }
 
-    /// `.ready` and readiness once every daemon is up.
+    /// `.ready` and readiness once every daemon is up; not ready, with the reason, while a
+    /// daemon cannot be started.
     async fn mark_ready(
         &self,
         running: &[Supervised],
         root: Option<&std::path::Path>,
         ctx: &Context<Settings>,
     ) {
+        if let Some((resource, why)) = running
+            .iter()
+            .find_map(|s| Some((s.daemon.resource(), s.start_error.as_deref()?)))
+        {
+            ctx.ready_latch().unset(format!(
+                "the MPS control daemon for {resource} cannot start: {why}"
+            ));
+            return;
+        }
         if !running.iter().all(|s| s.up) {
             return;
         }
