@@ -36,9 +36,23 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
     let builder = ::kube::client::ClientBuilder::try_from(config)
         .map_err(|e| ApiError::Config(e.to_string()))?;
     let keep_retry_after: fn(Reply) -> Reply = retry_after_status;
+    let bounded: fn(Reply) -> Reply = limit_body;
     Ok(builder
         .with_layer(&tower::util::MapResponseLayer::new(keep_retry_after))
+        .with_layer(&tower::util::MapResponseLayer::new(bounded))
         .build())
+}
+
+/// The most bytes one answer of the API server may have (a watch counts as one answer): far
+/// above what gpud reads (its Node, its slices, a claim), far below what an endless body
+/// would grow the process to. Past it the read fails and the caller retries on its backoff.
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+fn limit_body(reply: Reply) -> Reply {
+    let (parts, body) = reply.into_parts();
+    let limited: Box<::kube::client::DynBody> =
+        Box::new(http_body_util::Limited::new(body, MAX_RESPONSE_BYTES));
+    http::Response::from_parts(parts, limited)
 }
 
 type Reply = http::Response<Box<::kube::client::DynBody>>;
@@ -168,5 +182,31 @@ mod tests {
         );
         let err = refused(Path::new("/dev/zero")).await;
         assert!(err.to_string().contains("is a character device"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_fails_to_read_and_a_normal_one_passes() {
+        let body = |n: usize| -> Reply {
+            let body: Box<::kube::client::DynBody> =
+                Box::new(Once(Some(hyper::body::Bytes::from(vec![b'x'; n]))));
+            http::Response::new(body)
+        };
+        let frame = |reply: Reply| async move {
+            let mut body = reply.into_body();
+            std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+            })
+            .await
+        };
+        let small = frame(limit_body(body(1024))).await.unwrap().unwrap();
+        assert_eq!(small.into_data().unwrap().len(), 1024);
+        let huge = frame(limit_body(body(MAX_RESPONSE_BYTES + 1)))
+            .await
+            .unwrap();
+        assert!(
+            huge.unwrap_err()
+                .to_string()
+                .contains("length limit exceeded")
+        );
     }
 }
