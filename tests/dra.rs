@@ -1724,17 +1724,34 @@ async fn a_conflict_on_a_slice_update_lists_again_and_converges() {
         device(&tainted, "gpu-3")["taints"],
         json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}])
     );
-    // After the refusal: a fresh list, then the update from it, which lands.
-    let calls: Vec<fake_api::Recorded> = dra
-        .api
-        .log()
-        .into_iter()
-        .filter(|r| r.at >= since && r.path.starts_with(SLICES) && !r.path.contains("watch="))
-        .collect();
-    let at = calls
-        .iter()
-        .position(|r| r.method == "PUT" && r.status == 409)
-        .unwrap();
+    // After the refusal: a fresh list, then the update from it, which lands. The fake records
+    // an answer's status once the answer is written, which may be just after the slice we
+    // saw changed: wait until the update after the refusal has one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (calls, at) = loop {
+        let calls: Vec<fake_api::Recorded> = dra
+            .api
+            .log()
+            .into_iter()
+            .filter(|r| r.at >= since && r.path.starts_with(SLICES) && !r.path.contains("watch="))
+            .collect();
+        let at = calls
+            .iter()
+            .position(|r| r.method == "PUT" && r.status == 409)
+            .unwrap();
+        let answered = calls[at + 1..]
+            .iter()
+            .find(|r| r.method == "PUT")
+            .is_some_and(|r| r.status != 0);
+        if answered {
+            break (calls, at);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the update after the refusal got no answer"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
     let after: Vec<(&str, u16)> = calls[at + 1..]
         .iter()
         .map(|r| (r.method.as_str(), r.status))
