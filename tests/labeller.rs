@@ -807,7 +807,14 @@ fn node_sink_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
         ],
     ));
     let deadline = Instant::now() + Duration::from_secs(20);
-    while api.refused_by(rule) < 3 {
+    // Counted by their recorded answers (written just after each refusal is sent).
+    let refused_answers = || {
+        api.requests_to("PATCH", "/api/v1/nodes/test-node")
+            .iter()
+            .filter(|r| r.status == 403)
+            .count()
+    };
+    while api.refused_by(rule) < 3 || refused_answers() < 3 {
         assert!(Instant::now() < deadline, "three refusals: {:?}", api.log());
         std::thread::sleep(Duration::from_millis(20));
     }

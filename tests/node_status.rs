@@ -579,15 +579,18 @@ fn a_conflict_on_the_taint_patch_reads_the_node_again_and_retries_at_once() {
         (taint_keys(&api).len() == 2).then_some(())
     });
     assert_eq!(api.refused_by(rule), 1);
-    // The refused patch, then at once a fresh read and the patch again, from that read.
-    let seen: Vec<(String, u16)> = node_requests(&api, since)
-        .iter()
-        .map(|r| (r.method.clone(), r.status))
-        .collect();
-    let at = seen
-        .iter()
-        .position(|r| *r == ("PATCH".to_owned(), 409))
-        .unwrap();
+    // The refused patch, then at once a fresh read and the patch again, from that read. The
+    // fake records a status once its answer is written, which may be just after the taint is
+    // seen: wait for the three answers.
+    let (seen, at) = wait_for(10, "the answers after the refusal", || {
+        let seen: Vec<(String, u16)> = node_requests(&api, since)
+            .iter()
+            .map(|r| (r.method.clone(), r.status))
+            .collect();
+        let at = seen.iter().position(|r| *r == ("PATCH".to_owned(), 409))?;
+        let answered = seen.len() >= at + 3 && seen[at..at + 3].iter().all(|r| r.1 != 0);
+        answered.then_some((seen, at))
+    });
     assert_eq!(
         seen[at..at + 3],
         [
@@ -799,7 +802,11 @@ fn a_connection_dropped_without_an_answer_is_retried_with_backoff() {
         "4 GPUs: 4 healthy, 0 degraded, 0 unhealthy"
     );
     assert_eq!(api.refused_by(rule), 2);
-    let applies = api.requests_to("PATCH", status_path);
+    // The third apply's answer is recorded once written, maybe just after the condition shows.
+    let applies = wait_for(10, "the third apply's answer", || {
+        let applies = api.requests_to("PATCH", status_path);
+        (applies.len() >= 3 && applies[2].status != 0).then_some(applies)
+    });
     assert_eq!(
         applies.iter().map(|r| r.status).collect::<Vec<_>>(),
         [0, 0, 200],
