@@ -229,7 +229,11 @@ fn a_flapping_gpu_changes_the_condition_once_per_hold() {
     let changes = gpu_status_changes(&api);
     let statuses: Vec<&str> = changes.iter().map(|(_, s)| s.as_str()).collect();
     assert_eq!(statuses, ["True", "False", "True"]);
-    assert!(changes[2].0 - flapping_ended >= Duration::from_millis(850));
+    // The recovery waited at least a whole hold after the failure showed, and came after the
+    // flapping (measured from the writes, not from the injections, which a loaded machine's
+    // watcher may see late or, for the last short outage, not at all).
+    assert!(changes[2].0 - changes[1].0 >= Duration::from_secs(1));
+    assert!(changes[2].0 >= flapping_ended);
     // One failure and one recovery event: the repeats are de-duplicated.
     let reasons: Vec<String> = events(&api).into_iter().map(|(r, _)| r).collect();
     assert_eq!(reasons, ["GPUUnhealthy", "GPURecovered"]);
