@@ -242,11 +242,12 @@ struct Row {
     default: Option<String>,
 }
 
-fn table_rows(doc: &Path, text: &str) -> Vec<Row> {
-    let name = doc.strip_prefix(repo()).unwrap().display().to_string();
-    let mut rows = Vec::new();
+/// Every body row of every markdown table in `text`: (line index, the table's header cells in
+/// lower case, the row's cells).
+fn table_body_rows(text: &str) -> Vec<(usize, Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
     let mut header: Option<Vec<String>> = None;
-    for line in text.lines() {
+    for (index, line) in text.lines().enumerate() {
         if !line.trim_start().starts_with('|') {
             header = None;
             continue;
@@ -258,10 +259,18 @@ fn table_rows(doc: &Path, text: &str) -> Vec<Row> {
         {
             continue;
         }
-        let Some(head) = &header else {
-            header = Some(row.iter().map(|c| c.to_lowercase()).collect());
-            continue;
-        };
+        match &header {
+            None => header = Some(row.iter().map(|c| c.to_lowercase()).collect()),
+            Some(head) => out.push((index, head.clone(), row)),
+        }
+    }
+    out
+}
+
+fn table_rows(doc: &Path, text: &str) -> Vec<Row> {
+    let name = doc.strip_prefix(repo()).unwrap().display().to_string();
+    let mut rows = Vec::new();
+    for (_, head, row) in table_body_rows(text) {
         let column = |names: &[&str]| head.iter().position(|h| names.contains(&h.as_str()));
         let flags = flags_in(row.first().map_or("", String::as_str));
         let envs = column(&["env", "environment", "variable"])
@@ -760,23 +769,7 @@ fn a_table_of_applets_names_exactly_the_daemons_that_take_each_option() {
     let mut rows = 0;
     for (path, text) in documents() {
         let doc = path.strip_prefix(repo()).unwrap().display().to_string();
-        let mut header: Option<Vec<String>> = None;
-        for (index, line) in text.lines().enumerate() {
-            if !line.trim_start().starts_with('|') {
-                header = None;
-                continue;
-            }
-            let row = cells(line);
-            if row
-                .iter()
-                .all(|c| c.chars().all(|ch| ch == '-' || ch == ':'))
-            {
-                continue;
-            }
-            let Some(head) = &header else {
-                header = Some(row.iter().map(|c| c.to_lowercase()).collect());
-                continue;
-            };
+        for (index, head, row) in table_body_rows(&text) {
             let Some(listed) = head
                 .iter()
                 .position(|h| h == "applets")

@@ -1787,26 +1787,30 @@ async fn a_slice_watch_ended_by_410_gone_lists_again_without_a_storm() {
             .filter(|r| r.path.contains("watch=true"))
             .collect()
     };
-    let first = watches_of(&dra.api)[0].at;
-    // A window of 8 s from the first refusal, measured, not waited on for readiness.
-    let window = Duration::from_secs(8);
-    tokio::time::sleep(window.saturating_sub(first.elapsed())).await;
-    let in_window = |r: &fake_api::Recorded| r.at >= first && r.at < first + window;
-    let watches = watches_of(&dra.api).iter().filter(|r| in_window(r)).count();
+    // Four refused watches: the pauses between them are the backoff's (0.5, 1, 2 s, and up to
+    // a quarter more), so they span at least 3.5 s, and each brings at most two lists (one
+    // after the failure, one once the next watch is open) besides the publisher's own.
+    let watches = dra.until("four refused watches", || {
+        let watches = watches_of(&dra.api);
+        (watches.len() >= 4).then_some(watches)
+    });
+    let (first, fourth) = (watches[0].at, watches[3].at);
     let lists = dra
         .api
         .requests_to("GET", SLICES)
         .iter()
-        .filter(|r| in_window(r) && !r.path.contains("watch=true"))
+        .filter(|r| r.at >= first && r.at <= fourth && !r.path.contains("watch=true"))
         .count();
-    eprintln!("410 on every slice watch: {watches} watches and {lists} lists in {window:?}");
-    // Pauses of 0.5, 1, 2, 4 s (and up to a quarter more): at most 5 watches in 8 s, and a
-    // list after each failure and one once the next watch is open, plus the publisher's own.
-    assert!((2..=5).contains(&watches), "{watches}: {:?}", dra.api.log());
-    assert!(
-        lists <= 2 * watches + 2,
-        "{lists} lists for {watches} watches"
+    eprintln!(
+        "410 on every slice watch: 4 watches in {:?}, {lists} lists",
+        fourth - first
     );
+    assert!(
+        fourth - first >= Duration::from_millis(3500),
+        "{:?}",
+        fourth - first
+    );
+    assert!(lists <= 2 * 4 + 2, "{lists} lists for 4 watches");
     let log = dra.log();
     assert!(log.contains("ResourceSlice watch failed"), "{log}");
     assert!(log.contains("too old resource version"), "{log}");

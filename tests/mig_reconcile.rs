@@ -429,26 +429,29 @@ fn a_node_watch_ended_by_410_gone_reads_again_with_backoff_and_converges() {
     let _reconciler = start(&node, &api);
     wait_until(60, "success", || state(&api).as_deref() == Some("success"));
     wait_until(20, "a watch refused", || api.refused_by(rule) >= 1);
-    let first = api.requests_to("GET", "/api/v1/nodes?").first().unwrap().at;
-    // A window of 8 s from the first refusal, measured, not waited on for readiness.
-    let window = Duration::from_secs(8);
-    std::thread::sleep(window.saturating_sub(first.elapsed()));
-    let within = |path: &str| {
-        api.requests_to("GET", path)
-            .iter()
-            .filter(|r| r.at >= first && r.at < first + window)
-            .count()
-    };
-    let watches = within("/api/v1/nodes?");
-    let reads = within("/api/v1/nodes/test-node");
-    eprintln!("410 on every watch: {watches} watches and {reads} reads in {window:?}");
-    // Pauses of 0.5, 1, 2, 4 s (and up to a quarter more): at most 5 watches in 8 s.
-    assert!(
-        (2..=5).contains(&watches),
-        "{watches} watches: {:?}",
-        api.log()
+    // Four watches after the first refusal: the pauses between them are the backoff's (0.5,
+    // 1, 2 s, and up to a quarter more), so they span at least 3.5 s, with at most one read
+    // of the Node after each.
+    wait_until(30, "four watches", || {
+        api.requests_to("GET", "/api/v1/nodes?").len() >= 4
+    });
+    let watches = api.requests_to("GET", "/api/v1/nodes?");
+    let (first, fourth) = (watches[0].at, watches[3].at);
+    let reads = api
+        .requests_to("GET", "/api/v1/nodes/test-node")
+        .iter()
+        .filter(|r| r.at >= first && r.at <= fourth)
+        .count();
+    eprintln!(
+        "410 on every watch: 4 watches in {:?}, {reads} reads",
+        fourth - first
     );
-    assert!(reads <= watches + 1, "{reads} reads for {watches} watches");
+    assert!(
+        fourth - first >= Duration::from_millis(3500),
+        "{:?}",
+        fourth - first
+    );
+    assert!(reads <= 4 + 1, "{reads} reads for 4 watches");
     assert_eq!(api.refused_by(gone), 1);
     let text = log(&node);
     assert!(text.contains("Watching the Node failed"), "{text}");

@@ -93,7 +93,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     };
     let inventory = match &nvml {
         Some(nvml) => nvml.inventory(&facts)?,
-        None => Inventory::new(crate::labeller::empty_snapshot()),
+        None => Inventory::new(crate::inventory::Snapshot::default()),
     };
 
     let oneshot = settings.oneshot;

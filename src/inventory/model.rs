@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::health::Health;
 use super::pci_bus_id::PciBusId;
 
-/// One published view of the node. Cheap to share: subscribers hold an `Arc<Snapshot>`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One published view of the node. Cheap to share: subscribers hold an `Arc<Snapshot>`. The
+/// default is a node without GPUs or facts (the labeller's when NVML is unavailable).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Facts about the node and its driver.
     pub node: Node,
@@ -22,7 +23,7 @@ pub struct Snapshot {
 }
 
 /// Node-wide facts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     /// `NODE_NAME` when set (the Kubernetes node name), else the kernel host name.
     pub hostname: String,

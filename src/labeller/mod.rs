@@ -42,7 +42,6 @@ pub use sink::ApiSink;
 
 use crate::backoff::Backoff;
 use crate::daemon::ReadyLatch;
-use crate::inventory::model::Node as NodeFacts;
 use crate::inventory::{Inventory, Snapshot};
 use crate::kube::ApiError;
 use crate::nvidia_config::{self, MigStrategy, OutputTarget, Sharing, SleepInterval};
@@ -159,22 +158,6 @@ fn read_machine_type(path: &Path) -> Option<String> {
     }
 }
 
-/// The snapshot used when NVML could not be initialised and `failOnInitError` is false: a node
-/// without GPUs, which gets only the timestamp label (as GFD does).
-pub fn empty_snapshot() -> Snapshot {
-    Snapshot {
-        node: NodeFacts {
-            hostname: String::new(),
-            driver_version: String::new(),
-            cuda_driver_version: None,
-            nvml_version: None,
-            machine_type: None,
-        },
-        gpus: Vec::new(),
-        topology: Vec::new(),
-    }
-}
-
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -266,7 +249,7 @@ fn removes_on_exit(settings: &Settings) -> Option<&Path> {
 /// Runs until `cancel` fires (or after one pass with `oneshot`).
 ///
 /// On a node where NVML is unavailable and `failOnInitError` is false, `inventory` holds
-/// [`empty_snapshot`]. New settings arriving on `settings` replace the current ones and restart
+/// an empty [`Snapshot`] (no GPUs: only the timestamp label, as GFD does). New settings arriving on `settings` replace the current ones and restart
 /// the timestamp, as GFD's SIGHUP restart does. `ready` is set once the labels reached every
 /// sink.
 pub async fn run(

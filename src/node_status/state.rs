@@ -150,11 +150,12 @@ mod tests {
     const HOLD: Duration = Duration::from_secs(300);
 
     fn dgx() -> Snapshot {
-        let mut snapshot = crate::labeller::empty_snapshot();
-        snapshot.gpus = (0..8)
-            .map(|i| test_support::gpu(i, &format!("GPU-{i}"), "NVIDIA H100 80GB HBM3", 81559))
-            .collect();
-        snapshot
+        Snapshot {
+            gpus: (0..8)
+                .map(|i| test_support::gpu(i, &format!("GPU-{i}"), "NVIDIA H100 80GB HBM3", 81559))
+                .collect(),
+            ..Snapshot::default()
+        }
     }
 
     fn lose(snapshot: &Snapshot, index: usize) -> Snapshot {
