@@ -141,6 +141,14 @@ impl Dra {
         std::fs::read_to_string(self.path("gpud.log")).unwrap_or_default()
     }
 
+    /// gpud's log once it holds `line`.
+    fn log_when(&self, line: &str) -> String {
+        self.until(line, || {
+            let log = self.log();
+            log.contains(line).then_some(log)
+        })
+    }
+
     /// Waits for the registration socket, then registers as the kubelet does.
     async fn register(&self) -> gpud::proto::pluginregistration::PluginInfo {
         let socket = self.registration_socket();
@@ -1760,13 +1768,13 @@ async fn a_conflict_on_a_slice_update_lists_again_and_converges() {
     assert_eq!(after[..2], [("GET", 200), ("PUT", 200)], "{calls:?}");
     let converged = calls[at + 2].at - calls[at].at;
     eprintln!("409 on a slice update: a list and an update, {converged:?} after the refusal");
-    let log = dra.log();
+    // gpud says the slices are back after the update's answer: wait for the line.
+    let log = dra.log_when("ResourceSlices published again");
     assert!(
         log.contains("Cannot publish the node's ResourceSlices"),
         "{log}"
     );
     assert!(log.contains("the object has been modified"), "{log}");
-    assert!(log.contains("ResourceSlices published again"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
