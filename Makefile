@@ -135,7 +135,8 @@ image-test:
 
 ## manifests-test: renders every kustomize overlay and component combination, validates it
 ## against the oldest and newest supported Kubernetes, and checks every container's command
-## line with gpud --check-config (needs kubectl and the venv .ci/run makes)
+## line with gpud --check-config; validates the DRA goldens against the Kubernetes schemas and
+## the CDI goldens against the CDI schema (needs kubectl and the venv .ci/run makes)
 manifests-test: build
 	$(VENV)/bin/python tests/manifests/check.py $(GPUD)
 

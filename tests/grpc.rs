@@ -135,7 +135,6 @@ fn python() -> std::path::PathBuf {
 
 /// Whether python3 with grpcio is here. Where python3 is, CI makes the environment with grpcio
 /// (`make test`), so there its absence is a failure rather than a skip.
-#[allow(clippy::disallowed_methods)] // CI decides whether a missing grpcio fails
 fn grpcio_available() -> bool {
     let runs = |code: &str| {
         Command::new(python())
@@ -143,25 +142,15 @@ fn grpcio_available() -> bool {
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !runs("") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 is required in CI (the grpcio client check)"
-        );
-        eprintln!("grpcio check skipped: python3 is not installed");
-        return false;
-    }
-    if !runs("import grpc") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3's grpcio package is required in CI (make test installs it in target/py-venv)"
-        );
-        eprintln!(
-            "grpcio check skipped: grpcio is not installed (tests/python/venv.sh installs it)"
-        );
-        return false;
-    }
-    true
+    !common::tool_missing(
+        !runs(""),
+        "python3 is required in CI (the grpcio client check)",
+        "grpcio check skipped: python3 is not installed",
+    ) && !common::tool_missing(
+        !runs("import grpc"),
+        "python3's grpcio package is required in CI (make test installs it in target/py-venv)",
+        "grpcio check skipped: grpcio is not installed (tests/python/venv.sh installs it)",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,9 @@
 //! event carrying 410, 429 with `Retry-After`, 403, 422, a stall, a dropped connection), every
 //! refusal a real `metav1.Status` body (but the plain-text 429 of priority and fairness). Server-side apply without a field manager is refused
 //! with 422, writes to a Node that does not exist with 404, and every request is recorded
-//! ([`Recorded`]: method, path with query, field manager, status answered).
+//! ([`Recorded`]: method, path with query, field manager, status answered). Given the rules
+//! bound to a service account ([`rbac::Rbac`], from rendered manifests), it authorizes as
+//! RBAC does and answers 403 to what they do not allow.
 
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
@@ -33,6 +35,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
+
+#[path = "rbac.rs"]
+pub mod rbac;
 
 /// What the fake API server saw and holds.
 #[derive(Default)]
@@ -83,6 +88,8 @@ pub struct ApiState {
     pub log: Vec<Recorded>,
     /// Fault rules, tried in order; the first that fires answers.
     pub rules: Vec<Rule>,
+    /// The rules of the account gpud runs as, when requests are authorized.
+    pub rbac: Option<rbac::Rbac>,
 }
 
 /// One request as the fake API server saw it.
@@ -99,6 +106,8 @@ pub struct Recorded {
     pub status: u16,
     /// Whether a fault rule answered it.
     pub refused: bool,
+    /// What RBAC refused (`patch nodes test-node`), when it did.
+    pub forbidden: Option<String>,
 }
 
 /// What a fault rule answers instead of the API server's real answer.
@@ -301,27 +310,16 @@ fn failure(
     axum::response::IntoResponse::into_response(failure_body(code, reason, message, details))
 }
 
-/// The (group, resource, name) a request path names: `/api/v1/nodes/n/status` is
-/// `("", "nodes", "n")`, `/apis/g/v/namespaces/ns/things` is `("g", "things", "")`.
-fn target(path: &str) -> (String, String, String) {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match parts.as_slice() {
-        ["api", _, rest @ ..] => (String::new(), rest),
-        ["apis", group, _, rest @ ..] => ((*group).to_owned(), rest),
-        _ => (String::new(), &parts[..]),
-    };
-    let rest = match rest {
-        ["namespaces", _, more @ ..] if !more.is_empty() => more,
-        other => other,
-    };
-    let resource = rest.first().copied().unwrap_or_default().to_owned();
-    let name = rest.get(1).copied().unwrap_or_default().to_owned();
-    (group, resource, name)
-}
-
 /// The answer of a fault: a Status as the real API server words it.
 fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response::Response {
-    let (group, resource, name) = target(uri.path());
+    let request = rbac::Attributes::of(method, uri);
+    let (group, resource, name) = request.as_ref().map_or_else(Default::default, |r| {
+        (
+            r.group.clone(),
+            r.resource.clone(),
+            r.name.clone().unwrap_or_default(),
+        )
+    });
     let qualified = if group.is_empty() {
         resource.clone()
     } else {
@@ -380,34 +378,10 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
             );
             response
         }
-        Fault::Forbidden => {
-            let verb = match method {
-                "GET" if uri.query().unwrap_or_default().contains("watch=true") => "watch",
-                "GET" if name.is_empty() => "list",
-                "GET" => "get",
-                "PATCH" => "patch",
-                "PUT" => "update",
-                "POST" => "create",
-                "DELETE" if name.is_empty() => "deletecollection",
-                "DELETE" => "delete",
-                other => other,
-            };
-            let object = if name.is_empty() {
-                qualified.clone()
-            } else {
-                format!("{qualified} \"{name}\"")
-            };
-            failure(
-                StatusCode::FORBIDDEN,
-                "Forbidden",
-                &format!(
-                    "{object} is forbidden: User \"system:serviceaccount:gpu-operator:gpud\" \
-                     cannot {verb} resource \"{resource}\" in API group \"{group}\" at the \
-                     cluster scope"
-                ),
-                details,
-            )
-        }
+        Fault::Forbidden => forbidden_answer(
+            &request.expect("a fault rule refusing discovery with 403"),
+            "system:serviceaccount:gpu-operator:gpud",
+        ),
         Fault::Invalid => failure(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
@@ -421,6 +395,18 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
     }
 }
 
+/// RBAC's 403 for `request` made as `user`.
+fn forbidden_answer(request: &rbac::Attributes, user: &str) -> axum::response::Response {
+    let details = json!({"name": request.name.clone().unwrap_or_default(),
+                         "group": request.group, "kind": request.resource});
+    failure(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        &request.forbidden_message(user),
+        details,
+    )
+}
+
 /// Records every request and answers it from the first fault rule that fires, else from the
 /// routes.
 #[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
@@ -431,12 +417,19 @@ async fn faults(
 ) -> axum::response::Response {
     let method = request.method().as_str().to_owned();
     let uri = request.uri().clone();
-    let (index, fault) = {
+    let (index, fault, forbidden) = {
         let mut state = s.lock().unwrap();
         let fault = state
             .rules
             .iter_mut()
             .find_map(|rule| rule.fires(&method, &uri).then(|| rule.fault.clone()));
+        // A fault rule answers first (it stands for something in front of the authorizer).
+        let forbidden = match (&fault, &state.rbac) {
+            (None, Some(rbac)) => rbac
+                .refuses(&method, &uri)
+                .map(|request| (request, rbac.user.clone())),
+            _ => None,
+        };
         state.log.push(Recorded {
             at: Instant::now(),
             method: method.clone(),
@@ -446,21 +439,23 @@ async fn faults(
             field_manager: query(&uri).get("fieldManager").map(|m| decode(m)),
             status: 0,
             refused: fault.is_some(),
+            forbidden: forbidden.as_ref().map(|(request, _)| request.to_string()),
         });
-        (state.log.len() - 1, fault)
+        (state.log.len() - 1, fault, forbidden)
     };
-    let response = match fault {
-        None => next.run(request).await,
-        Some(Fault::Stall(pause)) => {
+    let response = match (fault, forbidden) {
+        (None, Some((denied, user))) => forbidden_answer(&denied, &user),
+        (None, None) => next.run(request).await,
+        (Some(Fault::Stall(pause)), _) => {
             tokio::time::sleep(pause).await;
             next.run(request).await
         }
-        Some(Fault::Drop) => {
+        (Some(Fault::Drop), _) => {
             // Unwinding ends this connection's task: the socket closes with no answer.
             // `resume_unwind` skips the panic hook, so nothing is printed; no lock is held.
             std::panic::resume_unwind(Box::new("connection dropped by a fault rule"))
         }
-        Some(fault) => refusal(&fault, &method, &uri),
+        (Some(fault), _) => refusal(&fault, &method, &uri),
     };
     s.lock().unwrap().log[index].status = response.status().as_u16();
     response
@@ -1257,6 +1252,20 @@ impl FakeApi {
         let mut state = self.state.lock().unwrap();
         state.rules.push(rule);
         state.rules.len() - 1
+    }
+
+    /// Authorizes every request from now on with `rbac`, as the API server does for the
+    /// account it names.
+    pub fn authorize(&self, rbac: rbac::Rbac) {
+        self.state.lock().unwrap().rbac = Some(rbac);
+    }
+
+    /// The requests RBAC refused so far (`patch nodes test-node`), with their paths.
+    pub fn forbidden(&self) -> Vec<(String, String)> {
+        self.log()
+            .into_iter()
+            .filter_map(|r| Some((r.forbidden?, format!("{} {}", r.method, r.path))))
+            .collect()
     }
 
     /// Removes every fault rule: the API server answers normally again.

@@ -24,6 +24,18 @@ pub fn mock_lib() -> PathBuf {
     lib
 }
 
+/// Whether a check that needs a tool from outside (python3, promtool, kubectl) runs: when the
+/// tool is `missing`, the check is skipped with `skip` on stderr, except in CI (`CI` set, as
+/// `.ci/run` does), where the tool is installed and its absence fails with `required`.
+#[allow(clippy::disallowed_methods)] // CI decides whether a missing tool fails
+pub fn tool_missing(missing: bool, required: &str, skip: &str) -> bool {
+    if missing {
+        assert!(std::env::var_os("CI").is_none(), "{required}");
+        eprintln!("{skip}");
+    }
+    missing
+}
+
 /// The `gpud` binary under test.
 pub fn gpud_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gpud"))

@@ -9,7 +9,8 @@ binary (`--check-config`, exit 0); and every container keeps the least-privilege
 docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml. The
 node status runs once, where the layout puts it (its own container in base, `gpud run` in
 all-in-one), with taints only from node-status-taints; so does the DRA plugin, with its
-DeviceClasses and RBAC only from the dra component.
+DeviceClasses and RBAC only from the dra component. The DRA and CDI goldens are validated against
+the Kubernetes schemas and the CDI schema (tests/schemas/cdi.json).
 
 Usage: check.py GPUD_BINARY   (run by `make manifests-test`, in the venv .ci/run makes)
 """
@@ -397,6 +398,50 @@ def validate_golden_slices():
     return checked
 
 
+def validate_cdi_goldens():
+    """Every CDI golden (tests/cdi.rs blesses them from gpud's output) against the CDI schema of
+    tests/schemas/cdi.json, so a golden cannot be blessed from a spec a runtime refuses."""
+    import jsonschema
+
+    here = os.path.dirname(__file__)
+    with open(os.path.join(here, "..", "schemas", "cdi.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft7Validator.check_schema(schema)
+    validator = jsonschema.Draft7Validator(schema)
+    root = os.path.join(here, "..", "fixtures", "golden", "cdi")
+    files = sorted(f for f in os.listdir(root) if f.endswith((".json", ".yaml")))
+    assert files, "no CDI goldens"
+    for name in files:
+        with open(os.path.join(root, name)) as f:
+            spec = json.load(f) if name.endswith(".json") else yaml.safe_load(f)
+        errors = sorted(validator.iter_errors(spec), key=lambda e: list(e.path))
+        if errors:
+            raise SystemExit(
+                f"CDI golden {name} is not a valid CDI spec: "
+                + "; ".join(f"{e.message} at {'.'.join(map(str, e.path)) or '(top)'}" for e in errors)
+            )
+    # The schema can fail: what a runtime refuses, it refuses.
+    bad = {
+        "a kind without a class": {"cdiVersion": "0.5.0", "kind": "nvidia.com", "devices": []},
+        "an unknown version": {"cdiVersion": "0.9.9", "kind": "nvidia.com/gpu", "devices": []},
+        "a device name with a slash": {
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": "a/b", "containerEdits": {}}],
+        },
+        "an unknown hook point": {
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [],
+            "containerEdits": {"hooks": [{"hookName": "onStart", "path": "/bin/true"}]},
+        },
+        "an unknown field": {
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [],
+            "containerEdits": {"deviceNodes": [{"path": "/dev/x", "mode": 1}]},
+        },
+    }
+    for what, spec in bad.items():
+        assert not validator.is_valid(spec), f"the CDI schema accepts {what}"
+    return files
+
+
 def main():
     gpud = os.path.abspath(sys.argv[1])
     version = subprocess.run(
@@ -416,6 +461,8 @@ def main():
         unique.update(json.dumps(o, sort_keys=True) for o in objects)
     skipped = validate(unique)
     golden = validate_golden_slices()
+    cdi = validate_cdi_goldens()
+    print(f"CDI goldens: {len(cdi)} specs valid against tests/schemas/cdi.json")
     print(
         f"DRA goldens: {golden} ResourceSlice validations against the Kubernetes releases "
         f"serving their resource.k8s.io version passed"
