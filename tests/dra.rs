@@ -779,6 +779,36 @@ async fn a_corrupt_checkpoint_is_moved_aside_and_the_plugin_serves_on() {
     assert_eq!(answer.claims["uid-1"].devices, [prepared("uid-1", "gpu-0")]);
 }
 
+/// The corrupt checkpoint's event, refused by a busy API server (a plain-text 429 with
+/// `Retry-After: 1`), lands on the retry after it; the plugin serves meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corrupt_checkpoint_event_is_retried_until_the_api_server_takes_it() {
+    let mut dra = Dra::new("dgx-h100");
+    let events = "/api/v1/namespaces/default/events";
+    let rule = dra
+        .api
+        .refuse(Rule::exact("POST", events, Fault::TooManyRequestsPlain(1)).times(1));
+    std::fs::create_dir_all(dra.path("plugins/gpu.nvidia.com")).unwrap();
+    std::fs::write(dra.checkpoint(), "{\"version\": 1, \"claims\": {\"uid-").unwrap();
+    dra.start();
+    dra.register().await;
+    let event = dra.until("the event", || dra.api.events().first().cloned());
+    assert_eq!(event["reason"], "DRACheckpointCorrupt");
+    assert_eq!(dra.api.refused_by(rule), 1);
+    let posts = dra.api.requests_to("POST", events);
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert!(
+        posts[1].at - posts[0].at >= Duration::from_secs(1),
+        "{posts:?}"
+    );
+    let log = dra.log_when("Node events are recorded again");
+    assert_eq!(
+        log.matches("Cannot record an event on the Node").count(),
+        1,
+        "{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_the_device_plugin_gave_to_a_pod_is_refused_to_a_claim() {
     use gpud::proto::podresources::{

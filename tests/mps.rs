@@ -156,6 +156,27 @@ fn sigterm_and_wait(gpud: &mut Gpud) -> std::process::ExitStatus {
     }
 }
 
+/// gpud's log so far.
+fn log(node: &Node) -> String {
+    std::fs::read_to_string(node.dir.path().join("gpud.log")).unwrap_or_default()
+}
+
+/// gpud's log once it holds `line`.
+fn log_when(node: &Node, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = log(node);
+        if log.contains(line) {
+            return log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} in gpud's log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn daemon_pid(root: &Path, resource: &str) -> String {
     std::fs::read_to_string(root.join(resource).join("pipe/fake-daemon.pid"))
         .unwrap()
@@ -613,18 +634,17 @@ fn labels_are_gfds_for_mps() {
     assert!(out.contains("nvidia.com/mps.capable=true\n"), "{out}");
 }
 
-#[test]
-fn a_restart_is_an_event_on_the_node() {
-    let node = Node::new("pcie-4gpu");
-    let bin = fake_control(&node);
+/// `gpud mps-control-daemon` with restart events on the Node of `api`, ready; the daemons'
+/// root.
+fn with_node_events(node: &Node, api: &FakeApi) -> (Gpud, PathBuf) {
+    let bin = fake_control(node);
     let root = node.dir.path().join("mps");
-    let config = write_config(&node, &mps_config(&root, 2));
-    let api = FakeApi::start(serde_json::json!({}));
+    let config = write_config(node, &mps_config(&root, 2));
     let kubeconfig = api.kubeconfig(node.dir.path());
     let port = http::free_port();
     let address = format!("127.0.0.1:{port}");
-    let _gpud = spawn(
-        &node,
+    let gpud = spawn(
+        node,
         &bin,
         &[
             "mps-control-daemon",
@@ -641,6 +661,14 @@ fn a_restart_is_an_event_on_the_node() {
         ],
     );
     http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    (gpud, root)
+}
+
+#[test]
+fn a_restart_is_an_event_on_the_node() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start(serde_json::json!({}));
+    let (_gpud, root) = with_node_events(&node, &api);
     assert!(api.events().is_empty(), "no event for the first start");
     let pid = daemon_pid(&root, "nvidia.com/gpu");
     Command::new("kill").args(["-KILL", &pid]).status().unwrap();
@@ -718,4 +746,47 @@ fn a_missing_control_binary_keeps_the_daemon_not_ready_and_says_why() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The API server refuses the restart's event (403, then 429 with `Retry-After: 1`): gpud
+/// retries on its backoff, waits out the `Retry-After`, says so once, and the event lands once.
+#[test]
+fn a_restart_event_the_api_server_refuses_is_retried_until_it_lands() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start(serde_json::json!({}));
+    let events_path = "/api/v1/namespaces/default/events";
+    api.refuse(fake_api::Rule::exact("POST", events_path, fake_api::Fault::Forbidden).times(1));
+    api.refuse(
+        fake_api::Rule::exact("POST", events_path, fake_api::Fault::TooManyRequests(1)).times(1),
+    );
+    let (_gpud, root) = with_node_events(&node, &api);
+    let pid = daemon_pid(&root, "nvidia.com/gpu");
+    Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let posts = loop {
+        let posts = api.requests_to("POST", events_path);
+        if posts.len() == 3 && posts[2].status != 0 {
+            break posts;
+        }
+        assert!(Instant::now() < deadline, "{posts:?}\n{}", log(&node));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let statuses: Vec<u16> = posts.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [403, 429, 201]);
+    // The 429's Retry-After is waited out before the next try.
+    assert!(
+        posts[2].at - posts[1].at >= Duration::from_secs(1),
+        "{:?}",
+        posts[2].at - posts[1].at
+    );
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["reason"], "MPSDaemonRestarted");
+    let log = log_when(&node, "Node events are recorded again");
+    assert_eq!(
+        log.matches("Cannot record an event on the Node").count(),
+        1,
+        "one warning for the failing streak:\n{log}"
+    );
+    assert!(log.contains("is forbidden"), "{log}");
 }

@@ -31,8 +31,8 @@ use crate::daemon::{Context, Subsystem};
 use crate::grpc;
 use crate::holdings::Held;
 use crate::inventory::Inventory;
-use crate::kube::events::{COMPONENT, Kind, NodeEvent};
-use crate::kube::{self, NodeClient};
+use crate::kube::events::{Kind, NodeEvent};
+use crate::kube::{self, EventSender};
 use crate::logging;
 use crate::nvml::Nvml;
 
@@ -99,11 +99,18 @@ impl Subsystem for Dra {
         })?;
         let (checkpoint, problem) = Checkpoint::load(&config.checkpoint());
         let client = kube::connect(config.kubeconfig.as_deref()).await?;
-        if let Some(problem) = problem {
+        // Held while the plugin runs: the event is retried until the API server takes it.
+        let _node_events = problem.map(|problem| {
             let message = logging::error_chain(&problem);
             error!(error = %message, "DRA checkpoint unreadable; serving on");
-            logging::spawn(report_on_node(client.clone(), config.node.clone(), message));
-        }
+            let events = EventSender::start(
+                &ctx.helpers(),
+                config.node.clone(),
+                config.kubeconfig.clone(),
+            );
+            events.send(checkpoint_event(message));
+            events
+        });
         let resources = Arc::new(ResourceApi::new(client.clone()));
         let preparer = Arc::new(Preparer::new(
             Arc::clone(&config),
@@ -182,16 +189,12 @@ async fn supervise_mps(preparer: Arc<Preparer>, interval: Duration, cancel: Canc
 
 /// A Warning event `DRACheckpointCorrupt` on the Node, so the moved-aside checkpoint shows in
 /// `kubectl describe node` and not only in gpud's log.
-async fn report_on_node(client: ::kube::Client, node: String, message: String) {
-    let api = NodeClient::new(client, node, COMPONENT);
-    let event = NodeEvent {
+fn checkpoint_event(message: String) -> NodeEvent {
+    NodeEvent {
         kind: Kind::Warning,
         reason: CHECKPOINT_CORRUPT,
         message,
         at: std::time::SystemTime::now(),
-    };
-    if let Err(err) = api.create_event(&event, None).await {
-        warn!(error = %logging::error_chain(&err), "Cannot report the corrupt DRA checkpoint on the Node");
     }
 }
 

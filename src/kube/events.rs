@@ -137,6 +137,11 @@ impl Outbox {
         self.pending.pop_front();
     }
 
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }

@@ -7,6 +7,7 @@
 //! - [`NodeClient`]: the one client of this node's Node object (labels, annotations,
 //!   conditions, taints, a watch, events about it);
 //! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox;
+//!   [`EventSender`] sends them in the background for subsystems whose loop does not;
 //! - [`ApiReadiness`]: a subsystem that needs the API server is ready while it gets answers.
 //!
 //! Subsystems that write to the API server (labeller, node status, DRA, MIG reconciler, MPS)
@@ -14,11 +15,13 @@
 
 mod call;
 mod client;
+mod event_sender;
 pub mod events;
 mod node;
 pub mod readiness;
 
 pub use call::{ApiError, CALL_TIMEOUT, bounded, within};
 pub use client::connect;
+pub use event_sender::EventSender;
 pub use node::{ConditionRecord, NodeClient, NodeView};
 pub use readiness::ApiReadiness;

@@ -27,8 +27,8 @@ use crate::backoff::{self, Backoff};
 use crate::cuda_mps::layout as paths;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
-use crate::kube::events::{COMPONENT, Kind, NodeEvent};
-use crate::kube::{self, NodeClient};
+use crate::kube::EventSender;
+use crate::kube::events::{Kind, NodeEvent};
 use crate::logging;
 use crate::nvml::Nvml;
 use crate::resources::settings::Settings;
@@ -94,6 +94,11 @@ impl Subsystem for MpsControl {
         let mut tick = tokio::time::interval(self.options.probe_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reconsider = true;
+        let events = self
+            .options
+            .events
+            .clone()
+            .map(|(node, kubeconfig)| EventSender::start(&ctx.helpers(), node, kubeconfig));
         loop {
             if reconsider {
                 reconsider = false;
@@ -116,7 +121,7 @@ impl Subsystem for MpsControl {
                                     })
                                     .collect();
                             }
-                            self.supervise(&mut running).await;
+                            self.supervise(&mut running, events.as_ref()).await;
                             self.mark_ready(&running, root.as_deref(), &ctx).await;
                         }
                     }
@@ -140,7 +145,7 @@ impl Subsystem for MpsControl {
                     reconsider = true;
                 }
                 _ = tick.tick() => {
-                    self.supervise(&mut running).await;
+                    self.supervise(&mut running, events.as_ref()).await;
                     self.mark_ready(&running, root.as_deref(), &ctx).await;
                 }
             }
@@ -182,7 +187,7 @@ async fn blocking<T: Send + 'static>(
 
 impl MpsControl {
     /// Probes the daemons that are up and (re)starts those that are down and due.
-    async fn supervise(&self, running: &mut [Supervised]) {
+    async fn supervise(&self, running: &mut [Supervised], events: Option<&EventSender>) {
         for entry in running.iter_mut() {
             let daemon = Arc::clone(&entry.daemon);
             if entry.up {
@@ -211,7 +216,7 @@ impl MpsControl {
                     entry.up = true;
                     entry.start_error = None;
                     if entry.was_up {
-                        self.restarted(&entry.daemon);
+                        restarted(&entry.daemon, events);
                     } else {
                         info!(resource = %entry.daemon.resource(),
                               gpus = entry.daemon.plan.gpus.len(),
@@ -234,36 +239,6 @@ impl MpsControl {
                 }
             }
         }
-    }
-
-    /// Logs a restart and records it on the Node when an API client is configured.
-    fn restarted(&self, daemon: &Daemon) {
-        let message = format!(
-            "MPS control daemon for {} stopped answering and was restarted",
-            daemon.resource()
-        );
-        warn!(resource = %daemon.resource(), "{message}");
-        let Some((node, kubeconfig)) = self.options.events.clone() else {
-            return;
-        };
-        let event = NodeEvent {
-            kind: Kind::Warning,
-            reason: RESTART_REASON,
-            message,
-            at: SystemTime::now(),
-        };
-        logging::spawn(async move {
-            let posted = match kube::connect(kubeconfig.as_deref()).await {
-                Ok(client) => NodeClient::new(client, node, COMPONENT)
-                    .create_event(&event, None)
-                    .await
-                    .map_err(|e| logging::error_chain(&e)),
-                Err(e) => Err(logging::error_chain(&e)),
-            };
-            if let Err(why) = posted {
-                warn!(error = %why, "Cannot record the MPS restart on the Node");
-            }
-        });
     }
 
     /// `.ready` and readiness once every daemon is up; not ready, with the reason, while a
@@ -310,5 +285,22 @@ impl MpsControl {
                 error!(error = %err, "MPS stop task failed");
             }
         }
+    }
+}
+
+/// Logs a restart and records it on the Node when events are configured.
+fn restarted(daemon: &Daemon, events: Option<&EventSender>) {
+    let message = format!(
+        "MPS control daemon for {} stopped answering and was restarted",
+        daemon.resource()
+    );
+    warn!(resource = %daemon.resource(), "{message}");
+    if let Some(events) = events {
+        events.send(NodeEvent {
+            kind: Kind::Warning,
+            reason: RESTART_REASON,
+            message,
+            at: SystemTime::now(),
+        });
     }
 }
