@@ -531,3 +531,80 @@ async fn a_configmap_update_reloads_with_watch_config() {
         "{log}"
     );
 }
+
+/// The GPUs a device list withdraws, by index in `ids` (the first list's order).
+fn unhealthy(list: &gpud::proto::deviceplugin::ListAndWatchResponse, ids: &[String]) -> Vec<usize> {
+    let mut sick: Vec<usize> = list
+        .devices
+        .iter()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| ids.iter().position(|id| *id == d.id).unwrap())
+        .collect();
+    sick.sort_unstable();
+    sick
+}
+
+/// Registers with the (restarted) plugin and returns its ListAndWatch stream and first list.
+async fn first_list(
+    kubelet: &mut FakeKubelet,
+) -> (
+    tonic::Streaming<gpud::proto::deviceplugin::ListAndWatchResponse>,
+    gpud::proto::deviceplugin::ListAndWatchResponse,
+) {
+    let reg = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&reg.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let list = next_list(&mut stream, 5).await;
+    (stream, list)
+}
+
+/// A verdict only an XID proves survives a restart (NVML keeps no trace of an XID and the
+/// kernel log is read from its end), from the very first device list, until the GPU is seen
+/// reset: by the running gpud, or from what NVML says after a reset made while it was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xid_verdicts_survive_a_restart_until_the_gpu_is_seen_reset() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let mut daemon = start(&node, &kubelet, &[]);
+    let (mut stream, list) = first_list(&mut kubelet).await;
+    let ids: Vec<String> = list.devices.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(unhealthy(&list, &ids), Vec::<usize>::new());
+    // Fell off the bus (reboot), uncorrectable SRAM error (reset), NVLink error (no
+    // recovery action from the driver).
+    node.inject_all(&["xid 2 79".into(), "xid 3 119".into(), "xid 5 74".into()]);
+    loop {
+        let list = next_list(&mut stream, 5).await;
+        if unhealthy(&list, &ids) == [2, 3, 5] {
+            break;
+        }
+    }
+    assert_eq!(daemon.stop(), Some(0));
+
+    let mut daemon = start(&node, &kubelet, &[]);
+    let (mut stream, list) = first_list(&mut kubelet).await;
+    assert_eq!(
+        unhealthy(&list, &ids),
+        [2, 3, 5],
+        "withdrawn from the first list on"
+    );
+    // GPU 3 is reset while gpud runs (NVML's recovery action back to none): back in service,
+    // the others stay withdrawn.
+    node.inject("reset 3");
+    loop {
+        let list = next_list(&mut stream, 5).await;
+        let sick = unhealthy(&list, &ids);
+        if sick != [2, 3, 5] {
+            assert_eq!(sick, [2, 5]);
+            break;
+        }
+    }
+    assert_eq!(daemon.stop(), Some(0));
+
+    // GPU 2 is reset while gpud is down: the next gpud sees it from what NVML says now.
+    node.inject("reset 2");
+    let _daemon = start(&node, &kubelet, &[]);
+    let (_stream, list) = first_list(&mut kubelet).await;
+    assert_eq!(unhealthy(&list, &ids), [5]);
+    let kept = std::fs::read_to_string(node.dir.path().join("state/health/run.json")).unwrap();
+    assert!(kept.contains(&ids[5]) && !kept.contains(&ids[2]), "{kept}");
+}

@@ -46,7 +46,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    let (health, _) = args.health.resolve()?;
+    let (health, _) = args.health.resolve("device-plugin")?;
     let settings = settings_source::load_at_start(&args.plugin)?;
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());

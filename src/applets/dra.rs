@@ -55,7 +55,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    let (health, _) = args.health.resolve()?;
+    let (health, _) = args.health.resolve("dra")?;
     let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
     let config = args
         .dra

@@ -48,7 +48,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    let (watcher, _) = args.health.resolve()?;
+    let (watcher, _) = args.health.resolve("exporter")?;
     let counters = args.exporter.counters()?;
     let nvml = args.common.start()?;
     let config = args.exporter.config(&counters, &nvml)?;

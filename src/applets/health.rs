@@ -49,7 +49,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         // A one-off command: signals keep their default actions.
         daemon::signals::unblock();
     }
-    let (settings, _) = args.health.resolve()?;
+    let (settings, _) = args.health.resolve("health")?;
     let nvml = args.common.start()?;
     // No rescans: the watcher notices lost GPUs and their return on its own.
     let inventory = nvml.inventory(&args.node.facts())?;

@@ -69,7 +69,7 @@ struct Args {
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     crate::logging::init(args.common.log_format);
-    let (health, _) = args.health.resolve()?;
+    let (health, _) = args.health.resolve("labeller")?;
     let rescan_interval = rescan_interval(&args.rescan)?;
     let (config, sink, settings) = args.labeller.resolve_at_start(
         args.config_file.as_deref(),

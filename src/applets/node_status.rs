@@ -54,7 +54,7 @@ pub fn node_name(name: Option<&str>, what: &str) -> Result<String, Error> {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    let (health, _) = args.health.resolve()?;
+    let (health, _) = args.health.resolve("node-status")?;
     let node = node_name(args.node.node_name.as_deref(), "the node status")?;
     let nvml = args.common.start()?;
     let inventory = nvml.inventory(&args.node.facts())?;

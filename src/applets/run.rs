@@ -149,7 +149,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let enabled = |subsystem| !args.disable.contains(&subsystem);
     // Everything that reads a file or a flag is checked before NVML is opened, so a bad
     // config exits with its reason and nothing half-started.
-    let (health, _) = args.health.resolve()?;
+    let (health, _) = args.health.resolve("run")?;
     let plugin = settings_source::load_at_start(&args.plugin)?;
     let config_file = args.plugin.config_file.as_deref();
     let (gfd, sink, labeller) = if enabled(Optional::Labeller) {

@@ -27,13 +27,19 @@ pub struct HealthArgs {
     /// Kernel log to follow for NVRM XID lines; "" disables it [default: /dev/kmsg].
     #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
     pub kmsg: Option<String>,
+
+    /// Where gpud keeps what must survive a restart: health verdicts only an XID proves
+    /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots); ""
+    /// keeps nothing.
+    #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = crate::health::kept::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 impl HealthArgs {
-    /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings,
-    /// printing the warnings about malformed XID lists once. Also returns the config file for
-    /// the applet's other sections.
-    pub fn resolve(&self) -> Result<(WatcherConfig, crate::config::Config), Error> {
+    /// Loads gpud's config file (exit 65 when it is bad) and resolves the watcher's settings
+    /// for `applet` (whose kept verdicts are its own), printing the warnings about malformed
+    /// XID lists once. Also returns the config file for the applet's other sections.
+    pub fn resolve(&self, applet: &str) -> Result<(WatcherConfig, crate::config::Config), Error> {
         let file = crate::config::load_optional(self.config.as_deref()).map_err(Error::config)?;
         let (watcher, warnings) = WatcherConfig::resolve(
             WatcherOverrides {
@@ -46,6 +52,11 @@ impl HealthArgs {
         for warning in warnings {
             eprintln!("gpud: {warning}");
         }
+        let watcher = WatcherConfig {
+            kept_file: (!self.state_dir.as_os_str().is_empty())
+                .then(|| crate::health::kept::file_of(&self.state_dir, applet)),
+            ..watcher
+        };
         Ok((watcher, file))
     }
 }

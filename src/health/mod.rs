@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod dedup;
+pub mod kept;
 pub mod kmsg_source;
 pub mod report;
 pub mod service;

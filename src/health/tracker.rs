@@ -33,6 +33,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, SystemTime};
 
+use serde::{Deserialize, Serialize};
+
 use crate::inventory::health::{Health, HealthSource, HealthState};
 use crate::inventory::model::Snapshot;
 use crate::nvml::GpuSignals;
@@ -111,9 +113,10 @@ struct GpuState {
     reset_marks: Option<ResetMarks>,
 }
 
-/// The polled signals a GPU reset clears, kept between polls to see a reset happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ResetMarks {
+/// The polled signals a GPU reset clears, kept between polls (and across a restart, in
+/// [`Kept`]) to see a reset happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetMarks {
     recovery_action: Option<u64>,
     volatile_dbe: Option<u64>,
     remap_pending: Option<bool>,
@@ -147,6 +150,26 @@ impl ResetMarks {
             None
         }
     }
+}
+
+/// What of one GPU's state only events prove, kept across a restart: its XID conditions
+/// (GPU-wide and per MIG instance) and the last poll of the signals a reset clears, so that a
+/// reset while gpud was down is still seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub xids: Vec<KeptXid>,
+    pub reset_marks: Option<ResetMarks>,
+}
+
+/// One active XID condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptXid {
+    pub code: u32,
+    /// The MIG instance `(gi, ci)` it was attributed to, if any.
+    pub mig: Option<(u32, u32)>,
+    pub since: SystemTime,
+    pub last_seen: SystemTime,
+    pub occurrences: u64,
 }
 
 /// Per-GPU health state machine.
@@ -185,27 +208,85 @@ impl Tracker {
         if ignored {
             return;
         }
-        let health_state = match info.severity {
-            _ if forced => HealthState::Unhealthy,
-            Severity::Application | Severity::Warning => HealthState::Degraded,
-            Severity::Critical | Severity::Fatal => HealthState::Unhealthy,
-        };
-        let condition = Condition {
-            state: health_state,
-            reason: format!("XID {code}: {}", info.description),
-            action: info.action.phrase().to_owned(),
-            xid: Some(code),
-            since: at,
-            last_seen: at,
-            until_reset: info.severity == Severity::Fatal,
-            quiet_expiry: info.severity != Severity::Fatal,
-            occurrences: 1,
-        };
+        let condition = xid_condition(code, forced, at);
         let set = match mig {
             Some(key) => state.mig_conditions.entry(key).or_default(),
             None => &mut state.conditions,
         };
         raise(set, Kind::Xid(code), condition);
+    }
+
+    /// What a restart must not forget of `gpu` (see [`Kept`]); empty without XID conditions.
+    pub fn kept(&self, gpu: u32) -> Kept {
+        let Some(state) = self.gpus.get(&gpu) else {
+            return Kept::default();
+        };
+        let scoped = std::iter::once((None, &state.conditions)).chain(
+            state
+                .mig_conditions
+                .iter()
+                .map(|(key, set)| (Some(*key), set)),
+        );
+        let xids: Vec<KeptXid> = scoped
+            .flat_map(|(mig, set)| {
+                set.iter().filter_map(move |(kind, condition)| match kind {
+                    Kind::Xid(code) => Some(KeptXid {
+                        code: *code,
+                        mig,
+                        since: condition.since,
+                        last_seen: condition.last_seen,
+                        occurrences: condition.occurrences,
+                    }),
+                    _ => None,
+                })
+            })
+            .collect();
+        if xids.is_empty() {
+            return Kept::default();
+        }
+        Kept {
+            xids,
+            reset_marks: state.reset_marks,
+        }
+    }
+
+    /// Takes back what a previous run kept of `gpu`, judged by today's XID policy (an XID
+    /// now ignored is dropped); the next poll compares against the kept reset marks, so a
+    /// reset while gpud was down clears what it clears.
+    pub fn restore(&mut self, gpu: u32, kept: &Kept, at: SystemTime) {
+        let history_len = self.config.history_len;
+        let state = self.gpus.entry(gpu).or_default();
+        for xid in &kept.xids {
+            if self.policy.is_ignored(xid.code) {
+                continue;
+            }
+            let condition = Condition {
+                since: xid.since,
+                last_seen: xid.last_seen,
+                occurrences: xid.occurrences,
+                ..xid_condition(xid.code, self.policy.is_force_enabled(xid.code), xid.since)
+            };
+            let set = match xid.mig {
+                Some(key) => state.mig_conditions.entry(key).or_default(),
+                None => &mut state.conditions,
+            };
+            set.insert(Kind::Xid(xid.code), condition);
+            let scope = xid
+                .mig
+                .map_or_else(String::new, |(gi, ci)| format!(" (MIG GI {gi} CI {ci})"));
+            push_history(
+                state,
+                history_len,
+                at,
+                format!(
+                    "{}{scope}, kept from before gpud restarted",
+                    xid::lookup(xid.code).summary()
+                ),
+            );
+        }
+        if state.reset_marks.is_none() {
+            state.reset_marks = kept.reset_marks;
+        }
     }
 
     /// Records a double-bit ECC event on `gpu`.
@@ -469,6 +550,27 @@ fn toggle(
             occurrences: 1,
         },
     );
+}
+
+/// The condition XID `code` raises (`forced`: named in `DP_ENABLE_HEALTHCHECKS`).
+fn xid_condition(code: u32, forced: bool, at: SystemTime) -> Condition {
+    let info = xid::lookup(code);
+    let state = match info.severity {
+        _ if forced => HealthState::Unhealthy,
+        Severity::Application | Severity::Warning => HealthState::Degraded,
+        Severity::Critical | Severity::Fatal => HealthState::Unhealthy,
+    };
+    Condition {
+        state,
+        reason: format!("XID {code}: {}", info.description),
+        action: info.action.phrase().to_owned(),
+        xid: Some(code),
+        since: at,
+        last_seen: at,
+        until_reset: info.severity == Severity::Fatal,
+        quiet_expiry: info.severity != Severity::Fatal,
+        occurrences: 1,
+    }
 }
 
 fn dbe_condition(at: SystemTime) -> Condition {

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::dedup::{Deduper, Occurrence, XidSource};
+use super::kept::KeptVerdicts;
 use super::kmsg_source;
 use super::tracker::{Tracker, TrackerConfig};
 use crate::inventory::transitions;
@@ -45,6 +46,9 @@ pub struct WatcherConfig {
     /// An NVML event and a kernel-log line for the same XID within this window are one
     /// occurrence.
     pub dedup_window: Duration,
+    /// Where verdicts only an event proves are kept across restarts ([`KeptVerdicts`]);
+    /// `None` keeps nothing.
+    pub kept_file: Option<PathBuf>,
 }
 
 /// Default poll interval.
@@ -58,6 +62,7 @@ impl Default for WatcherConfig {
             policy: XidPolicy::default(),
             tracker: TrackerConfig::default(),
             dedup_window: Duration::from_secs(2),
+            kept_file: None,
         }
     }
 }
@@ -146,14 +151,22 @@ pub async fn run_with_xids(
         .kmsg_path
         .as_deref()
         .and_then(|path| kmsg_source::start(path, kmsg_tx));
+    let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
+    let mut kept = config.kept_file.clone().map(KeptVerdicts::new);
+    if let Some(kept) = &mut kept {
+        // Before readiness: a GPU that still needs a reset is never offered in between.
+        kept.restore(&mut tracker, &inventory.current());
+        publish(&inventory, &tracker);
+    }
     registered();
     let mut queues = Queues { events, kmsg };
     let mut state = State {
-        tracker: Tracker::new(config.policy.clone(), config.tracker.clone()),
+        tracker,
         dedup: Deduper::new(config.dedup_window),
         xids,
         origin: Instant::now(),
         forgotten: 0,
+        kept,
     };
     watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
     // The event thread may be waiting to hand over an event: closing its queue first lets it
@@ -179,6 +192,8 @@ struct State {
     origin: Instant,
     /// The de-duplicator's forgotten count already passed to the ledger.
     forgotten: u64,
+    /// Where the verdicts only an event proves are kept, if anywhere.
+    kept: Option<KeptVerdicts>,
 }
 
 async fn watch(
@@ -216,6 +231,9 @@ async fn watch(
         }
         state.tracker.tick(SystemTime::now());
         publish(inventory, &state.tracker);
+        if let Some(kept) = &mut state.kept {
+            kept.save(&state.tracker, &inventory.current());
+        }
     }
 }
 

@@ -135,6 +135,8 @@ impl Node {
             // Tests run in parallel: the admin endpoint's fixed default port would collide.
             // Tests that wait on /readyz pass their own address.
             .env("GPUD_HEALTH_ADDRESS", "")
+            // What gpud keeps across restarts stays with this node, not in /var/lib/gpud.
+            .env("GPUD_STATE_DIR", self.dir.path().join("state"))
             .env(
                 "GFD_MACHINE_TYPE_FILE",
                 self.dir.path().join("product_name"),
