@@ -1877,3 +1877,142 @@ async fn a_slice_watch_ended_by_410_gone_lists_again_without_a_storm() {
         render(&before).replace(&format!("\"generation\": {}", generation(&before)), "G")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_the_kubelet_refuses_is_logged_unready_and_a_later_one_takes() {
+    let mut dra = Dra::new("pcie-4gpu");
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    dra.applet = vec!["dra".into(), "--health-address".into(), address];
+    dra.start();
+    let socket = dra.registration_socket();
+    dra.until("the registration socket", || {
+        std::os::unix::net::UnixStream::connect(&socket).ok()
+    });
+    common::http::wait_for(port, "/readyz", 15, |a| a.status == 200);
+    // What a kubelet says of a plugin whose name another plugin already registered.
+    let why = "RegisterPlugin error -- plugin name gpu.nvidia.com already registered";
+    let answer = fake_dra_kubelet::refuse_registration(&socket, why).await;
+    // grpc-message is percent-encoded on the wire.
+    assert_eq!(
+        answer.replace("%20", " "),
+        format!("13 the kubelet refused the DRA plugin: {why}")
+    );
+    let log = dra.log_when("The kubelet refused the DRA plugin");
+    assert!(
+        log.contains(&format!(
+            "The kubelet refused the DRA plugin; claims cannot reach gpud until it registers it \
+             (the kubelet tries again on its own) driver=gpu.nvidia.com error={why}"
+        )),
+        "{log}"
+    );
+    let unready = common::http::wait_for(port, "/readyz", 15, |a| a.status == 503);
+    assert!(
+        unready.body.contains(&format!(
+            "dra not ready: the kubelet refused to register the DRA plugin gpu.nvidia.com: \
+             {why}; fix what the kubelet names (its log has more), it tries again on its own"
+        )),
+        "{}",
+        unready.body
+    );
+    // The kubelet tries again, on the socket as it is, and takes the plugin: ready, and
+    // claims are served.
+    let info = fake_dra_kubelet::register(&socket).await;
+    assert_eq!(info.endpoint, dra.plugin_socket().to_str().unwrap());
+    common::http::wait_for(port, "/readyz", 15, |a| a.status == 200);
+    dra.log_when("The kubelet registered the DRA plugin");
+    dra.put_claim("c1", "uid-1", &["gpu-0"]);
+    assert_eq!(
+        dra.prepare("c1", "uid-1").await.claims["uid-1"].devices,
+        [prepared("uid-1", "gpu-0")]
+    );
+}
+
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
+
+/// Prepares claim `name` once, while the API server answers its read with `fault` (once); the
+/// claim's error, and how long the answer took.
+async fn prepare_refused(dra: &Dra, name: &str, uid: &str, fault: Fault) -> (String, Duration) {
+    dra.put_claim(name, uid, &["gpu-1"]);
+    let rule = dra
+        .api
+        .refuse(Rule::exact("GET", &format!("{CLAIMS}/{name}"), fault).times(1));
+    let asked = Instant::now();
+    let answer = dra.prepare(name, uid).await;
+    let took = asked.elapsed();
+    assert_eq!(dra.api.refused_by(rule), 1);
+    let claim = &answer.claims[uid];
+    assert!(claim.devices.is_empty(), "{claim:?}");
+    (claim.error.clone(), took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_reads_the_api_server_refuses_fail_the_claim_clearly_and_in_time_then_prepare() {
+    let mut dra = Dra::new("pcie-4gpu");
+    dra.start();
+    dra.register().await;
+    // The kubelet gives NodePrepareResources 45 s: every answer must come well within it.
+    let kubelet_deadline = Duration::from_secs(45);
+
+    let (error, took) = prepare_refused(&dra, "forbidden", "uid-403", Fault::Forbidden).await;
+    assert_eq!(
+        error,
+        "reading ResourceClaim ns/forbidden: 403 Forbidden: resourceclaims.resource.k8s.io \
+         \"forbidden\" is forbidden: User \"system:serviceaccount:gpu-operator:gpud\" cannot get \
+         resource \"resourceclaims\" in API group \"resource.k8s.io\" in the namespace \"ns\" \
+         (forbidden by RBAC: gpud's service account needs this verb on this resource; check the \
+         Role or ClusterRole bound to it)"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    let (error, took) =
+        prepare_refused(&dra, "throttled", "uid-429", Fault::TooManyRequests(7)).await;
+    assert_eq!(
+        error,
+        "reading ResourceClaim ns/throttled: 429 TooManyRequests: Too many requests, please try \
+         again later. (the API server asks to wait 7s before the next call)"
+    );
+    // The claim's answer does not wait out the Retry-After: the kubelet retries the prepare.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    let stall = Fault::Stall(Duration::from_secs(60));
+    let (error, took) = prepare_refused(&dra, "stalled", "uid-stall", stall).await;
+    assert_eq!(
+        error,
+        "reading ResourceClaim ns/stalled: no answer from the API server within 10s"
+    );
+    eprintln!("a stalled claim read: the prepare answered after {took:?}");
+    assert!(took >= Duration::from_secs(10), "{took:?}");
+    assert!(took < kubelet_deadline, "{took:?}");
+
+    // gpud's log names each claim and why.
+    let log = dra.log();
+    for (claim, refusal) in [
+        ("ns/forbidden", "403 Forbidden"),
+        ("ns/throttled", "429 TooManyRequests"),
+        ("ns/stalled", "no answer from the API server within 10s"),
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains("Cannot prepare claim")
+                && l.contains(&format!("claim={claim}"))
+                && l.contains(refusal)),
+            "{claim}: {log}"
+        );
+    }
+
+    // The refusals are over (each rule fired once): the kubelet's next try prepares each.
+    for (name, uid) in [
+        ("forbidden", "uid-403"),
+        ("throttled", "uid-429"),
+        ("stalled", "uid-stall"),
+    ] {
+        let answer = dra.prepare(name, uid).await;
+        assert_eq!(answer.claims[uid].error, "", "{name}");
+        assert_eq!(
+            answer.claims[uid].devices,
+            [prepared(uid, "gpu-1")],
+            "{name}"
+        );
+        assert_eq!(dra.unprepare(name, uid).await, "", "{name}");
+    }
+}

@@ -794,7 +794,7 @@ fn node_sink_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
     let node = Node::new("pcie-4gpu");
     let sysfs = fake_sysfs(&node, "pcie-4gpu");
     let kubeconfig = api.kubeconfig(node.dir.path());
-    let gpud = common::Running::spawn(labeller(
+    let mut gpud = common::Running::spawn(labeller(
         &node,
         &sysfs,
         &[
@@ -806,39 +806,9 @@ fn node_sink_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
             kubeconfig.to_str().unwrap(),
         ],
     ));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    // Counted by their recorded answers (written just after each refusal is sent).
-    let refused_answers = || {
-        api.requests_to("PATCH", "/api/v1/nodes/test-node")
-            .iter()
-            .filter(|r| r.status == 403)
-            .count()
-    };
-    while api.refused_by(rule) < 3 || refused_answers() < 3 {
-        assert!(Instant::now() < deadline, "three refusals: {:?}", api.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let refused = backed_off_refusals(&api, rule, "PATCH", "/api/v1/nodes/test-node", 403);
     api.allow_all();
-    let refused: Vec<Instant> = api
-        .requests_to("PATCH", "/api/v1/nodes/test-node")
-        .iter()
-        .filter(|r| r.status == 403)
-        .map(|r| r.at)
-        .collect();
-    // Backoff, not a storm: the pauses start at 0.5 s and double (jitter adds at most a
-    // quarter, so each is longer than the one before).
-    let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
-    eprintln!("403: {} refused patches, gaps {gaps:?}", refused.len());
-    assert!(gaps[0] >= Duration::from_millis(450), "{gaps:?}");
-    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "{gaps:?}");
-    let mut gpud = gpud;
-    let exit = loop {
-        if let Some(status) = gpud.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the labeller did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = finished(&mut gpud.child);
     let log = gpud.stderr();
     assert!(exit.success(), "{exit:?}\n{log}");
     let converged = api.log().last().unwrap().at - *refused.last().unwrap();
@@ -854,6 +824,49 @@ fn node_sink_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
     );
     assert!(log.contains("forbidden by RBAC"), "{log}");
     assert!(log.contains("cannot patch resource"), "{log}");
+}
+
+/// Waits until rule `rule` refused three `method` requests to `path` with `code` and their
+/// answers are recorded (written just after each refusal is sent); asserts they came on the
+/// backoff, not in a storm (the pauses start at 0.5 s and double; jitter adds at most a
+/// quarter, so each is longer than the one before), and returns when each arrived.
+fn backed_off_refusals(
+    api: &FakeApi,
+    rule: usize,
+    method: &str,
+    path: &str,
+    code: u16,
+) -> Vec<Instant> {
+    let answered = || -> Vec<Instant> {
+        api.requests_to(method, path)
+            .iter()
+            .filter(|r| r.status == code)
+            .map(|r| r.at)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while api.refused_by(rule) < 3 || answered().len() < 3 {
+        assert!(Instant::now() < deadline, "three refusals: {:?}", api.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = answered();
+    let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("{code}: {} refused {method}s, gaps {gaps:?}", refused.len());
+    assert!(gaps[0] >= Duration::from_millis(450), "{gaps:?}");
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "{gaps:?}");
+    refused
+}
+
+/// How a labeller that should finish on its own within 20 s exited.
+fn finished(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the labeller did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -927,23 +940,9 @@ fn node_feature_sink_creates_updates_and_leaves_an_unchanged_object_alone() {
     );
     let node = Node::new("a100-mig");
     let sysfs = fake_sysfs(&node, "a100-mig");
-    let kubeconfig = api.kubeconfig(node.dir.path());
     let run = |strategy: &str| {
-        let mut cmd = labeller(
-            &node,
-            &sysfs,
-            &[
-                "--oneshot",
-                "--no-timestamp",
-                "--sink",
-                "node-feature",
-                "--kubeconfig",
-                kubeconfig.to_str().unwrap(),
-                "--mig-strategy",
-                strategy,
-            ],
-        );
-        cmd.env("NAMESPACE", "gpu-operator")
+        let mut cmd = node_feature_oneshot(&node, &sysfs, &api, "gpu-operator");
+        cmd.args(["--mig-strategy", strategy])
             .env("POD_NAME", "gfd-x7k2p");
         let output = cmd.output().unwrap();
         assert!(
@@ -1148,6 +1147,144 @@ fn node_feature_sink_retries_after_a_failure() {
             "Cannot write the labels to NodeFeature gpu/nvidia-features-for-test-node; retrying"
         ),
         "{stderr}"
+    );
+}
+
+const STALE_FEATURE: &str = "gpu/nvidia-features-for-test-node";
+
+/// A fake API server holding this node's NodeFeature object in namespace `gpu` with labels
+/// gpud must replace, and the labels it must end up with.
+fn stale_node_feature(node: &Node, sysfs: &Path) -> (FakeApi, BTreeMap<String, String>) {
+    let api = FakeApi::start(json!({}));
+    api.state.lock().unwrap().node_features.insert(
+        STALE_FEATURE.into(),
+        json!({
+            "apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature",
+            "metadata": {"name": "nvidia-features-for-test-node", "namespace": "gpu",
+                         "uid": "nf-uid", "resourceVersion": "1",
+                         "labels": {"nfd.node.kubernetes.io/node-name": "test-node"}},
+            "spec": {"features": {"flags": {}, "attributes": {}, "instances": {}},
+                     "labels": {"nvidia.com/gpu.count": "0"}},
+        }),
+    );
+    let wanted = printed_labels(node, sysfs, &["--no-timestamp"]);
+    (api, wanted)
+}
+
+/// `gpud labeller --oneshot --no-timestamp --sink node-feature` against `api`, in
+/// `namespace`.
+fn node_feature_oneshot(node: &Node, sysfs: &Path, api: &FakeApi, namespace: &str) -> Command {
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let mut cmd = labeller(
+        node,
+        sysfs,
+        &[
+            "--oneshot",
+            "--no-timestamp",
+            "--sink",
+            "node-feature",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    cmd.env("NAMESPACE", namespace);
+    cmd
+}
+
+fn feature_labels(api: &FakeApi) -> BTreeMap<String, String> {
+    let object = api.state.lock().unwrap().node_features[STALE_FEATURE].clone();
+    serde_json::from_value(object["spec"]["labels"].clone()).unwrap()
+}
+
+#[test]
+fn a_conflict_on_the_node_feature_update_reads_it_again_and_retries_at_once() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let (api, wanted) = stale_node_feature(&node, &sysfs);
+    let object = format!("{FEATURES}/gpu/nodefeatures/nvidia-features-for-test-node");
+    let rule = api.refuse(Rule::exact("PUT", &object, Fault::Conflict).times(1));
+    let output = node_feature_oneshot(&node, &sysfs, &api, "gpu")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    assert_eq!(api.refused_by(rule), 1);
+    // The refused update, then at once a fresh read and the update from it.
+    let calls = api.requests_to("*", &object);
+    assert_eq!(
+        calls
+            .iter()
+            .map(|r| (r.method.as_str(), r.status))
+            .collect::<Vec<_>>(),
+        [("GET", 200), ("PUT", 409), ("GET", 200), ("PUT", 200)],
+        "{calls:?}"
+    );
+    let converged = calls[3].at - calls[1].at;
+    eprintln!("409 on the NodeFeature update: converged {converged:?} after the refusal");
+    assert!(converged < Duration::from_millis(450), "{converged:?}");
+    assert_eq!(feature_labels(&api), wanted);
+    assert!(
+        log.contains(
+            "The NodeFeature gpu/nvidia-features-for-test-node changed while gpud wrote its \
+             labels; reading it again"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "NodeFeature gpu/nvidia-features-for-test-node: 409 Conflict: Operation cannot be \
+             fulfilled on nodefeatures.nfd.k8s-sigs.io \"nvidia-features-for-test-node\": the \
+             object has been modified; please apply your changes to the latest version and try \
+             again"
+        ),
+        "{log}"
+    );
+    // Retried at once, it landed: no failure to report.
+    assert!(!log.contains("Cannot write the labels"), "{log}");
+}
+
+#[test]
+fn a_node_feature_update_refused_by_rbac_says_so_backs_off_and_converges_when_allowed() {
+    let node = Node::new("pcie-4gpu");
+    let sysfs = fake_sysfs(&node, "pcie-4gpu");
+    let (api, wanted) = stale_node_feature(&node, &sysfs);
+    let object = format!("{FEATURES}/gpu/nodefeatures/nvidia-features-for-test-node");
+    let rule = api.refuse(Rule::exact("PUT", &object, Fault::Forbidden));
+    let mut gpud = common::Running::spawn(node_feature_oneshot(&node, &sysfs, &api, "gpu"));
+    let refused = backed_off_refusals(&api, rule, "PUT", &object, 403);
+    api.allow_all();
+    let exit = finished(&mut gpud.child);
+    let log = gpud.stderr();
+    assert!(exit.success(), "{exit:?}\n{log}");
+    // After the last refusal: one read and the update, which lands.
+    let after: Vec<(String, u16)> = api
+        .requests_to("*", &object)
+        .iter()
+        .filter(|r| r.at > *refused.last().unwrap())
+        .map(|r| (r.method.clone(), r.status))
+        .collect();
+    let allowed = after
+        .iter()
+        .position(|r| r.1 == 200 && r.0 == "PUT")
+        .unwrap();
+    assert_eq!(after[allowed - 1], ("GET".to_owned(), 200), "{after:?}");
+    assert_eq!(feature_labels(&api), wanted);
+    assert!(
+        log.contains(
+            "Cannot write the labels to NodeFeature gpu/nvidia-features-for-test-node; retrying"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "NodeFeature gpu/nvidia-features-for-test-node: 403 Forbidden: \
+             nodefeatures.nfd.k8s-sigs.io \"nvidia-features-for-test-node\" is forbidden: User \
+             \"system:serviceaccount:gpu-operator:gpud\" cannot update resource \"nodefeatures\" \
+             in API group \"nfd.k8s-sigs.io\" in the namespace \"gpu\" (forbidden by RBAC: \
+             gpud's service account needs this verb on this resource; check the Role or \
+             ClusterRole bound to it)"
+        ),
+        "{log}"
     );
 }
 

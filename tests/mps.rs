@@ -460,10 +460,7 @@ fn two_daemons_never_share_pipes_or_gpus() {
         .iter()
         .map(|plan| {
             std::fs::create_dir_all(root.join(&plan.resource).join("pipe")).unwrap();
-            Control {
-                binary: bin.join("nvidia-cuda-mps-control"),
-                env: plan.env(&root),
-            }
+            Control::new(bin.join("nvidia-cuda-mps-control"), plan.env(&root))
         })
         .collect();
     for (plan, control) in plans.iter().zip(&controls) {
@@ -692,30 +689,37 @@ fn a_restart_is_an_event_on_the_node() {
     assert_eq!(events[0]["involvedObject"]["name"], "test-node");
 }
 
-#[test]
-fn a_missing_control_binary_keeps_the_daemon_not_ready_and_says_why() {
-    let node = Node::new("pcie-4gpu");
-    let bin = node.dir.path().join("no-such-bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let root = node.dir.path().join("mps");
-    let config = write_config(&node, &mps_config(&root, 2));
+/// `gpud mps-control-daemon` for one resource of two replicas under `root`, running
+/// `control`, with its admin endpoint on a port of its own (returned).
+fn control_daemon(node: &Node, bin: &Path, control: &Path, root: &Path) -> (Gpud, u16) {
+    let config = write_config(node, &mps_config(root, 2));
     let port = http::free_port();
     let address = format!("127.0.0.1:{port}");
-    let missing = bin.join("nvidia-cuda-mps-control");
-    let _gpud = spawn(
-        &node,
-        &bin,
+    let gpud = spawn(
+        node,
+        bin,
         &[
             "mps-control-daemon",
             "--config-file",
             config.to_str().unwrap(),
             "--mps-skip-shm-mount",
             "--mps-control-binary",
-            missing.to_str().unwrap(),
+            control.to_str().unwrap(),
             "--health-address",
             &address,
         ],
     );
+    (gpud, port)
+}
+
+#[test]
+fn a_missing_control_binary_keeps_the_daemon_not_ready_and_says_why() {
+    let node = Node::new("pcie-4gpu");
+    let bin = node.dir.path().join("no-such-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let root = node.dir.path().join("mps");
+    let missing = bin.join("nvidia-cuda-mps-control");
+    let (_gpud, port) = control_daemon(&node, &bin, &missing, &root);
     let answer = http::wait_for(port, "/readyz", 20, |a| {
         a.status == 503
             && a.body
@@ -789,4 +793,75 @@ fn a_restart_event_the_api_server_refuses_is_retried_until_it_lands() {
         "one warning for the failing streak:\n{log}"
     );
     assert!(log.contains("is forbidden"), "{log}");
+}
+
+/// A control binary that hangs: every invocation records its pid beside it, then sleeps
+/// for good (as a real one stuck on a driver that no longer answers).
+fn hung_control(node: &Node) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = node.dir.path().join("hung-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = bin.join("nvidia-cuda-mps-control");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho $$ >> \"$(dirname \"$0\")/pids\"\nexec sleep 1000\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[test]
+fn a_hung_control_binary_is_killed_the_daemon_not_ready_with_the_reason_and_sigterm_stops_in_time()
+{
+    let node = Node::new("pcie-4gpu");
+    let bin = hung_control(&node);
+    let control = bin.join("nvidia-cuda-mps-control");
+    let root = node.dir.path().join("mps");
+    let (mut gpud, port) = control_daemon(&node, &bin, &control, &root);
+    // The start is bounded: after 10 s the call is killed and /readyz says why.
+    let reason = format!(
+        "mps not ready: the MPS control daemon for nvidia.com/gpu cannot start: \
+         `nvidia-cuda-mps-control -d` did not finish within 10s and was killed: the MPS control \
+         binary {} hangs (a stuck driver or GPU? check `nvidia-smi` and the kernel log); gpud \
+         tries again with backoff",
+        control.display()
+    );
+    let answer = http::wait_for(port, "/readyz", 30, |a| {
+        a.status == 503 && a.body.contains("cannot start")
+    });
+    assert!(answer.body.contains(&reason), "{}", answer.body);
+    let log_path = node.dir.path().join("gpud.log");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("Cannot start the MPS control daemon")
+                && l.contains("did not finish within 10s and was killed")),
+        "{log}"
+    );
+    assert!(!root.join("nvidia.com/gpu/.started").exists());
+    // The killed call is gone.
+    let first = std::fs::read_to_string(bin.join("pids")).unwrap();
+    let first = first.lines().next().unwrap().to_owned();
+    assert!(!running(&first), "the hung call {first} still runs");
+
+    // SIGTERM while the binary hangs (a start in flight, or about to be): gpud kills what it
+    // runs, quits within its own bound, and exits within its 5 s grace.
+    let asked = Instant::now();
+    let status = sigterm_and_wait(&mut gpud);
+    let took = asked.elapsed();
+    eprintln!("a hung control binary: SIGTERM to exit {took:?}");
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("did not stop in time"), "{log}");
+    assert!(
+        log.contains("The MPS control daemon did not take `quit`"),
+        "{log}"
+    );
+    // Nothing it started is left behind.
+    let pids = std::fs::read_to_string(bin.join("pids")).unwrap();
+    for pid in pids.lines() {
+        assert!(!running(pid), "control call {pid} outlived gpud");
+    }
 }

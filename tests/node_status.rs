@@ -690,6 +690,127 @@ fn retry_after_is_honoured(fault: Fault) {
 }
 
 #[test]
+fn a_429_whose_retry_after_is_an_http_date_is_honoured_too() {
+    // As a proxy may send it: `Retry-After: <date 3 s from now>`. The date has whole seconds,
+    // so at least 2 s are left when gpud reads it.
+    retry_after_is_honoured(Fault::TooManyRequestsDate(3));
+}
+
+const STATUS_PATH: &str = "/api/v1/nodes/test-node/status";
+
+/// The applies to the Node's status whose answer is recorded, with their status.
+fn answered_applies(api: &FakeApi) -> Vec<fake_api::Recorded> {
+    api.requests_to("PATCH", STATUS_PATH)
+        .into_iter()
+        .filter(|r| r.status != 0)
+        .collect()
+}
+
+#[test]
+fn conditions_refused_as_invalid_are_logged_backed_off_and_written_once_allowed() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start_with_node(json!({}));
+    api.refuse(Rule::exact("PATCH", STATUS_PATH, Fault::Invalid));
+    let gpud = node_status(&node, &api, &[]);
+    // Four refused applies, their answers recorded: the pauses between them are the backoff's
+    // (0.5 s, then the 1 s ceiling of these tests, each up to a quarter longer).
+    let refused = wait_for(20, "four refused applies", || {
+        let applies = answered_applies(&api);
+        (applies.len() >= 4).then_some(applies)
+    });
+    assert!(refused.iter().all(|r| r.status == 422), "{refused:?}");
+    let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1].at - w[0].at).collect();
+    eprintln!("422 on every apply: gaps {gaps:?}");
+    assert!(gaps[0] >= Duration::from_millis(450), "{gaps:?}");
+    assert!(
+        gaps[1..].iter().all(|g| *g >= Duration::from_millis(950)),
+        "{gaps:?}"
+    );
+    // No storm: from the first refusal to the fourth, the four applies and the three reads of
+    // the Node that come before an attempt, nothing else.
+    let log = api.log();
+    let window: Vec<(&str, u16)> = log
+        .iter()
+        .filter(|r| r.at >= refused[0].at && r.at <= refused[3].at)
+        .map(|r| (r.method.as_str(), r.status))
+        .collect();
+    let attempt = [("GET", 200), ("PATCH", 422)];
+    assert_eq!(window[0], attempt[1], "{window:?}");
+    assert_eq!(window[1..], attempt.repeat(3), "{window:?}");
+    let log = gpud.stderr();
+    assert!(
+        log.contains("Node status not written; retrying with the state of that moment"),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "applying conditions to node test-node: 422 Invalid: nodes \"test-node\" is \
+             invalid: metadata: Invalid value: \"test-node\": refused by a fault rule (refused \
+             as invalid: an admission policy or webhook, or an API server older than gpud \
+             expects, rejects what gpud writes; gpud retries with backoff, check the policies \
+             that apply to this object)"
+        ),
+        "{log}"
+    );
+    api.allow_all();
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    // The apply after the last refusal is the one that landed.
+    let applies = wait_for(10, "the answered apply", || {
+        let applies = answered_applies(&api);
+        applies
+            .last()
+            .is_some_and(|r| r.status == 200)
+            .then_some(applies)
+    });
+    let statuses: Vec<u16> = applies.iter().map(|r| r.status).collect();
+    let refusals = api
+        .requests_to("PATCH", STATUS_PATH)
+        .iter()
+        .filter(|r| r.refused)
+        .count();
+    assert_eq!(statuses[..refusals], vec![422; refusals], "{statuses:?}");
+    assert_eq!(statuses[refusals..], [200], "{statuses:?}");
+}
+
+#[test]
+fn an_endless_answer_is_cut_off_at_the_limit_memory_stays_bounded_and_status_lands_after() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start_with_node(json!({}));
+    let rule = api.refuse(Rule::exact("PATCH", STATUS_PATH, Fault::Endless));
+    let gpud = node_status(&node, &api, &[]);
+    // Two endless answers, each read up to gpud's limit and given up, the second after a
+    // pause: the log says why.
+    wait_for(30, "two endless answers", || {
+        (answered_applies(&api).len() >= 2).then_some(())
+    });
+    let line = "applying conditions to node test-node: the answer passed gpud's limit of 32 MiB \
+                and was cut off (an API server or a proxy in front of it sending an endless \
+                body?)";
+    wait_for(20, "the log line", || {
+        gpud.stderr().contains(line).then_some(())
+    });
+    let log = gpud.stderr();
+    assert!(
+        log.contains("Node status not written; retrying with the state of that moment"),
+        "{log}"
+    );
+    // 32 MiB of body at most is held per answer: the peak stays far below what reading an
+    // endless body would reach.
+    let peak = gpud.peak_rss_kib();
+    eprintln!(
+        "endless body: {} answers, peak RSS {peak} KiB",
+        api.refused_by(rule)
+    );
+    assert!(peak < 200 * 1024, "peak RSS {peak} KiB");
+    api.allow_all();
+    let condition = condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(
+        condition["message"],
+        "4 GPUs: 4 healthy, 0 degraded, 0 unhealthy"
+    );
+}
+
+#[test]
 fn an_event_the_api_server_already_has_counts_as_created() {
     let node = Node::new("pcie-4gpu");
     let api = FakeApi::start_with_node(json!({}));

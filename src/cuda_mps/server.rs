@@ -78,10 +78,10 @@ impl Server {
         log_dir: PathBuf,
         limits: Vec<String>,
     ) -> Server {
-        let control = Control {
-            binary: binary.to_path_buf(),
-            env: environment(&pipe_dir, &log_dir, &gpus),
-        };
+        let control = Control::new(
+            binary.to_path_buf(),
+            environment(&pipe_dir, &log_dir, &gpus),
+        );
         Server {
             gpus,
             pipe_dir,
@@ -89,6 +89,12 @@ impl Server {
             limits,
             control,
         }
+    }
+
+    /// Every control call but `quit` is killed once `stop` fires (the caller is stopping).
+    pub fn until(mut self, stop: tokio_util::sync::CancellationToken) -> Server {
+        self.control = self.control.until(stop);
+        self
     }
 
     /// Sets every GPU of the daemon to `mode`.
@@ -119,6 +125,7 @@ impl Server {
         loop {
             match self.control.probe() {
                 Ok(()) => return Ok(()),
+                Err(err @ ControlError::Stopped { .. }) => return Err(err),
                 Err(err) if Instant::now() >= deadline => return Err(err),
                 Err(_) => std::thread::sleep(ANSWER_STEP),
             }
@@ -132,7 +139,7 @@ impl Server {
 
     /// Sends `quit`; a daemon already gone is logged, not an error.
     pub fn quit(&self) {
-        if let Err(err) = self.control.send("quit") {
+        if let Err(err) = self.control.quit() {
             tracing::warn!(pipe = %self.pipe_dir.display(), error = %crate::logging::error_chain(&err),
                 "The MPS control daemon did not take `quit`; it may have died already");
         }

@@ -16,6 +16,11 @@ pub trait Subsystem: Send + Sized + 'static {
     /// The span its log lines are written in (see [`crate::subsystem_name`]).
     fn span(&self) -> tracing::Span;
 
+    /// Whether the other subsystems start only once this one is ready (or has stopped, or
+    /// [`super::supervisor::FIRST_WAIT`] has passed). The health watcher is: its first verdicts
+    /// (kept ones and a first poll) are in the inventory before a consumer offers a device.
+    const STARTS_FIRST: bool = false;
+
     /// Runs until `ctx` is cancelled (or its work is done). An error stops the daemon with
     /// exit 1, naming the subsystem.
     fn run(

@@ -1,5 +1,6 @@
-//! The supervisor: starts subsystems, waits for readiness, fans SIGHUP out, stops everything
-//! with one grace period and maps the outcome to an exit code.
+//! The supervisor: starts subsystems (those that start first, the health watcher, before the
+//! others, which then read its first verdicts), waits for readiness, fans SIGHUP out, stops
+//! everything with one grace period and maps the outcome to an exit code.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,6 +27,9 @@ use crate::inventory::Inventory;
 
 /// How long subsystems get to finish after the stop signal before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long the others wait for the subsystems that start first ([`Subsystem::STARTS_FIRST`])
+/// to be ready: a hung NVML delays the start by this much at most, never forever.
+pub const FIRST_WAIT: Duration = Duration::from_secs(5);
 
 type Started = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 type Starter = Box<dyn FnOnce(CancellationToken, Inventory) -> Started + Send>;
@@ -37,6 +41,8 @@ struct Pending {
     /// Serves the other subsystems (rescans, health, the admin endpoint) rather than doing
     /// the applet's own work: the daemon stops once every other subsystem has finished.
     support: bool,
+    /// Starts before the others, which wait for it to be ready ([`Subsystem::STARTS_FIRST`]).
+    first: bool,
     start: Starter,
 }
 
@@ -183,6 +189,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             name,
             slot,
             support,
+            first: S::STARTS_FIRST,
             start,
         });
     }
@@ -221,18 +228,31 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         let mut tasks = JoinSet::new();
         let mut names = HashMap::new();
         let mut primaries = HashMap::new();
-        for Pending {
-            name,
-            slot,
-            support,
-            start,
-        } in pending
-        {
-            let run = start(root.child_token(), inventory.clone());
-            let handle = tasks.spawn(async move { (slot, run.await) });
-            names.insert(handle.id(), name);
-            if !support {
-                primaries.insert(handle.id(), name);
+        let (first, rest): (Vec<Pending>, Vec<Pending>) =
+            pending.into_iter().partition(|p| p.first);
+        let first_slots: Vec<usize> = first.iter().map(|p| p.slot).collect();
+        let mut first_tasks = Vec::new();
+        for (index, batch) in [first, rest].into_iter().enumerate() {
+            if index == 1 && !first_slots.is_empty() {
+                wait_for_first(&readiness, &first_slots, &first_tasks).await;
+            }
+            for Pending {
+                name,
+                slot,
+                support,
+                start,
+                ..
+            } in batch
+            {
+                let run = start(root.child_token(), inventory.clone());
+                let handle = tasks.spawn(async move { (slot, run.await) });
+                names.insert(handle.id(), name);
+                if !support {
+                    primaries.insert(handle.id(), name);
+                }
+                if index == 0 {
+                    first_tasks.push(handle);
+                }
             }
         }
         info!(
@@ -335,6 +355,34 @@ fn reload_now<C>(
     }
     if announced {
         notifier.ready();
+    }
+}
+
+/// Waits until every subsystem in `slots` is ready (or done, not ready, failed), its task
+/// ended, or [`FIRST_WAIT`] passed, whichever comes first.
+async fn wait_for_first(
+    readiness: &Readiness,
+    slots: &[usize],
+    tasks: &[tokio::task::AbortHandle],
+) {
+    let mut changes = readiness.subscribe();
+    let settled = || {
+        let states = readiness.states();
+        slots.iter().all(|slot| {
+            states
+                .get(*slot)
+                .is_none_or(|(_, state)| *state != State::Starting)
+        }) || tasks.iter().any(tokio::task::AbortHandle::is_finished)
+    };
+    let waited = tokio::time::timeout(FIRST_WAIT, async {
+        while !settled() {
+            // A task that ends without marking itself is seen on the next tick.
+            let _ = tokio::time::timeout(Duration::from_millis(50), changes.changed()).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        warn!(wait = ?FIRST_WAIT, "The subsystems that start first are not ready yet; starting the others anyway");
     }
 }
 

@@ -2,13 +2,20 @@
 //! `GetInfo` says what gpud is (a DRA plugin for the driver, its socket, the gRPC services it
 //! serves); `NotifyRegistrationStatus` says whether the kubelet took it. Every accepted
 //! registration is signalled, so that the slices are checked again after a kubelet restart.
+//!
+//! A refused registration leaves the kubelet unable to send claims to gpud: the subsystem is
+//! not ready, with the kubelet's reason on `/readyz`, until a registration is accepted. The
+//! socket stays served as it is: the kubelet's plugin watcher tries a socket it failed to
+//! register again on its own, and serving it anew would only restart that schedule.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use crate::daemon::ReadyLatch;
 use crate::proto::pluginregistration::registration_server::Registration;
 use crate::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -27,22 +34,34 @@ pub const SERVICES: [&str; 4] = [
     "v1alpha1.DRAResourceHealth",
 ];
 
+/// Where the kubelet's answers to registrations go: the slices' loop and readiness.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Woken whenever the kubelet accepts the plugin.
+    pub registered: Arc<Notify>,
+    /// The subsystem's readiness, unset while the kubelet refuses the plugin.
+    pub ready: ReadyLatch,
+    /// Whether the kubelet's last answer was a refusal (shared by every registration socket
+    /// served in this run, so one served again still clears it).
+    pub refused: Arc<AtomicBool>,
+}
+
 /// The registration service.
 #[derive(Debug, Clone)]
 pub struct RegistrationService {
     driver: String,
     endpoint: String,
-    registered: Arc<Notify>,
+    outcome: Outcome,
 }
 
 impl RegistrationService {
-    /// Answers for `driver` served at `endpoint` (absolute socket path); wakes `registered`
-    /// whenever the kubelet accepts the plugin.
-    pub fn new(driver: &str, endpoint: &str, registered: Arc<Notify>) -> Self {
+    /// Answers for `driver` served at `endpoint` (absolute socket path); reports the
+    /// kubelet's answers to `outcome`.
+    pub fn new(driver: &str, endpoint: &str, outcome: Outcome) -> Self {
         RegistrationService {
             driver: driver.to_owned(),
             endpoint: endpoint.to_owned(),
-            registered,
+            outcome,
         }
     }
 }
@@ -63,12 +82,22 @@ impl Registration for RegistrationService {
         request: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
+        let outcome = &self.outcome;
         if status.plugin_registered {
             info!(driver = %self.driver, "The kubelet registered the DRA plugin");
-            self.registered.notify_one();
+            if outcome.refused.swap(false, Ordering::SeqCst) {
+                outcome.ready.set();
+            }
+            outcome.registered.notify_one();
             Ok(Response::new(RegistrationStatusResponse {}))
         } else {
-            warn!(driver = %self.driver, error = %status.error, "The kubelet refused the DRA plugin");
+            warn!(driver = %self.driver, error = %status.error, "The kubelet refused the DRA plugin; claims cannot reach gpud until it registers it (the kubelet tries again on its own)");
+            outcome.refused.store(true, Ordering::SeqCst);
+            outcome.ready.unset(format!(
+                "the kubelet refused to register the DRA plugin {}: {}; fix what the kubelet \
+                 names (its log has more), it tries again on its own",
+                self.driver, status.error
+            ));
             Err(Status::internal(format!(
                 "the kubelet refused the DRA plugin: {}",
                 status.error

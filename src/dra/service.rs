@@ -135,12 +135,15 @@ impl Subsystem for Dra {
             preparer,
             inventory.clone(),
             Arc::clone(&registered),
+            ctx.ready_latch(),
             cancel.clone(),
             ctx.helpers(),
         )
         .map_err(DraError::Bind)?;
-        ctx.spawn_helper("socket keeper", sockets.keep(ctx.ready_latch()));
+        // Ready before the kubelet registers the plugin: it serves what the kubelet asks. A
+        // registration the kubelet refuses unsets it (`super::registration`).
         ctx.set_ready();
+        ctx.spawn_helper("socket keeper", sockets.keep());
 
         let publisher = Publisher::new(resources, &config.driver, &config.node);
         let slice_events = Arc::new(Notify::new());

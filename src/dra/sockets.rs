@@ -25,7 +25,7 @@ use super::args::DraConfig;
 use super::health_stream::HealthService;
 use super::plugin::DraService;
 use super::prepare::Preparer;
-use super::registration::RegistrationService;
+use super::registration::{Outcome, RegistrationService};
 use crate::daemon::file_watch::{self, Change};
 use crate::daemon::{Helpers, ReadyLatch};
 use crate::grpc::{self, BindError};
@@ -45,7 +45,7 @@ pub struct Sockets {
     config: Arc<DraConfig>,
     preparer: Arc<Preparer>,
     inventory: Inventory,
-    registered: Arc<Notify>,
+    outcome: Outcome,
     cancel: CancellationToken,
     helpers: Helpers,
     plugin: Option<CancellationToken>,
@@ -53,13 +53,15 @@ pub struct Sockets {
 }
 
 impl Sockets {
-    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin. Each
-    /// server runs as a helper of the subsystem (`helpers`): one that fails marks it failed.
+    /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin, and a
+    /// refusal unsets `ready` until one is accepted. Each server runs as a helper of the
+    /// subsystem (`helpers`): one that fails marks it failed.
     pub fn serve(
         config: Arc<DraConfig>,
         preparer: Arc<Preparer>,
         inventory: Inventory,
         registered: Arc<Notify>,
+        ready: ReadyLatch,
         cancel: CancellationToken,
         helpers: Helpers,
     ) -> Result<Sockets, BindError> {
@@ -67,7 +69,11 @@ impl Sockets {
             config,
             preparer,
             inventory,
-            registered,
+            outcome: Outcome {
+                registered,
+                ready,
+                refused: Arc::default(),
+            },
             cancel,
             helpers,
             plugin: None,
@@ -104,7 +110,7 @@ impl Sockets {
         let service = RegistrationService::new(
             &self.config.driver,
             &self.config.plugin_socket().to_string_lossy(),
-            Arc::clone(&self.registered),
+            self.outcome.clone(),
         );
         let router =
             tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
@@ -122,7 +128,8 @@ impl Sockets {
     /// Serves again whichever socket vanished, until cancelled; then removes both. While one
     /// cannot be served again (its folder gone, a bind refused), the subsystem is not ready
     /// (`ready`), with the reason; it is tried again on every change and every [`CHECK`].
-    pub async fn keep(mut self, ready: ReadyLatch) {
+    pub async fn keep(mut self) {
+        let ready = self.outcome.ready.clone();
         let paths: [PathBuf; 2] = [
             self.config.plugin_socket(),
             self.config.registration_socket(),
@@ -142,7 +149,14 @@ impl Sockets {
             }
             match self.serve_missing(&paths) {
                 Ok(()) => {
-                    if std::mem::take(&mut failing) {
+                    // A registration the kubelet refused keeps the subsystem unready until
+                    // one is accepted, sockets or not.
+                    if std::mem::take(&mut failing)
+                        && !self
+                            .outcome
+                            .refused
+                            .load(std::sync::atomic::Ordering::SeqCst)
+                    {
                         ready.set();
                     }
                     // A folder removed took its watch along; the one made again needs one.

@@ -52,6 +52,7 @@ impl HealthWatcher {
 impl Subsystem for HealthWatcher {
     type Settings = ();
     crate::subsystem_name!("health");
+    const STARTS_FIRST: bool = true;
 
     async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
         // Ready once the event set is registered, not before: a fault injected (or happening)

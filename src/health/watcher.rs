@@ -26,7 +26,7 @@ use super::tracker::{Tracker, TrackerConfig};
 use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
-use crate::nvml::{GpuSignals, Nvml, NvmlError};
+use crate::nvml::{Nvml, NvmlError};
 use crate::xid::catalog::XidPolicy;
 use crate::xid::counts::DropSource;
 use crate::xid::kmsg::KmsgEvent;
@@ -154,9 +154,12 @@ pub async fn run_with_xids(
     let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
     let mut kept = config.kept_file.clone().map(KeptVerdicts::new);
     if let Some(kept) = &mut kept {
-        // Before readiness: a GPU that still needs a reset is never offered in between.
+        // Before readiness, with a first poll: a GPU that still needs a reset is never offered
+        // in between, and one reset while gpud was down is not withdrawn for a poll interval.
         kept.restore(&mut tracker, &inventory.current());
+        poll_into(&nvml, &mut tracker).await;
         publish(&inventory, &tracker);
+        kept.save(&tracker, &inventory.current());
     }
     registered();
     let mut queues = Queues { events, kmsg };
@@ -221,13 +224,7 @@ async fn watch(
                 state.batch(inventory, line, &mut queues.kmsg, State::on_kmsg);
                 poll.reset_immediately();
             }
-            _ = poll.tick() => {
-                let poller = nvml.clone();
-                match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
-                    Ok(signals) => observe_all(&mut state.tracker, &signals),
-                    Err(err) => warn!(error = %crate::logging::error_chain(&err), "Signal poll failed"),
-                }
-            }
+            _ = poll.tick() => poll_into(nvml, &mut state.tracker).await,
         }
         state.tracker.tick(SystemTime::now());
         publish(inventory, &state.tracker);
@@ -237,10 +234,17 @@ async fn watch(
     }
 }
 
-fn observe_all(tracker: &mut Tracker, signals: &[GpuSignals]) {
-    let now = SystemTime::now();
-    for gpu in signals {
-        tracker.observe_signals(gpu, now);
+/// Polls every GPU's signals (on a blocking thread) into the tracker.
+async fn poll_into(nvml: &Nvml, tracker: &mut Tracker) {
+    let poller = nvml.clone();
+    match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
+        Ok(signals) => {
+            let now = SystemTime::now();
+            for gpu in &signals {
+                tracker.observe_signals(gpu, now);
+            }
+        }
+        Err(err) => warn!(error = %crate::logging::error_chain(&err), "Signal poll failed"),
     }
 }
 

@@ -8,29 +8,92 @@ use std::time::Duration;
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a call to the API server did not succeed.
-#[derive(Debug, thiserror::Error)]
+///
+/// A refusal by the API server reads `<what>: <code> <reason>: <message>` and, where the fix
+/// or the next step is known, a hint in parentheses: one line that names what was refused,
+/// why, and what happens next, without kube-rs's debug dump of the `Status`.
+#[derive(Debug)]
 pub enum ApiError {
     /// No client could be built (kubeconfig, in-cluster settings).
-    #[error("cannot configure the Kubernetes client: {0}")]
     Config(String),
     /// The call took longer than its limit.
-    #[error("{what}: no answer from the API server within {after:?}")]
     Timeout { what: String, after: Duration },
     /// The API server (or the connection to it) answered with an error.
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: ::kube::Error,
-    },
+    Api { what: String, source: ::kube::Error },
     /// As [`ApiError::Api`], with what the user should check.
-    #[error("{what}: {source} ({hint})")]
     Hinted {
         what: String,
         hint: &'static str,
-        #[source]
         source: ::kube::Error,
     },
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Config(why) => write!(f, "cannot configure the Kubernetes client: {why}"),
+            ApiError::Timeout { what, after } => {
+                write!(f, "{what}: no answer from the API server within {after:?}")
+            }
+            ApiError::Api { what, source } => {
+                write!(f, "{what}: {}", Refusal(source))?;
+                self.retry_note(f)
+            }
+            ApiError::Hinted { what, hint, source } => {
+                write!(f, "{what}: {} ({hint})", Refusal(source))?;
+                self.retry_note(f)
+            }
+        }
+    }
+}
+
+impl std::error::Error for ApiError {
+    /// The client error beneath, except an API server's `Status`, which the message already
+    /// spells out whole (its own chain would repeat it).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ApiError::Api { source, .. } | ApiError::Hinted { source, .. } => match source {
+                ::kube::Error::Api(_) => None,
+                other if answer_too_long(other) => None,
+                other => Some(other),
+            },
+            ApiError::Config(_) | ApiError::Timeout { .. } => None,
+        }
+    }
+}
+
+/// A client error as one clause: an API server's `Status` as `<code> <reason>: <message>`, an
+/// answer cut off at [`super::client::MAX_RESPONSE_BYTES`] as such, anything else as kube-rs
+/// words it.
+struct Refusal<'a>(&'a ::kube::Error);
+
+impl std::fmt::Display for Refusal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            ::kube::Error::Api(status) => {
+                write!(f, "{} {}: {}", status.code, status.reason, status.message)
+            }
+            other if answer_too_long(other) => write!(
+                f,
+                "the answer passed gpud's limit of {} MiB and was cut off (an API server or a \
+                 proxy in front of it sending an endless body?)",
+                super::client::MAX_RESPONSE_BYTES / (1024 * 1024)
+            ),
+            other => write!(f, "{other}"),
+        }
+    }
+}
+
+/// Whether `err` is an answer cut off at gpud's response size cap.
+fn answer_too_long(err: &::kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 impl ApiError {
@@ -51,7 +114,8 @@ impl ApiError {
 
     /// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
     /// 429 or 5xx `Status`, which the API server sets together with its `Retry-After`
-    /// header; a plain-text 429 gets it from the header in [`super::connect`]'s client).
+    /// header; a plain-text 429 gets it from the header in [`super::connect`]'s client, in
+    /// either of the header's forms: see [`retry_after_header`]).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::Api {
@@ -77,18 +141,43 @@ impl ApiError {
         self.retry_after().map_or(delay, |after| after.max(delay))
     }
 
-    /// A refusal by RBAC says so: the fix is in gpud's ClusterRole, not in gpud.
+    /// Says how long the API server asked gpud to wait, when it did: the caller's next try
+    /// is no sooner.
+    fn retry_note(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.retry_after() {
+            Some(after) => write!(
+                f,
+                " (the API server asks to wait {}s before the next call)",
+                after.as_secs()
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// A refusal whose fix lies outside gpud says where: RBAC (403) in gpud's ClusterRole, an
+    /// object refused as invalid (422) in the admission rules or the API server's version.
     fn with_hint(self) -> Self {
-        match self {
-            ApiError::Api { what, source } if matches!(&source, ::kube::Error::Api(s) if s.code == 403) => {
-                ApiError::Hinted {
-                    what,
-                    hint: "forbidden by RBAC: gpud's service account needs this verb on this \
-                           resource; check the ClusterRole bound to it",
-                    source,
-                }
-            }
-            other => other,
+        let hint = match &self {
+            ApiError::Api {
+                source: ::kube::Error::Api(s),
+                ..
+            } => match s.code {
+                403 => Some(
+                    "forbidden by RBAC: gpud's service account needs this verb on this \
+                     resource; check the Role or ClusterRole bound to it",
+                ),
+                422 => Some(
+                    "refused as invalid: an admission policy or webhook, or an API server \
+                     older than gpud expects, rejects what gpud writes; gpud retries with \
+                     backoff, check the policies that apply to this object",
+                ),
+                _ => None,
+            },
+            _ => None,
+        };
+        match (self, hint) {
+            (ApiError::Api { what, source }, Some(hint)) => ApiError::Hinted { what, hint, source },
+            (other, _) => other,
         }
     }
 }
@@ -129,6 +218,21 @@ where
             after: limit,
         }),
     }
+}
+
+/// The wait a `Retry-After` header asks for, at `now` (RFC 9110, section 10.2.3): a number of
+/// seconds, or an HTTP date (its IMF-fixdate form, and the two obsolete forms recipients must
+/// accept), rounded up to whole seconds. `None` for a date already past, or a value in
+/// neither form.
+pub(super) fn retry_after_header(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let wait = at.duration_since(now).ok()?;
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    (seconds > 0).then(|| Duration::from_secs(seconds))
 }
 
 /// A bare client error, named by the caller of [`within`].
@@ -186,8 +290,49 @@ mod tests {
     async fn a_refusal_by_rbac_names_rbac() {
         let err = failed(refused(403, 0)).await;
         assert_eq!(err.status(), Some(403));
-        let text = err.to_string();
-        assert!(text.starts_with("patching node n: "), "{text}");
-        assert!(text.contains("forbidden by RBAC"), "{text}");
+        assert_eq!(
+            crate::logging::error_chain(&err),
+            "patching node n: 403 Refused: refused (forbidden by RBAC: gpud's service account \
+             needs this verb on this resource; check the Role or ClusterRole bound to it)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_reads_as_one_line_with_the_wait_the_api_server_asked_for() {
+        let err = failed(refused(429, 3)).await;
+        assert_eq!(
+            crate::logging::error_chain(&err),
+            "patching node n: 429 Refused: refused (the API server asks to wait 3s before the \
+             next call)"
+        );
+        let err = failed(refused(422, 0)).await;
+        assert!(
+            crate::logging::error_chain(&err)
+                .starts_with("patching node n: 422 Refused: refused (refused as invalid: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_an_http_date() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        let secs = Duration::from_secs;
+        assert_eq!(retry_after_header("3", now), Some(secs(3)));
+        assert_eq!(retry_after_header(" 0 ", now), Some(secs(0)));
+        let later = "Wed, 21 Oct 2015 07:28:05 GMT";
+        assert_eq!(retry_after_header(later, now), Some(secs(5)));
+        // The obsolete forms RFC 9110 still asks recipients to accept.
+        let rfc850 = "Wednesday, 21-Oct-15 07:28:05 GMT";
+        assert_eq!(retry_after_header(rfc850, now), Some(secs(5)));
+        let asctime = "Wed Oct 21 07:28:05 2015";
+        assert_eq!(retry_after_header(asctime, now), Some(secs(5)));
+        // Part of a second left counts as a whole one: never sooner than asked.
+        let sooner = now + Duration::from_millis(4500);
+        assert_eq!(retry_after_header(later, sooner), Some(secs(1)));
+        // A date already past, or neither form: no wait asked.
+        assert_eq!(retry_after_header(later, now + secs(6)), None);
+        assert_eq!(retry_after_header(later, now + secs(5)), None);
+        assert_eq!(retry_after_header("soon", now), None);
+        assert_eq!(retry_after_header("-1", now), None);
     }
 }

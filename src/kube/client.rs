@@ -60,8 +60,9 @@ type Reply = http::Response<Box<::kube::client::DynBody>>;
 /// Gives a 429 whose body is not a `Status` (priority and fairness and max-in-flight answer
 /// in plain text, as may a proxy) a `Status` body that carries its `Retry-After` header as
 /// `details.retryAfterSeconds`: kube-rs keeps an error response's body and drops its headers,
-/// and [`ApiError::retry_after`] reads the body. A `Status` body is left as it is (the API
-/// server sets `retryAfterSeconds` in it together with the header).
+/// and [`ApiError::retry_after`] reads the body. The header may be seconds or an HTTP date
+/// (a proxy's), which becomes the seconds left until then. A `Status` body is left as it is
+/// (the API server sets `retryAfterSeconds` in it together with the header).
 fn retry_after_status(reply: Reply) -> Reply {
     if reply.status() != http::StatusCode::TOO_MANY_REQUESTS {
         return reply;
@@ -71,11 +72,12 @@ fn retry_after_status(reply: Reply) -> Reply {
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let seconds = headers
+    let wait = headers
         .get(http::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u32>().ok());
-    let Some(seconds) = seconds.filter(|_| !is_json) else {
+        .and_then(|v| super::call::retry_after_header(v, std::time::SystemTime::now()))
+        .and_then(|wait| u32::try_from(wait.as_secs()).ok());
+    let Some(seconds) = wait.filter(|_| !is_json) else {
         return reply;
     };
     let status = serde_json::json!({
@@ -161,9 +163,21 @@ mod tests {
         assert_eq!(text(kept).await, json);
         let kept = retry_after_status(reply(503, "text/plain", "3", "down"));
         assert_eq!(text(kept).await, "down");
+        // A date already past asks for no wait.
         let date = "Wed, 21 Oct 2015 07:28:00 GMT";
         let kept = retry_after_status(reply(429, "text/plain", date, "busy"));
         assert_eq!(text(kept).await, "busy");
+    }
+
+    #[tokio::test]
+    async fn a_plain_text_429_with_an_http_date_waits_until_that_date() {
+        let at = std::time::SystemTime::now() + std::time::Duration::from_secs(30);
+        let date = httpdate::fmt_http_date(at);
+        let mapped = retry_after_status(reply(429, "text/plain", &date, "busy\n"));
+        let status: ::kube::core::Status = serde_json::from_str(&text(mapped).await).unwrap();
+        let seconds = status.details.map(|d| d.retry_after_seconds).unwrap();
+        // The date has whole seconds: 29 or 30 of them are left, never more.
+        assert!((29..=30).contains(&seconds), "{seconds}");
     }
 
     #[tokio::test]

@@ -190,8 +190,19 @@ impl ApiState {
             return Ok(());
         };
         let target = self.sink.target();
-        let result =
+        let mut result =
             crate::kube::within(API_SYNC_TIMEOUT, || target.clone(), self.sink.sync(&wanted)).await;
+        // Someone wrote the object between gpud's read and its write (409): every sync reads
+        // it first, so trying again at once writes over what is there now. Once: a second
+        // conflict in a row backs off like any other failure.
+        if let Err(err) = &result
+            && err.status() == Some(409)
+        {
+            info!(error = %crate::logging::error_chain(err), "The {target} changed while gpud wrote its labels; reading it again");
+            result =
+                crate::kube::within(API_SYNC_TIMEOUT, || target.clone(), self.sink.sync(&wanted))
+                    .await;
+        }
         match result {
             Ok(written) => {
                 if written {

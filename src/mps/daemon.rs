@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use tokio_util::sync::CancellationToken;
+
 use super::layout::{self, LayoutError};
 use super::plan::DaemonPlan;
 use crate::cuda_mps::control::ControlError;
@@ -33,15 +35,17 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// The daemon of `plan` under `root`, run with `binary`.
-    pub fn new(plan: DaemonPlan, root: &Path, binary: &Path) -> Daemon {
+    /// The daemon of `plan` under `root`, run with `binary`; a call to the binary in flight
+    /// when `stop` fires is killed (`quit` excepted).
+    pub fn new(plan: DaemonPlan, root: &Path, binary: &Path, stop: CancellationToken) -> Daemon {
         let server = Server::new(
             binary,
             plan.gpus.iter().map(|g| g.uuid.clone()).collect(),
             paths::pipe_dir(root, &plan.resource),
             paths::log_dir(root, &plan.resource),
             plan.limit_commands(),
-        );
+        )
+        .until(stop);
         Daemon {
             plan,
             root: root.to_path_buf(),

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::daemon::Daemon;
@@ -86,6 +87,7 @@ impl Subsystem for MpsControl {
     crate::subsystem_name!("mps");
 
     async fn run(self, ctx: Context<Settings>, inventory: Inventory) -> anyhow::Result<()> {
+        let stopping = ctx.cancel_token();
         let mut settings = ctx.settings();
         let mut snapshots = inventory.subscribe();
         let mut running: Vec<Supervised> = Vec::new();
@@ -114,14 +116,17 @@ impl Subsystem for MpsControl {
                             if let Some(dir) = root.clone() {
                                 let (shm_root, skip) = (dir.clone(), self.options.skip_shm_mount);
                                 blocking(move || layout::prepare_root(&shm_root, skip)).await??;
+                                let binary = &self.options.binary;
                                 running = plans
                                     .into_iter()
                                     .map(|p| {
-                                        Supervised::new(Daemon::new(p, &dir, &self.options.binary))
+                                        let stop = ctx.cancel_token();
+                                        Supervised::new(Daemon::new(p, &dir, binary, stop))
                                     })
                                     .collect();
                             }
-                            self.supervise(&mut running, events.as_ref()).await;
+                            self.supervise(&mut running, events.as_ref(), &stopping)
+                                .await;
                             self.mark_ready(&running, root.as_deref(), &ctx).await;
                         }
                     }
@@ -145,7 +150,7 @@ impl Subsystem for MpsControl {
                     reconsider = true;
                 }
                 _ = tick.tick() => {
-                    self.supervise(&mut running, events.as_ref()).await;
+                    self.supervise(&mut running, events.as_ref(), &stopping).await;
                     self.mark_ready(&running, root.as_deref(), &ctx).await;
                 }
             }
@@ -186,14 +191,26 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl MpsControl {
-    /// Probes the daemons that are up and (re)starts those that are down and due.
-    async fn supervise(&self, running: &mut [Supervised], events: Option<&EventSender>) {
+    /// Probes the daemons that are up and (re)starts those that are down and due; stops
+    /// early once gpud is stopping (the calls in flight are killed then). Restarts go to
+    /// `events` as Node events.
+    async fn supervise(
+        &self,
+        running: &mut [Supervised],
+        events: Option<&EventSender>,
+        stopping: &CancellationToken,
+    ) {
         for entry in running.iter_mut() {
+            if stopping.is_cancelled() {
+                return;
+            }
             let daemon = Arc::clone(&entry.daemon);
             if entry.up {
                 let probe = blocking(move || daemon.probe()).await;
                 match probe {
                     Ok(Ok(())) => continue,
+                    // Killed because gpud stops, not because the daemon is down.
+                    _ if stopping.is_cancelled() => return,
                     Ok(Err(err)) => {
                         warn!(resource = %entry.daemon.resource(), error = %logging::error_chain(&err),
                             "MPS control daemon does not answer; marking its devices unhealthy and starting it again");
@@ -225,6 +242,7 @@ impl MpsControl {
                     }
                     entry.was_up = true;
                 }
+                _ if stopping.is_cancelled() => return,
                 outcome => {
                     let why = match outcome {
                         Ok(Err(err)) => logging::error_chain(&err),

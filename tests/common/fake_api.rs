@@ -12,8 +12,9 @@
 //!
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
 //! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
-//! event carrying 410, 429 with `Retry-After`, 403, 422, a stall, a dropped connection), every
-//! refusal a real `metav1.Status` body (but the plain-text 429 of priority and fairness). Server-side apply without a field manager is refused
+//! event carrying 410, 429 with `Retry-After` in seconds or as an HTTP date, 403, 422, a stall,
+//! a dropped connection, a 200 whose body never ends), every refusal a real `metav1.Status`
+//! body (but the plain-text 429s of priority and fairness and of a proxy). Server-side apply without a field manager is refused
 //! with 422, writes to a Node that does not exist with 404, and every request is recorded
 //! ([`Recorded`]: method, path with query, field manager, status answered). Given the rules
 //! bound to a service account ([`rbac::Rbac`], from rendered manifests), it authorizes as
@@ -127,6 +128,9 @@ pub enum Fault {
     /// 429 as priority and fairness (or max-in-flight) answers it: `Retry-After: <seconds>`
     /// and a plain-text body, no `Status`.
     TooManyRequestsPlain(u64),
+    /// 429 as a proxy in front of the API server may answer it: `Retry-After` as an HTTP date
+    /// (RFC 9110) that many seconds from now, and a plain-text body.
+    TooManyRequestsDate(u64),
     /// 403 Forbidden, as RBAC refuses.
     Forbidden,
     /// 422 Invalid.
@@ -135,6 +139,9 @@ pub enum Fault {
     Stall(Duration),
     /// The connection closes without an answer.
     Drop,
+    /// 200, then a body that never ends (the start of a JSON object, then `x` forever), as a
+    /// broken proxy or API server may send: until the client hangs up.
+    Endless,
 }
 
 /// A fault rule: which requests it refuses, and how.
@@ -367,14 +374,22 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
             );
             response
         }
-        Fault::TooManyRequestsPlain(seconds) => {
-            let mut response = axum::response::IntoResponse::into_response((
-                StatusCode::TOO_MANY_REQUESTS,
-                "Too many requests, please try again later.\n",
-            ));
+        Fault::TooManyRequestsPlain(seconds) => plain_429(&seconds.to_string()),
+        Fault::TooManyRequestsDate(seconds) => plain_429(&httpdate::fmt_http_date(
+            std::time::SystemTime::now() + Duration::from_secs(*seconds),
+        )),
+        Fault::Endless => {
+            let head =
+                Bytes::from_static(br#"{"apiVersion":"v1","kind":"Node","metadata":{"name":""#);
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let body = std::iter::once(head).chain(std::iter::repeat(chunk));
+            // tokio-stream's iterator yields to the runtime every few chunks, so the fake goes
+            // on answering other requests while it streams.
+            let stream = tokio_stream::iter(body.map(Ok::<_, std::convert::Infallible>));
+            let mut response = axum::response::Response::new(axum::body::Body::from_stream(stream));
             response.headers_mut().insert(
-                "retry-after",
-                axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
+                "content-type",
+                axum::http::HeaderValue::from_static("application/json"),
             );
             response
         }
@@ -405,6 +420,19 @@ fn forbidden_answer(request: &rbac::Attributes, user: &str) -> axum::response::R
         &request.forbidden_message(user),
         details,
     )
+}
+
+/// A plain-text 429 with `Retry-After: <retry_after>`.
+fn plain_429(retry_after: &str) -> axum::response::Response {
+    let mut response = axum::response::IntoResponse::into_response((
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too many requests, please try again later.\n",
+    ));
+    response.headers_mut().insert(
+        "retry-after",
+        axum::http::HeaderValue::from_str(retry_after).unwrap(),
+    );
+    response
 }
 
 /// Records every request and answers it from the first fault rule that fires, else from the

@@ -58,18 +58,33 @@ pub async fn unary<A: Message + Default>(
 /// Registers the plugin whose registration socket is `socket`, as the kubelet does: GetInfo,
 /// then NotifyRegistrationStatus(registered). Returns what GetInfo said.
 pub async fn register(socket: &Path) -> PluginInfo {
+    let (info, answer) = registration(socket, None).await;
+    answer.unwrap();
+    info
+}
+
+/// Refuses the plugin as a kubelet does that cannot take it: GetInfo, then
+/// NotifyRegistrationStatus(not registered, `error`). Returns the plugin's answer to that, a
+/// gRPC error as NVIDIA's plugins give.
+pub async fn refuse_registration(socket: &Path, error: &str) -> String {
+    registration(socket, Some(error)).await.1.unwrap_err()
+}
+
+/// GetInfo, then NotifyRegistrationStatus: registered without `refusal`, else refused with it.
+async fn registration(socket: &Path, refusal: Option<&str>) -> (PluginInfo, Result<(), String>) {
     let service = "pluginregistration.Registration";
     let info: PluginInfo = unary(socket, service, "GetInfo", &InfoRequest {})
         .await
         .unwrap();
     let status = RegistrationStatus {
-        plugin_registered: true,
-        error: String::new(),
+        plugin_registered: refusal.is_none(),
+        error: refusal.unwrap_or_default().to_owned(),
     };
-    let _: RegistrationStatusResponse = unary(socket, service, "NotifyRegistrationStatus", &status)
-        .await
-        .unwrap();
-    info
+    let answer =
+        unary::<RegistrationStatusResponse>(socket, service, "NotifyRegistrationStatus", &status)
+            .await
+            .map(|_| ());
+    (info, answer)
 }
 
 const V1: &str = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin";

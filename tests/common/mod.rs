@@ -259,13 +259,23 @@ impl Running {
 
     /// Resident memory of the process in KiB.
     pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS")
+    }
+
+    /// The most resident memory the process has had so far, in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM")
+    }
+
+    /// A `<field>: <n> kB` line of `/proc/<pid>/status`.
+    fn proc_status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("proc status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
+            .unwrap_or_else(|| panic!("no {field} in /proc/<pid>/status"))
     }
 }
 

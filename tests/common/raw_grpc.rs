@@ -111,9 +111,11 @@ impl RawClient {
         let mut out = frame(HEADERS, END_HEADERS, stream, &block);
         out.extend(frame(DATA, END_STREAM, stream, &body));
         self.socket.write_all(&out).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), self.response(stream))
+        // Longer than any answer gpud should take (an API read in a DRA prepare is bounded at
+        // 10 s), so a test times a slow answer itself instead of seeing a hang here.
+        tokio::time::timeout(Duration::from_secs(30), self.response(stream))
             .await
-            .expect("no response within 10 s")
+            .expect("no response within 30 s")
     }
 
     async fn response(&mut self, stream: u32) -> Reply {
