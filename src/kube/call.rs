@@ -62,8 +62,13 @@ impl std::error::Error for ApiError {
     }
 }
 
+/// The most bytes one answer of the API server may have (a watch counts as one answer): far
+/// above what gpud reads (its Node, its slices, a claim), far below what an endless body
+/// would grow the process to. Past it the read fails and the caller retries on its backoff.
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
 /// A client error as one clause: an API server's `Status` as `<code> <reason>: <message>`, an
-/// answer cut off at [`super::client::MAX_RESPONSE_BYTES`] as such, anything else as kube-rs
+/// answer cut off at [`MAX_RESPONSE_BYTES`] as such, anything else as kube-rs
 /// words it.
 struct Refusal<'a>(&'a ::kube::Error);
 
@@ -77,7 +82,7 @@ impl std::fmt::Display for Refusal<'_> {
                 f,
                 "the answer passed gpud's limit of {} MiB and was cut off (an API server or a \
                  proxy in front of it sending an endless body?)",
-                super::client::MAX_RESPONSE_BYTES / (1024 * 1024)
+                MAX_RESPONSE_BYTES / (1024 * 1024)
             ),
             other => write!(f, "{other}"),
         }

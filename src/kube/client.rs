@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::ApiError;
+use super::call::MAX_RESPONSE_BYTES;
 
 /// Builds a client; fails with the kubeconfig's path and the reason.
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiError> {
@@ -42,11 +43,6 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
         .with_layer(&tower::util::MapResponseLayer::new(bounded))
         .build())
 }
-
-/// The most bytes one answer of the API server may have (a watch counts as one answer): far
-/// above what gpud reads (its Node, its slices, a claim), far below what an endless body
-/// would grow the process to. Past it the read fails and the caller retries on its backoff.
-pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
 fn limit_body(reply: Reply) -> Reply {
     let (parts, body) = reply.into_parts();
