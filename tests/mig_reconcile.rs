@@ -550,6 +550,10 @@ fn a_mode_change_the_driver_says_needs_a_reboot_reboots_once_and_succeeds_after_
     assert_eq!(states(&api), ["pending", "rebooting"]);
     let reason = api.node_annotations()[REASON].clone();
     assert!(reason.contains("needs a reboot"), "{reason}");
+    // The state is on the Node before the reboot command runs: wait for the command's line.
+    wait_until(10, "the reboot command", || {
+        std::fs::read_to_string(&called).is_ok_and(|text| !text.is_empty())
+    });
     assert_eq!(std::fs::read_to_string(&called).unwrap(), "rebooting\n");
     drop(first);
 
