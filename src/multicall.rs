@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::applets::{APPLETS, Applet};
-use crate::daemon::{exit_code, signals};
+use crate::daemon::{address_space, exit_code, signals};
 use crate::exit;
 
 /// What argv asks for.
@@ -65,11 +65,17 @@ fn applet_invocation(name: &str, rest: &[OsString]) -> Invocation {
 /// The process entry point. Expects the daemon signals blocked ([`signals::block`], the first
 /// thing `main` does); gives them back to everything that is not a daemon.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
+    address_space::one_line_for_thread_exhaustion();
     let invocation = resolve(&argv);
     if !matches!(invocation, Invocation::Applet(applet, _) if applet.daemon) {
         signals::unblock();
     }
     match invocation {
+        // A daemon checks its room before anything else: past this point, running out of
+        // address space fails somewhere inside a library, not with a line that says so.
+        Invocation::Applet(applet, args) if applet.daemon => {
+            exit_code(address_space::check(applet.name).and_then(|()| (applet.run)(args)))
+        }
         Invocation::Applet(applet, args) => exit_code((applet.run)(args)),
         Invocation::List => {
             for applet in APPLETS {

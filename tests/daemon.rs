@@ -265,3 +265,78 @@ async fn run_lifecycle() {
 async fn node_status_lifecycle() {
     lifecycle("node-status", 50).await;
 }
+
+/// `command` with its address space limited to `kib` (RLIMIT_AS, as `ulimit -v` sets it).
+#[allow(unsafe_code)] // pre_exec: the limit must be set in the child, after fork
+fn with_address_space_kib(mut command: Command, kib: u64) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: setrlimit is one (a plain system call), and the
+    // closure allocates nothing and touches no lock.
+    unsafe {
+        command.pre_exec(move || {
+            use nix::sys::resource::{Resource, setrlimit};
+            setrlimit(Resource::RLIMIT_AS, kib * 1024, kib * 1024).map_err(std::io::Error::from)
+        });
+    }
+    command
+}
+
+/// The lowest address-space limit, to 256 KiB, under which `gpud --version` runs: what the
+/// binary and its libraries map before any of gpud's code runs (a debug build maps far more
+/// than a release build, so the test measures it rather than assume it).
+fn exec_floor_kib(node: &Node) -> u64 {
+    let runs = |kib: u64| {
+        let mut command = with_address_space_kib(node.gpud(&["--version"]), kib);
+        command.output().unwrap().status.success()
+    };
+    let (mut low, mut high) = (1024, 4 * 1024 * 1024);
+    assert!(runs(high), "gpud --version fails under {high} KiB");
+    while high - low > 256 {
+        let mid = (low + high) / 2;
+        if runs(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    high
+}
+
+/// Under an address-space limit that leaves no room to start (a small container's `ulimit -v`),
+/// `gpud run` says so in one line and exits 1: no panic, no backtrace, no abort, no hang.
+#[test]
+fn run_under_too_small_an_address_space_limit_exits_with_one_line() {
+    let node = Node::new("dgx-h100");
+    let limit = exec_floor_kib(&node) + 2 * 1024;
+    let mut command = with_address_space_kib(
+        node.gpud(&["run", "--kmsg", "", "--kubelet-socket", ""]),
+        limit,
+    );
+    let out = command.env("RUST_BACKTRACE", "1").output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked at"), "{stderr}");
+    assert!(!stderr.contains("stack backtrace"), "{stderr}");
+    let prefix = format!(
+        "gpud: cannot start: out of memory: the address-space limit (ulimit -v) is {limit} KiB \
+         and "
+    );
+    let line = stderr
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix("\n"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let (mapped, rest) = line
+        .split_once(" KiB of it is mapped already, leaving ")
+        .unwrap();
+    let (free, rest) = rest.split_once(" KiB where gpud run needs ").unwrap();
+    let (mapped, free): (u64, u64) = (mapped.parse().unwrap(), free.parse().unwrap());
+    assert_eq!(free, limit - mapped, "{stderr}");
+    assert_eq!(
+        rest,
+        format!(
+            "{} KiB: raise the container's memory limit or the ulimit",
+            gpud::daemon::address_space::NEEDED_KIB
+        )
+    );
+}

@@ -486,6 +486,9 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     let before = dra.slices_when("slices", |_| true);
     assert!(device(&before, "gpu-3").get("taints").is_none());
 
+    // The watcher is ready once its NVML event set is registered: an XID injected before that
+    // is one the driver never reports.
+    dra.log_when("health: Ready");
     dra.node.inject("xid 3 79");
     let tainted = dra.slices_when("the XID taint", |s| {
         device(s, "gpu-3").get("taints").is_some()
@@ -497,9 +500,10 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     assert!(device(&tainted, "gpu-2").get("taints").is_none());
     assert!(generation(&tainted) > generation(&before));
 
-    // The GPU is reset: it drops off the bus and answers again.
+    // The GPU is reset: it drops off the bus and answers again, once the watcher's poll has
+    // seen it gone (a reset's outage lasts that long).
     dra.node.inject("lost 3");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    dra.log_when("unhealthy -> unhealthy: GPU is lost");
     dra.node.inject("recover 3");
     let clear = dra.slices_when("the taint removed", |s| {
         device(s, "gpu-3").get("taints").is_none() && generation(s) > generation(&tainted)

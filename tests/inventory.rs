@@ -220,12 +220,26 @@ fn gpu_lost_mid_run_then_recovered() {
 fn watch_prints_nothing_while_nothing_changes() {
     let node = Node::new("pcie-4gpu");
     let mut cmd = node.gpud(&["inventory", "--watch", "--interval", "20ms"]);
+    // The rescanner says at debug level when a rescan found nothing new.
+    let log = node.dir.path().join("gpud.log");
     let child = cmd
+        .env("GPUD_LOG", "gpud::nvml::rescan=debug")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(400));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.matches("Rescan found no change").count() >= 5 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "five rescans:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // SIGTERM ends the watch cleanly.
     common::send_signal(&child, "TERM");
     let out = child.wait_with_output().unwrap();

@@ -91,6 +91,24 @@ fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// Whether the reconciler read the Node after `since` and then watched it again: a read
+/// after `since` sees what changed before it, and the reconciler watches only once it has
+/// acted on (or passed over) what it read.
+fn read_then_watched(api: &FakeApi, since: Instant) -> bool {
+    let log = api.log();
+    let node = "/api/v1/nodes/test-node";
+    log.iter()
+        .find(|r| r.at >= since && r.method == "GET" && r.path == node)
+        .is_some_and(|read| {
+            log.iter().any(|r| {
+                r.at > read.at
+                    && r.method == "GET"
+                    && r.path.starts_with("/api/v1/nodes?")
+                    && r.path.contains("watch=true")
+            })
+        })
+}
+
 /// The state values written to the Node, in order.
 fn states(api: &FakeApi) -> Vec<String> {
     api.state
@@ -132,9 +150,13 @@ fn label_goes_pending_then_success_and_follows_changes() {
     assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
     assert!(asserts(&node, "all-3g.40gb"));
 
-    // An unchanged label and an already applied config write nothing more.
+    // An unchanged label and an already applied config write nothing more: once the
+    // reconciler has read the changed Node and gone back to watching it, it has decided.
     api.set_label("example.com/other", Some("x"));
-    std::thread::sleep(Duration::from_millis(300));
+    let changed = Instant::now();
+    wait_until(20, "a read of the changed Node and the next watch", || {
+        read_then_watched(&api, changed)
+    });
     assert_eq!(states(&api).len(), 4);
 
     common::send_signal(&reconciler.0, "TERM");
@@ -528,6 +550,10 @@ fn a_mode_change_the_driver_says_needs_a_reboot_reboots_once_and_succeeds_after_
     assert_eq!(states(&api), ["pending", "rebooting"]);
     let reason = api.node_annotations()[REASON].clone();
     assert!(reason.contains("needs a reboot"), "{reason}");
+    // The state is on the Node before the reboot command runs: wait for the command's line.
+    wait_until(10, "the reboot command", || {
+        std::fs::read_to_string(&called).is_ok_and(|text| !text.is_empty())
+    });
     assert_eq!(std::fs::read_to_string(&called).unwrap(), "rebooting\n");
     drop(first);
 

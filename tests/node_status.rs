@@ -21,6 +21,11 @@ const HOLD_FLAG: &str = "300ms";
 
 /// `gpud <applet> …` against `api`: fast polling, a short hold and retry ceiling, no kernel log.
 fn start(node: &Node, api: &FakeApi, applet: &[&str], extra: &[&str]) -> Running {
+    Running::spawn(command(node, api, applet, extra))
+}
+
+/// The command [`start`] runs.
+fn command(node: &Node, api: &FakeApi, applet: &[&str], extra: &[&str]) -> std::process::Command {
     let kubeconfig = api.kubeconfig(node.dir.path());
     let mut args = applet.to_vec();
     args.extend_from_slice(&[
@@ -37,7 +42,7 @@ fn start(node: &Node, api: &FakeApi, applet: &[&str], extra: &[&str]) -> Running
         args.extend_from_slice(&["--node-status-hold", HOLD_FLAG]);
     }
     args.extend_from_slice(extra);
-    Running::spawn(node.gpud(&args))
+    node.gpud(&args)
 }
 
 fn node_status(node: &Node, api: &FakeApi, extra: &[&str]) -> Running {
@@ -376,16 +381,26 @@ fn configured_taints_come_and_go_and_others_are_left_alone() {
 fn after_30s_without_the_api_server_the_node_gets_the_current_state_and_no_duplicate_events() {
     let node = Node::new("dgx-h100");
     let mut api = FakeApi::start_with_node(json!({}));
-    let _gpud = node_status(&node, &api, &[]);
+    // The node status says at debug level when it queues an event: the sign it has seen a
+    // transition while the API server is away.
+    let mut command = command(&node, &api, &["node-status"], &[]);
+    command.env("GPUD_LOG", "info,gpud::kube::events=debug");
+    let gpud = Running::spawn(command);
     condition_when(&api, "GPUHealthy", status_is("True"));
     let applies_before = api.state.lock().unwrap().status_applies.len();
     api.stop();
-    // While the API server is away: GPU 3 fails and recovers, GPU 5 fails.
+    // While the API server is away: GPU 3 fails and recovers (once the node status has seen
+    // it fail), GPU 5 fails.
     let down_at = Instant::now();
     node.inject("lost 3");
     node.inject("lost 5");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(20, "GPU 3's failure queued as an event", || {
+        gpud.stderr()
+            .contains("Node event queued: GPU 3 ")
+            .then_some(())
+    });
     node.inject("recover 3");
+    // The outage lasts 30 s, many retries long (they back off to 1 s at most).
     std::thread::sleep(Duration::from_secs(30).saturating_sub(down_at.elapsed()));
     api.restart();
     let current = condition_when(&api, "GPUHealthy", status_is("False"));

@@ -91,6 +91,23 @@ fn start(node: &Node, kubelet: &FakeKubelet, extra: &[&str]) -> Daemon {
     Daemon { child, port }
 }
 
+/// [`start`] with gpud's log (at `info`) in `<node>/stderr.log`, whose path it returns.
+fn start_logged(
+    node: &Node,
+    kubelet: &FakeKubelet,
+    extra: &[&str],
+) -> (Daemon, std::path::PathBuf) {
+    let port = free_port();
+    let log_path = node.dir.path().join("stderr.log");
+    let child = command(node, kubelet, port, extra)
+        .env("GPUD_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("start gpud run");
+    (Daemon { child, port }, log_path)
+}
+
 /// The metrics body once `accept` holds (blocking HTTP on a worker thread).
 fn metrics_when(port: u16, accept: impl Fn(&str) -> bool) -> String {
     tokio::task::block_in_place(|| http::wait_for(port, "/metrics", 10, |a| accept(&a.body)).body)
@@ -208,7 +225,7 @@ async fn without_the_device_plugin_the_labels_are_gfds_whole_set() {
         let node = Node::new(fixture);
         let sysfs = compute_gpus_sysfs(&node, fixture);
         let mut kubelet = FakeKubelet::start(node.dir.path()).await;
-        let _daemon = start(
+        let (_daemon, log_path) = start_logged(
             &node,
             &kubelet,
             &[
@@ -227,7 +244,7 @@ async fn without_the_device_plugin_the_labels_are_gfds_whole_set() {
                 && written.contains("nvidia.com/gpu.count="),
             "{written}"
         );
-        assert!(kubelet.registration_within(300).await.is_none());
+        no_device_plugin(&log_path, &mut kubelet);
     }
 }
 
@@ -244,10 +261,20 @@ async fn disabled_subsystems_do_not_start() {
 
     let node = Node::new("pcie-4gpu");
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
-    let daemon = start(&node, &kubelet, &["--disable", "device-plugin"]);
+    let (daemon, log_path) = start_logged(&node, &kubelet, &["--disable", "device-plugin"]);
     let body = metrics_when(daemon.port, |b| b.contains("DCGM_FI_DEV_GPU_UTIL{"));
     assert_eq!(lines_starting(&body, "DCGM_FI_DEV_GPU_UTIL{").len(), 4);
-    assert!(kubelet.registration_within(300).await.is_none());
+    no_device_plugin(&log_path, &mut kubelet);
+}
+
+/// gpud's start line lists the subsystems it runs: once it is written, a device plugin that
+/// is not among them is one that never registers.
+fn no_device_plugin(log_path: &std::path::Path, kubelet: &mut FakeKubelet) {
+    let log = logged(log_path, "gpud started", 1);
+    let started = log.lines().find(|l| l.contains("gpud started")).unwrap();
+    assert!(started.contains(" subsystems="), "{started}");
+    assert!(!started.contains("device-plugin"), "{started}");
+    assert!(kubelet.registered_already().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +320,7 @@ async fn sighup_reloads_the_plugin_and_the_labeller_and_keeps_them_when_bad() {
     let config = node.dir.path().join("config.yaml");
     std::fs::write(&config, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
     let mut kubelet = FakeKubelet::start(node.dir.path()).await;
-    let daemon = start(
+    let (daemon, log_path) = start_logged(
         &node,
         &kubelet,
         &["--config-file", config.to_str().unwrap()],
@@ -329,16 +356,15 @@ async fn sighup_reloads_the_plugin_and_the_labeller_and_keeps_them_when_bad() {
 
     std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
     common::send_signal(&daemon.child, "HUP");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The refusal is logged once the reload is decided: no subsystem was given new settings,
+    // so whatever a reload would change has not changed by now.
+    logged(&log_path, "Configuration not reloaded", 1);
     assert_eq!(
         labels_when(&node, |_| true),
         mixed,
         "a bad reload keeps the labels"
     );
-    assert!(
-        kubelet.registration_within(300).await.is_none(),
-        "and the resources"
-    );
+    assert!(kubelet.registered_already().is_none(), "and the resources");
 }
 
 #[test]
@@ -378,19 +404,11 @@ async fn each_reload_outcome_is_one_log_line() {
     let config = node.dir.path().join("config.yaml");
     std::fs::write(&config, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
     let kubelet = FakeKubelet::start(node.dir.path()).await;
-    let log_path = node.dir.path().join("stderr.log");
-    let child = command(
+    let (daemon, log_path) = start_logged(
         &node,
         &kubelet,
-        free_port(),
         &["--config-file", config.to_str().unwrap()],
-    )
-    .env("GPUD_LOG", "info")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log_path).unwrap())
-    .spawn()
-    .unwrap();
-    let daemon = Daemon { child, port: 0 };
+    );
     logged(&log_path, "All subsystems ready", 1);
 
     let changed = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n";
@@ -399,11 +417,14 @@ async fn each_reload_outcome_is_one_log_line() {
     logged(&log_path, "Configuration reloaded", 1);
     std::fs::write(&config, "version: v1\nflags:\n  migStrategy: sometimes\n").unwrap();
     common::send_signal(&daemon.child, "HUP");
-    let log = logged(&log_path, "Configuration not reloaded", 1);
-    // Give any second line about the same reload the time to be written.
-    std::thread::sleep(Duration::from_millis(300));
-    let log = std::fs::read_to_string(&log_path).unwrap_or(log);
-    let about_reload: Vec<&str> = log
+    logged(&log_path, "Configuration not reloaded", 1);
+    // Reloads are handled one at a time: once a third one's line is written, every line about
+    // the second is too. The lines before the third's are the two reloads'.
+    common::send_signal(&daemon.child, "HUP");
+    let log = logged(&log_path, "Configuration not reloaded", 2);
+    let third = log.rfind("Configuration not reloaded").unwrap();
+    let before_third = &log[..log[..third].rfind('\n').unwrap()];
+    let about_reload: Vec<&str> = before_third
         .lines()
         .filter(|l| l.to_lowercase().contains("reload") || l.contains("sometimes"))
         .collect();

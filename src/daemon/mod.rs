@@ -16,6 +16,7 @@
 //! SIGTERM that arrives while the applet is still reading its config or opening NVML waits
 //! for the supervisor's handlers instead of killing the process.
 
+pub mod address_space;
 mod admin;
 mod context;
 mod error;

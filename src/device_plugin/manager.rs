@@ -442,7 +442,9 @@ fn start(state: PluginState, spawn: &Spawn<'_>) -> Result<Plugin, ManagerError> 
         format!("gRPC server for {}", resource.name),
         grpc::serve::serve(router, listener, stop.clone()),
     );
-    info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), "Serving resource");
+    // Whether it registers is on the line: with `--kubelet-socket ""` nothing else says so.
+    let registering = config.kubelet_socket.is_some();
+    info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), registering, "Serving resource");
     if let Some(kubelet) = config.kubelet_socket.clone() {
         logging::spawn(register_until_accepted(
             kubelet,

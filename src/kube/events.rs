@@ -16,6 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant, SystemTime};
 
+use tracing::debug;
+
 /// The component named in the events gpud creates (and the field manager they are created
 /// under).
 pub const COMPONENT: &str = "gpud";
@@ -112,6 +114,12 @@ impl Outbox {
             self.pending.pop_front();
             self.dropped += 1;
         }
+        // While the API server is away, this line is the only trace of an event until it is
+        // sent.
+        debug!(
+            reason = event.reason,
+            "Node event queued: {}", event.message
+        );
         self.pending.push_back(event);
         true
     }

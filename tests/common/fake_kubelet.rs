@@ -135,6 +135,15 @@ impl FakeKubelet {
             .map(|(_, request)| request)
     }
 
+    /// A registration that has already arrived, without waiting: for a test that has seen
+    /// gpud get past the point where it would have registered.
+    pub fn registered_already(&mut self) -> Option<RegisterRequest> {
+        self.registrations
+            .try_recv()
+            .ok()
+            .map(|(_, request)| request)
+    }
+
     /// Stops serving, wipes every socket in the directory, and serves a new `kubelet.sock`.
     pub async fn restart(&mut self) {
         self.stop_and_wipe().await;
