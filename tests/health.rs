@@ -47,6 +47,21 @@ fn summary(line: &Value) -> (u64, String, String, String, Value) {
     )
 }
 
+/// Nothing was printed since the last line: a double-bit ECC event on `gpu` (counted whatever
+/// the XID policy says), injected now, makes the very next line. Events are handled in order,
+/// so this proves the inputs before it were handled, without waiting out a window.
+fn nothing_before_marker(node: &Node, gpud: &Running, gpu: u64) {
+    node.inject(&format!("dbe {gpu}"));
+    let line = next(gpud);
+    assert_eq!(summary(&line).0, gpu, "a line before the marker: {line}");
+    assert!(
+        summary(&line)
+            .3
+            .starts_with("uncorrectable (double-bit) ECC error"),
+        "a line before the marker: {line}"
+    );
+}
+
 #[test]
 fn fatal_xid_makes_the_gpu_unhealthy_until_it_is_reset() {
     let node = Node::new("dgx-h100");
@@ -103,7 +118,7 @@ fn application_xids_are_ignored_and_warnings_degrade() {
     );
     assert_eq!(summary(&line).2, "degraded");
     assert!(summary(&line).3.starts_with("XID 63: "), "{line}");
-    assert_eq!(gpud.line_within(300), None);
+    nothing_before_marker(&node, &gpud, 7);
 }
 
 #[test]
@@ -132,13 +147,14 @@ fn env_overrides_behave_as_nvidias() {
     let line = next(&gpud);
     assert_eq!(summary(&line).0, 1, "79 ignored, 13 enabled: {line}");
     assert_eq!(summary(&line).2, "unhealthy");
-    assert_eq!(gpud.line_within(300), None);
+    nothing_before_marker(&node, &gpud, 3);
 
     let node = Node::new("pcie-4gpu");
     let gpud = watch(&node, "", &[("DP_DISABLE_HEALTHCHECKS", "all")]);
     node.inject("xid 0 79");
     node.inject("xid 1 48");
-    assert_eq!(gpud.line_within(500), None, "all XID checks disabled");
+    // All XID checks disabled: the marker after them is the first line.
+    nothing_before_marker(&node, &gpud, 3);
 }
 
 #[test]
@@ -194,10 +210,14 @@ fn mig_attributed_xid_marks_only_that_instance() {
     assert_eq!(line["uuid"], target);
     assert_eq!(line["mig"]["gpu_instance_id"], migs[1]["gpu_instance_id"]);
     assert_eq!(line["to"]["state"], "unhealthy");
+    // The GPU and the other instances are untouched: a fault on a second instance, injected
+    // now, is the next line.
+    let second = migs[2]["uuid"].as_str().unwrap();
+    node.inject(&format!("xid {second} 4242"));
+    let line = next(&gpud);
     assert_eq!(
-        gpud.line_within(300),
-        None,
-        "the GPU and the other instances are untouched"
+        line["uuid"], second,
+        "a line before the second instance's: {line}"
     );
 
     // A GPU-wide fault covers the GPU and every instance; the instance that already had its
@@ -209,14 +229,18 @@ fn mig_attributed_xid_marks_only_that_instance() {
     for (line, mig) in lines[1..].iter().zip(&migs) {
         assert_eq!(line["uuid"], mig["uuid"]);
         assert_eq!(line["to"]["xid"], 79);
-        let from = if mig["uuid"] == target {
+        let from = if mig["uuid"] == target || mig["uuid"] == second {
             "unhealthy"
         } else {
             "healthy"
         };
         assert_eq!(line["from"], from);
     }
-    assert_eq!(gpud.line_within(300), None);
+    // Nothing more: the reset that follows is the next line, the GPU's first.
+    node.inject("recover 0");
+    let line = next(&gpud);
+    assert_eq!(line["uuid"], inventory["gpus"][0]["uuid"], "{line}");
+    assert_eq!(line["to"]["state"], "healthy", "{line}");
 }
 
 #[test]
@@ -279,7 +303,7 @@ fn xid_storm_is_one_transition_with_bounded_memory() {
         5,
         "the storm produced no further transition: {line}"
     );
-    assert_eq!(gpud.line_within(300), None);
+    nothing_before_marker(&node, &gpud, 6);
     let growth = gpud.rss_kib().saturating_sub(rss_before);
     assert!(
         growth < 4096,

@@ -245,7 +245,7 @@ impl Running {
             .unwrap_or_else(|e| panic!("no output line within {secs}s: {e}"))
     }
 
-    /// Whether a line arrives within `millis` (used to assert that nothing is printed).
+    /// The next line, if one arrives within `millis` (a round of a retry loop).
     pub fn line_within(&self, millis: u64) -> Option<String> {
         self.lines
             .recv_timeout(std::time::Duration::from_millis(millis))
