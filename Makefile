@@ -72,6 +72,7 @@ demo:
 	@dir=$$(mktemp -d); touch $$dir/control; port=$$((20000 + $$$$ % 20000)); \
 	NVML_MOCK_FIXTURE=$(FIXTURE) GPUD_NVML_LIB=$(MOCK_LIB) $(GPUD) inventory >$$dir/inventory.json; \
 	NVML_MOCK_FIXTURE=$(FIXTURE) NVML_MOCK_CONTROL=$$dir/control GPUD_NVML_LIB=$(MOCK_LIB) GPUD_LOG=warn \
+		GPUD_STATE_DIR=$$dir/state \
 		$(GPUD) run --kubelet-socket $$dir/kubelet.sock --kmsg "" --health-poll-interval 200ms \
 		-o $$dir/gfd --no-timestamp -a 127.0.0.1:$$port -c 500 & \
 	pid=$$!; \

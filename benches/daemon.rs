@@ -51,6 +51,7 @@ fn spawn(mock: &Path, dir: &Path, kubelet: &FakeKubelet, port: u16, extra: &[&st
         .args(&args)
         .env("GPUD_NVML_LIB", mock)
         .env("NVML_MOCK_FIXTURE", "dgx-h100")
+        .env("GPUD_STATE_DIR", features.with_file_name("state"))
         .env("GPUD_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()

@@ -216,6 +216,7 @@ async fn main() {
         .env("GPUD_NVML_LIB", &mock)
         .env("NVML_MOCK_FIXTURE", "dgx-h100")
         .env("NVML_MOCK_CONTROL", &control)
+        .env("GPUD_STATE_DIR", dir.path().join("state"))
         .env("GPUD_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()

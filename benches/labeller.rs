@@ -17,6 +17,7 @@ fn gpud(mock: &Path, dir: &Path) -> Command {
         .env("GPUD_NVML_LIB", mock)
         .env("NVML_MOCK_FIXTURE", "dgx-h100")
         .env("NVML_MOCK_CONTROL", dir.join("control"))
+        .env("GPUD_STATE_DIR", dir.join("state"))
         .env("GPUD_LOG", "warn")
         .env("NODE_NAME", "bench");
     cmd

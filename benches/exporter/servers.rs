@@ -91,6 +91,7 @@ pub fn start_exporter(gpud: &Path, node: &Node<'_>, interval_ms: u64) -> Result<
         .env("NVML_MOCK_FIXTURE", node.fixture)
         .env("NVML_MOCK_CLOCK", "1000")
         .env("NODE_NAME", "bench-node")
+        .env("GPUD_STATE_DIR", node.dir.join("state"))
         .env("GPUD_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;

@@ -32,7 +32,7 @@ pub struct HealthArgs {
     /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots); ""
     /// keeps nothing.
     #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = crate::health::kept::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
+    pub state_dir: String,
 }
 
 impl HealthArgs {
@@ -53,10 +53,32 @@ impl HealthArgs {
             eprintln!("gpud: {warning}");
         }
         let watcher = WatcherConfig {
-            kept_file: (!self.state_dir.as_os_str().is_empty())
-                .then(|| crate::health::kept::file_of(&self.state_dir, applet)),
+            kept_file: (!self.state_dir.is_empty()).then(|| {
+                crate::health::kept::file_of(std::path::Path::new(&self.state_dir), applet)
+            }),
             ..watcher
         };
         Ok((watcher, file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        health: HealthArgs,
+    }
+
+    #[test]
+    fn the_state_dir_names_the_applets_file_and_empty_keeps_nothing() {
+        let flags = Flags::try_parse_from(["gpud", "--state-dir", "/s", "--kmsg", ""]).unwrap();
+        let (watcher, _) = flags.health.resolve("run").unwrap();
+        assert_eq!(watcher.kept_file, Some(PathBuf::from("/s/health/run.json")));
+        let flags = Flags::try_parse_from(["gpud", "--state-dir", "", "--kmsg", ""]).unwrap();
+        assert_eq!(flags.health.resolve("run").unwrap().0.kept_file, None);
     }
 }

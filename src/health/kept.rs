@@ -6,8 +6,9 @@
 //! DaemonSet each run a watcher), keyed by GPU UUID (indices can change across a restart) and
 //! stamped with the boot ID: after a reboot every GPU was reset, and the file is ignored. A GPU
 //! is kept until the tracker sees it reset, then dropped from the file. The file is written
-//! (atomically) only when what it holds changed; a state directory that cannot be written is
-//! said once and the watcher goes on without it.
+//! (atomically) only when what it holds changed, by a thread of its own while the watcher runs
+//! so that an XID's verdict never waits on the disk; a state directory that cannot be written
+//! is said once and the watcher goes on without it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,6 +49,8 @@ pub struct KeptVerdicts {
     written: Option<BTreeMap<String, Kept>>,
     /// A failed write was said; said again only after one succeeds.
     failing: bool,
+    /// The thread that writes while the watcher runs, started on the first change.
+    writer: Option<Writer>,
 }
 
 /// The file of `applet` in `state_dir`.
@@ -71,6 +74,7 @@ impl KeptVerdicts {
             boot_id,
             written: None,
             failing: false,
+            writer: None,
         }
     }
 
@@ -123,8 +127,34 @@ impl KeptVerdicts {
         Some(file)
     }
 
-    /// Writes what the tracker holds for the GPUs of `snapshot` when it changed.
+    /// Writes what the tracker holds for the GPUs of `snapshot`, when it changed, now: at
+    /// start, before the watcher is ready.
+    pub fn save_now(&mut self, tracker: &Tracker, snapshot: &Snapshot) {
+        if let Some(bytes) = self.changed(tracker, snapshot) {
+            write_reporting(&self.path, &bytes, &mut self.failing);
+        }
+    }
+
+    /// Hands what the tracker holds for the GPUs of `snapshot`, when it changed, to a writer
+    /// thread: the watcher's loop never waits on the disk (a synchronous write tripled the
+    /// XID → verdict latency under a stream of XIDs). Only the newest waiting file is written.
     pub fn save(&mut self, tracker: &Tracker, snapshot: &Snapshot) {
+        let Some(bytes) = self.changed(tracker, snapshot) else {
+            return;
+        };
+        if self.writer.is_none() {
+            self.writer = Writer::start(self.path.clone());
+        }
+        match &self.writer {
+            Some(writer) => writer.queue(bytes),
+            // No thread to be had: write in place rather than keep nothing.
+            None => write_reporting(&self.path, &bytes, &mut self.failing),
+        }
+    }
+
+    /// The file's new contents when what the tracker holds differs from what was last
+    /// written; remembers it as written.
+    fn changed(&mut self, tracker: &Tracker, snapshot: &Snapshot) -> Option<Vec<u8>> {
         let gpus: BTreeMap<String, Kept> = snapshot
             .gpus
             .iter()
@@ -132,39 +162,104 @@ impl KeptVerdicts {
             .filter(|(_, kept)| !kept.xids.is_empty())
             .collect();
         if self.written.as_ref() == Some(&gpus) {
-            return;
+            return None;
         }
         let file = KeptFile {
             version: VERSION,
             boot_id: self.boot_id.clone(),
             gpus,
         };
-        let written = serde_json::to_vec_pretty(&file)
-            .map_err(|err| err.to_string())
-            .and_then(|bytes| self.write(&bytes));
-        match written {
-            Ok(()) => {
-                if self.failing {
-                    info!(path = %self.path.display(), "Health verdicts are kept again");
-                }
-                self.failing = false;
-                self.written = Some(file.gpus);
+        let bytes = match serde_json::to_vec_pretty(&file) {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                warn!(error = %err, "Cannot encode the kept health verdicts");
+                return None;
             }
-            Err(why) => {
-                if !self.failing {
-                    warn!(path = %self.path.display(), error = %why, "Cannot keep the health verdicts: a restart will forget XIDs that need a GPU reset; give gpud a writable --state-dir");
+        };
+        self.written = Some(file.gpus);
+        Some(bytes)
+    }
+}
+
+/// The thread that writes the kept verdicts, newest first; it ends, after the write in hand,
+/// once the watcher lets go of it.
+#[derive(Debug)]
+struct Writer {
+    queue: Option<std::sync::mpsc::Sender<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    fn start(path: PathBuf) -> Option<Writer> {
+        let (queue, files) = std::sync::mpsc::channel::<Vec<u8>>();
+        let span = tracing::Span::current();
+        let thread = std::thread::Builder::new()
+            .name("gpud-kept".into())
+            .spawn(move || {
+                let _entered = span.enter();
+                let mut failing = false;
+                while let Ok(mut bytes) = files.recv() {
+                    // Only the newest of what waits matters.
+                    while let Ok(newer) = files.try_recv() {
+                        bytes = newer;
+                    }
+                    write_reporting(&path, &bytes, &mut failing);
                 }
-                self.failing = true;
+            });
+        match thread {
+            Ok(thread) => Some(Writer {
+                queue: Some(queue),
+                thread: Some(thread),
+            }),
+            Err(err) => {
+                warn!(error = %err, "Cannot start the thread that keeps health verdicts; writing them in place");
+                None
             }
         }
     }
 
-    fn write(&self, bytes: &[u8]) -> Result<(), String> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|err| format!("creating {}: {err}", dir.display()))?;
+    fn queue(&self, bytes: Vec<u8>) {
+        if let Some(queue) = &self.queue {
+            // The thread ends only when this sender is dropped.
+            let _ = queue.send(bytes);
         }
-        files::write_atomic(&self.path, bytes, 0o600).map_err(|err| logging::error_chain(&err))
+    }
+}
+
+impl Drop for Writer {
+    /// Lets the last file be written before the watcher's end is reported.
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically (its folder made first), saying a failure once per
+/// failing streak and the recovery after one.
+fn write_reporting(path: &Path, bytes: &[u8], failing: &mut bool) {
+    let written = path
+        .parent()
+        .map_or(Ok(()), |dir| {
+            std::fs::create_dir_all(dir).map_err(|err| format!("creating {}: {err}", dir.display()))
+        })
+        .and_then(|()| {
+            files::write_atomic(path, bytes, 0o600).map_err(|err| logging::error_chain(&err))
+        });
+    match written {
+        Ok(()) => {
+            if *failing {
+                info!(path = %path.display(), "Health verdicts are kept again");
+            }
+            *failing = false;
+        }
+        Err(why) => {
+            if !*failing {
+                warn!(path = %path.display(), error = %why, "Cannot keep the health verdicts: a restart will forget XIDs that need a GPU reset; give gpud a writable --state-dir");
+            }
+            *failing = true;
+        }
     }
 }
 
@@ -197,7 +292,7 @@ mod tests {
         let mut before = tracker();
         before.observe_xid(2, 79, None, SystemTime::now());
         let mut kept = KeptVerdicts::for_boot(path.clone(), "boot-a".into());
-        kept.save(&before, &snapshot);
+        kept.save_now(&before, &snapshot);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(&snapshot.gpus[2].uuid), "{text}");
 
@@ -232,10 +327,15 @@ mod tests {
         assert!(after.verdict(0).is_healthy());
 
         after.observe_xid(0, 48, None, SystemTime::now());
-        kept.save(&after, &snapshot);
+        kept.save_now(&after, &snapshot);
         assert!(std::fs::read_to_string(&path).unwrap().contains("GPU-0"));
         std::fs::write(&path, "unchanged marker").unwrap();
-        kept.save(&after, &snapshot);
+        kept.save_now(&after, &snapshot);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "unchanged marker");
+        // Written by the thread once the watcher lets go of it.
+        after.observe_xid(1, 48, None, SystemTime::now());
+        kept.save(&after, &snapshot);
+        drop(kept);
+        assert!(std::fs::read_to_string(&path).unwrap().contains("GPU-1"));
     }
 }

@@ -159,7 +159,7 @@ pub async fn run_with_xids(
         kept.restore(&mut tracker, &inventory.current());
         poll_into(&nvml, &mut tracker).await;
         publish(&inventory, &tracker);
-        kept.save(&tracker, &inventory.current());
+        kept.save_now(&tracker, &inventory.current());
     }
     registered();
     let mut queues = Queues { events, kmsg };

@@ -42,7 +42,7 @@ prometheus_port=$(free_port)
 : > "$work/control"
 
 NVML_MOCK_FIXTURE=dgx-h100 NVML_MOCK_CONTROL="$work/control" NODE_NAME=e2e-node \
-  GPUD_NVML_LIB="$MOCK_LIB" GPUD_LOG=warn \
+  GPUD_NVML_LIB="$MOCK_LIB" GPUD_STATE_DIR="$work/state" GPUD_LOG=warn \
   "$GPUD" exporter -a "127.0.0.1:$exporter_port" -c 1000 --kmsg "" >"$work/gpud.log" 2>&1 &
 pids+=($!)
 
