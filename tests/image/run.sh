@@ -118,9 +118,10 @@ done
 driver=${layouts[0]}
 
 # 3. The device plugin against a simulated kubelet on the host.
-mkdir -p "$work/device-plugins"
+mkdir -p "$work/device-plugins" "$work/state"
 touch "$work/control"
 plugin_env=("$mock:$driver:ro" "$work/device-plugins:/var/lib/kubelet/device-plugins"
+  "$work/state:/var/lib/gpud"
   "$work/control:/control" NVML_MOCK_FIXTURE=$fixture NVML_MOCK_CONTROL=/control
   NODE_NAME=gpu-node-1 GPUD_KMSG_PATH= GPUD_HEALTH_POLL_INTERVAL=200ms)
 if [[ $mode == docker ]]; then
@@ -144,6 +145,10 @@ else
   [[ $status == 0 ]] || { cat "$work/kubelet.log"; fail "device plugin against the simulated kubelet"; }
 fi
 pass "device-plugin: registered, allocated, XID withdrew the GPU and the reset returned it"
+# With the DaemonSet's security settings the container keeps its verdicts in the state hostPath.
+grep -q '"boot_id"' "$work/state/health/device-plugin.json" 2>/dev/null ||
+  fail "device plugin kept no health verdicts in the /var/lib/gpud hostPath: $(ls -lR "$work/state")"
+pass "device-plugin: health verdicts kept in the /var/lib/gpud hostPath"
 
 # 4. The labeller writes NFD's features file into the shared features folder.
 mkdir -p "$work/features.d"
