@@ -567,7 +567,7 @@ fn not_ready_until_the_api_server_answers_and_it_says_why() {
     let refused = common::http::wait_for(port, "/readyz", 20, |a| {
         a.status == 503
             && a.body
-                .contains("node-status not ready: no answer from the API server yet: ")
+                .contains("node-status not ready: no successful call to the API server yet: ")
     });
     assert!(refused.body.contains("node test-node"), "{}", refused.body);
     api.restart();

@@ -51,9 +51,9 @@ impl ApiReadiness {
 
     fn failed_at(&mut self, error: &dyn Display, now: Instant) {
         let reason = match self.last_answer {
-            None => format!("no answer from the API server yet: {error}"),
+            None => format!("no successful call to the API server yet: {error}"),
             Some(at) if now.saturating_duration_since(at) >= self.limit => format!(
-                "no answer from the API server for {}: {error}",
+                "no successful call to the API server for {}: {error}",
                 humantime::format_duration(Duration::from_secs(
                     now.saturating_duration_since(at).as_secs()
                 ))
