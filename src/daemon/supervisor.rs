@@ -28,7 +28,8 @@ use crate::inventory::Inventory;
 /// How long subsystems get to finish after the stop signal before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long the others wait for the subsystems that start first ([`Subsystem::STARTS_FIRST`])
-/// to be ready: a hung NVML delays the start by this much at most, never forever.
+/// to be ready: a hung NVML delays the start by this much at most, never forever. A stop
+/// signal that arrives meanwhile is handled once the wait is over.
 pub const FIRST_WAIT: Duration = Duration::from_secs(5);
 
 type Started = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
