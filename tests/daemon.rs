@@ -340,3 +340,32 @@ fn run_under_too_small_an_address_space_limit_exits_with_one_line() {
         )
     );
 }
+
+/// The health watcher starts first and the others wait for it (at most 5 s): a watcher hung at
+/// start (its NVML event set never created) holds them back, and a SIGTERM meanwhile ends that
+/// wait at once. The others never start, and gpud is gone within its 5 s grace for the hung
+/// call, not after the wait and then the grace.
+#[test]
+fn a_stop_while_the_others_wait_for_the_health_watcher_is_answered_at_once() {
+    let node = Node::new("dgx-h100");
+    node.inject("hang nvmlEventSetCreate");
+    let port = free_port();
+    let mut cmd = node.gpud(&["health", "--kmsg", ""]);
+    cmd.env("GPUD_HEALTH_ADDRESS", format!("127.0.0.1:{port}"));
+    let mut applet = Applet::spawn(cmd, port, node.dir.path().join("gpud.log"));
+    applet.logged("health: Starting", 1);
+    let asked = Instant::now();
+    let code = applet.stop();
+    let took = asked.elapsed();
+    let log = applet.stderr();
+    assert!(log.contains("Stopping on signal"), "{log}");
+    assert!(!log.contains("printer: Starting"), "{log}");
+    assert!(!log.contains("admin: Starting"), "{log}");
+    assert!(took < Duration::from_secs(8), "{took:?}\n{log}");
+    // The hung call is left behind, as any subsystem that misses the grace.
+    assert!(
+        log.contains("Some subsystems did not stop in time"),
+        "{log}"
+    );
+    assert_eq!(code, Some(0), "{log}");
+}

@@ -29,7 +29,7 @@ use crate::inventory::Inventory;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long the others wait for the subsystems that start first ([`Subsystem::STARTS_FIRST`])
 /// to be ready: a hung NVML delays the start by this much at most, never forever. A stop
-/// signal that arrives meanwhile is handled once the wait is over.
+/// signal ends the wait, and the others are never started.
 pub const FIRST_WAIT: Duration = Duration::from_secs(5);
 
 type Started = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
@@ -233,9 +233,15 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             pending.into_iter().partition(|p| p.first);
         let first_slots: Vec<usize> = first.iter().map(|p| p.slot).collect();
         let mut first_tasks = Vec::new();
+        // A signal that ended the wait for the first subsystems, answered below.
+        let mut early = None;
         for (index, batch) in [first, rest].into_iter().enumerate() {
             if index == 1 && !first_slots.is_empty() {
-                wait_for_first(&readiness, &first_slots, &first_tasks).await;
+                early = wait_for_first(&readiness, &first_slots, &first_tasks, &mut signals).await;
+                if early == Some(Request::Stop) {
+                    // The others never start: stop what did at once.
+                    break;
+                }
             }
             for Pending {
                 name,
@@ -264,7 +270,14 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         );
         let mut changes = readiness.subscribe();
         let mut announced = false;
+        if early == Some(Request::Reload) {
+            reload_now(&reload, &fan_out, &notifier, announced, "SIGHUP");
+        }
         let outcome = loop {
+            if early == Some(Request::Stop) {
+                info!("Stopping on signal");
+                break Ok(());
+            }
             tokio::select! {
                 request = signals.next() => match request {
                     Request::Stop => {
@@ -360,12 +373,14 @@ fn reload_now<C>(
 }
 
 /// Waits until every subsystem in `slots` is ready (or done, not ready, failed), its task
-/// ended, or [`FIRST_WAIT`] passed, whichever comes first.
+/// ended, or [`FIRST_WAIT`] passed, whichever comes first, or a stop signal came; returns the
+/// stop, or a reload asked for meanwhile.
 async fn wait_for_first(
     readiness: &Readiness,
     slots: &[usize],
     tasks: &[tokio::task::AbortHandle],
-) {
+    signals: &mut Signals,
+) -> Option<Request> {
     let mut changes = readiness.subscribe();
     let settled = || {
         let states = readiness.states();
@@ -375,15 +390,28 @@ async fn wait_for_first(
                 .is_none_or(|(_, state)| *state != State::Starting)
         }) || tasks.iter().any(tokio::task::AbortHandle::is_finished)
     };
-    let waited = tokio::time::timeout(FIRST_WAIT, async {
+    let settle = tokio::time::timeout(FIRST_WAIT, async {
         while !settled() {
             // A task that ends without marking itself is seen on the next tick.
             let _ = tokio::time::timeout(Duration::from_millis(50), changes.changed()).await;
         }
-    })
-    .await;
-    if waited.is_err() {
-        warn!(wait = ?FIRST_WAIT, "The subsystems that start first are not ready yet; starting the others anyway");
+    });
+    tokio::pin!(settle);
+    let mut reload = None;
+    loop {
+        tokio::select! {
+            waited = &mut settle => {
+                if waited.is_err() {
+                    warn!(wait = ?FIRST_WAIT, "The subsystems that start first are not ready yet; starting the others anyway");
+                }
+                return reload;
+            }
+            request = signals.next() => match request {
+                Request::Stop => return Some(Request::Stop),
+                // Answered once every subsystem has started, so that all of them reload.
+                Request::Reload => reload = Some(Request::Reload),
+            },
+        }
     }
 }
 
