@@ -247,6 +247,19 @@ async fn removed_sockets_are_served_again_within_two_seconds() {
     assert!(body.contains("dra ready\n"), "{body}");
 }
 
+/// Removes `folder` and all in it. gpud serves a removed socket again at once, so it may put
+/// one back between `remove_dir_all` emptying the folder and removing it: remove until gone.
+fn remove_folder(folder: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(err) = std::fs::remove_dir_all(folder) {
+        assert!(
+            Instant::now() < deadline,
+            "cannot remove {}: {err}",
+            folder.display()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_device_plugin_folder_is_reported_until_a_kubelet_brings_it_back() {
     let mut gpud = Daemon::start().await;
@@ -255,7 +268,7 @@ async fn a_removed_device_plugin_folder_is_reported_until_a_kubelet_brings_it_ba
 
     // The DRA plugin's own folder is made again, with its socket in it.
     let plugin = gpud.dra_plugin_socket();
-    std::fs::remove_dir_all(plugin.parent().unwrap()).unwrap();
+    remove_folder(plugin.parent().unwrap());
     let removed = Instant::now();
     by(
         removed + BACK_WITHIN,
@@ -276,7 +289,7 @@ async fn a_removed_device_plugin_folder_is_reported_until_a_kubelet_brings_it_ba
     );
 
     let folder = gpud.kubelet.dir.clone();
-    std::fs::remove_dir_all(&folder).unwrap();
+    remove_folder(&folder);
     let body = gpud
         .readyz_when(|status, body| status == 503 && body.contains("device-plugin not ready: "));
     assert!(
