@@ -196,14 +196,22 @@ impl FakeKubelet {
         }
     }
 
-    /// A client for the plugin serving `endpoint` in the directory.
+    /// A client for the plugin serving `endpoint` in the directory. Dials as the kubelet does
+    /// (a blocking dial with a deadline): a plugin may register a moment before its socket,
+    /// wiped by a kubelet restart, is served again.
     pub async fn plugin(&self, endpoint: &str) -> DevicePluginClient<Channel> {
         let path = self.dir.join(endpoint);
-        let channel = Endpoint::try_from(format!("unix://{}", path.display()))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect to plugin");
+        let endpoint = Endpoint::try_from(format!("unix://{}", path.display())).expect("endpoint");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let channel = loop {
+            match endpoint.connect().await {
+                Ok(channel) => break channel,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(err) => panic!("connect to plugin {}: {err:?}", path.display()),
+            }
+        };
         DevicePluginClient::new(channel)
     }
 }
