@@ -143,10 +143,7 @@ impl Dra {
 
     /// gpud's log once it holds `line`.
     fn log_when(&self, line: &str) -> String {
-        self.until(line, || {
-            let log = self.log();
-            log.contains(line).then_some(log)
-        })
+        common::file_when(&self.path("gpud.log"), line, 15)
     }
 
     /// Waits for the registration socket, then registers as the kubelet does.

@@ -163,18 +163,7 @@ fn log(node: &Node) -> String {
 
 /// gpud's log once it holds `line`.
 fn log_when(node: &Node, line: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let log = log(node);
-        if log.contains(line) {
-            return log;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {line:?} in gpud's log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::file_when(&node.dir.path().join("gpud.log"), line, 15)
 }
 
 fn daemon_pid(root: &Path, resource: &str) -> String {
@@ -737,19 +726,7 @@ fn a_missing_control_binary_keeps_the_daemon_not_ready_and_says_why() {
     assert!(!root.join("nvidia.com/gpu/.started").exists());
     // The log names the binary and the reason, so the fix (install the driver's MPS binary,
     // or point --mps-control-binary at it) is plain.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = std::fs::read_to_string(node.dir.path().join("gpud.log")).unwrap_or_default();
-        if log.contains(&missing.display().to_string()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no log line names {}:\n{log}",
-            missing.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    log_when(&node, &missing.display().to_string());
 }
 
 /// The API server refuses the restart's event (403, then 429 with `Retry-After: 1`): gpud

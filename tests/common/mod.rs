@@ -36,6 +36,24 @@ pub fn tool_missing(missing: bool, required: &str, skip: &str) -> bool {
     missing
 }
 
+/// The text of the file at `path` once it contains `needle` (a daemon's log line), failing the
+/// test after `secs` seconds with what the file held.
+pub fn file_when(path: &Path, needle: &str, secs: u64) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {needle:?} in {} within {secs} s:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The `gpud` binary under test.
 pub fn gpud_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_gpud"))
