@@ -54,6 +54,20 @@ impl CommonArgs {
 // uses, so one flag has one environment variable and one default in every applet that takes
 // it. docs/cli.md lists which applets take which; tests/docs.rs checks that it stays so.
 
+/// Where gpud keeps what must survive a restart, by default.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpud";
+
+/// The state directory, for every daemon that keeps state or hands over to a new gpud.
+#[derive(Debug, Clone, Args)]
+pub struct StateArgs {
+    /// Where gpud keeps what must survive a restart: health verdicts only an XID proves
+    /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots), and the
+    /// socket a new gpud takes over through (`<dir>/handover/<applet>.sock`); "" keeps nothing
+    /// and always starts cold.
+    #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: String,
+}
+
 /// The rescan interval when none is given (`--rescan-interval`, `GPUD_RESCAN_INTERVAL`).
 pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 

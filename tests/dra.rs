@@ -2017,3 +2017,52 @@ async fn claim_reads_the_api_server_refuses_fail_the_claim_clearly_and_in_time_t
         assert_eq!(dra.unprepare(name, uid).await, "", "{name}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_gpud_serves_the_plugin_socket_it_took_over_and_registers_under_its_own() {
+    let mut dra = Dra::new("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.put_claim("c1", "uid-1", &["gpu-3"]);
+    assert_eq!(dra.prepare("c1", "uid-1").await.claims["uid-1"].error, "");
+    dra.log_when("All subsystems ready");
+    let mut old = dra.gpud.take().unwrap();
+
+    dra.start();
+    let registry = dra.path("plugins_registry");
+    let own = dra.until("the new process's registration socket", || {
+        std::fs::read_dir(&registry)
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .find(|path| {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                name.starts_with("gpu.nvidia.com-reg-")
+                    && std::os::unix::net::UnixStream::connect(path).is_ok()
+            })
+    });
+    let info = fake_dra_kubelet::register(&own).await;
+    assert_eq!(info.endpoint, dra.plugin_socket().to_str().unwrap());
+    // A call while both run is answered, by one or the other, from the one checkpoint.
+    let during = dra.prepare("c1", "uid-1").await;
+    assert_eq!(during.claims["uid-1"].devices, [prepared("uid-1", "gpu-3")]);
+    dra.log_when("Took over: the gpud taken over from has finished");
+
+    common::send_signal(&old, "TERM");
+    assert_eq!(old.wait().unwrap().code(), Some(0));
+    assert!(
+        dra.plugin_socket().exists(),
+        "the plugin socket is the new process's now"
+    );
+    assert!(
+        !dra.registration_socket().exists(),
+        "the old process removed its own registration socket"
+    );
+    assert!(own.exists());
+    dra.put_claim("c2", "uid-2", &["gpu-4"]);
+    assert_eq!(dra.prepare("c2", "uid-2").await.claims["uid-2"].error, "");
+    let checkpoint: Value =
+        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    let claims: Vec<&String> = checkpoint["claims"].as_object().unwrap().keys().collect();
+    assert_eq!(claims, ["uid-1", "uid-2"]);
+}

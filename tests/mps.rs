@@ -132,7 +132,12 @@ impl Drop for Gpud {
 
 /// `gpud <args>` on `node` with the fake control binary first on PATH; stderr to gpud.log.
 fn spawn(node: &Node, bin: &Path, args: &[&str]) -> Gpud {
-    let log = std::fs::File::create(node.dir.path().join("gpud.log")).unwrap();
+    spawn_logged(node, bin, args, "gpud.log")
+}
+
+/// [`spawn`] with stderr to `log`, a file in the node's folder.
+fn spawn_logged(node: &Node, bin: &Path, args: &[&str], log: &str) -> Gpud {
+    let log = std::fs::File::create(node.dir.path().join(log)).unwrap();
     let mut cmd: Command = node.gpud(args);
     #[allow(clippy::disallowed_methods)]
     let path = std::env::var("PATH").unwrap_or_default();
@@ -841,4 +846,56 @@ fn a_hung_control_binary_is_killed_the_daemon_not_ready_with_the_reason_and_sigt
     for pid in pids.lines() {
         assert!(!running(pid), "control call {pid} outlived gpud");
     }
+}
+
+#[test]
+fn a_new_gpud_adopts_the_running_mps_daemons_instead_of_restarting_them() {
+    let node = Node::new("dgx-h100");
+    let bin = fake_control(&node);
+    let root = node.dir.path().join("mps");
+    let config = write_config(&node, &mps_config(&root, 2));
+    let port = http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let args = [
+        "mps-control-daemon",
+        "--config-file",
+        config.to_str().unwrap(),
+        "--mps-skip-shm-mount",
+        "--health-address",
+        &address,
+    ];
+    let mut old = spawn_logged(&node, &bin, &args, "old.log");
+    http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    let pid = daemon_pid(&root, "nvidia.com/gpu");
+    let started = recorded(&bin);
+
+    let mut new = spawn_logged(&node, &bin, &args, "new.log");
+    let new_log = node.dir.path().join("new.log");
+    common::file_when(&new_log, "Adopted the MPS control daemon", 15);
+    common::file_when(
+        &new_log,
+        "Took over: the gpud taken over from has finished",
+        15,
+    );
+    common::file_when(
+        &node.dir.path().join("old.log"),
+        "leaving the MPS control daemons running",
+        15,
+    );
+    // The old process waits to be stopped; stopping it quits nothing.
+    assert!(sigterm_and_wait(&mut old).success());
+    assert_eq!(daemon_pid(&root, "nvidia.com/gpu"), pid, "the same daemon");
+    assert!(running(&pid));
+    assert_eq!(recorded(&bin), started, "no second start, no quit");
+    assert!(root.join("nvidia.com/gpu/.started").exists());
+    assert!(root.join(".ready").exists());
+    // The admin port went along: the new process answers it.
+    http::wait_for(port, "/readyz", 5, |a| a.status == 200);
+
+    // The new one quits the daemon it adopted when it stops.
+    assert!(sigterm_and_wait(&mut new).success());
+    let env = daemon_env(&root.join("nvidia.com/gpu"), &uuids(&node));
+    assert_eq!(recorded(&bin).last(), Some(&format!("quit | {env}")));
+    assert!(!running(&pid));
+    assert_eq!(compute_modes(&node), BTreeMap::new());
 }

@@ -62,5 +62,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(HealthWatcher::optional(nvml, health));
     daemon.add(DevicePlugin::new(args.kubelet.manager_config()), Arc::clone);
     daemon.serve_admin(&args.admin.address(super::admin_port("device-plugin")));
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }

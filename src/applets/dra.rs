@@ -69,5 +69,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let (held, _) = holdings::channel();
     daemon.add_fixed(Dra::new(config, held, nvml));
     daemon.serve_admin(&args.admin.address(super::admin_port("dra")));
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }

@@ -60,6 +60,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let (watcher, exporter) = with_health(nvml, watcher, config, daemon.admin_routes());
     daemon.add_support(watcher);
     daemon.add_fixed(exporter);
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }
 

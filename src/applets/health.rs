@@ -68,5 +68,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(HealthWatcher::required(nvml, settings));
     daemon.add_fixed(TransitionPrinter::new(args.json));
     daemon.serve_admin(&args.admin.address(super::admin_port("health")));
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }

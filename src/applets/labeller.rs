@@ -124,6 +124,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if !oneshot {
         daemon.serve_admin(&args.admin.address(super::admin_port("labeller")));
     }
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }
 

@@ -12,6 +12,7 @@ mod mig;
 mod mps_control_daemon;
 mod node_status;
 mod run;
+mod upgrade;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -128,5 +129,11 @@ pub static APPLETS: &[Applet] = &[
         daemon: true,
         about: "everything in one process over one inventory: device plugin, labeller, exporter, health",
         run: run::main,
+    },
+    Applet {
+        name: "upgrade",
+        daemon: false,
+        about: "replace the running gpud with the installed binary, handing over sockets, state and MPS daemons without a gap",
+        run: upgrade::main,
     },
 ];

@@ -46,6 +46,9 @@ struct Args {
 
     #[command(flatten)]
     admin: AdminArgs,
+
+    #[command(flatten)]
+    state: cli::StateArgs,
 }
 
 /// Entry point.
@@ -75,5 +78,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.add_support(rescanner);
     daemon.add(MpsControl::new(nvml, args.mps.options(events)), Arc::clone);
     daemon.serve_admin(&args.admin.address(super::admin_port("mps-control-daemon")));
+    daemon.hand_over(&args.state.state_dir);
     daemon.run(inventory)
 }

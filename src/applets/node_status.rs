@@ -65,5 +65,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
             .with_unready_after(args.api.api_unready_after),
     );
     daemon.serve_admin(&args.admin.address(super::admin_port("node-status")));
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }

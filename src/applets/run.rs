@@ -292,5 +292,6 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if let Some(config) = dra {
         daemon.add_fixed(Dra::new(config, held, nvml.clone()));
     }
+    daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
 }

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::helpers::{Helpers, Outcome};
 use super::readiness::{Readiness, State};
+use crate::handover::Board;
 
 /// A subsystem's handle on the daemon. `S` is the part of the reloadable configuration the
 /// subsystem reads (`()` for subsystems that keep their start-up settings).
@@ -15,6 +16,7 @@ pub struct Context<S> {
     cancel: CancellationToken,
     ready: ReadyLatch,
     settings: watch::Receiver<Arc<S>>,
+    board: Board,
 }
 
 impl<S> Context<S> {
@@ -22,12 +24,42 @@ impl<S> Context<S> {
         cancel: CancellationToken,
         ready: ReadyLatch,
         settings: watch::Receiver<Arc<S>>,
+        board: Board,
     ) -> Self {
         Context {
             cancel,
             ready,
             settings,
+            board,
         }
+    }
+
+    /// The piece of state `key` the gpud this one took over from handed over (see
+    /// [`crate::handover`]); `None` after a cold start. Taken once.
+    pub fn inherited(&self, key: &str) -> Option<serde_json::Value> {
+        self.board.take(key)
+    }
+
+    /// Offers the piece of state `key` to the gpud that takes over from this one: `provide`
+    /// is called at the moment of the offer.
+    pub fn hand_on(
+        &self,
+        key: &str,
+        provide: impl Fn() -> serde_json::Value + Send + Sync + 'static,
+    ) {
+        self.board.provide(key, provide);
+    }
+
+    /// `true` once the gpud this one took over from (if any) has finished: until then both
+    /// serve, and state both would write must wait (see [`crate::handover`]).
+    pub fn predecessor_gone(&self) -> watch::Receiver<bool> {
+        self.board.predecessor_gone()
+    }
+
+    /// Whether this process is stopping because a new gpud took over: what it would clean up
+    /// on the way out (daemons, files it handed on) is the new one's now.
+    pub fn handed_over(&self) -> bool {
+        self.board.handed_over()
     }
 
     /// The stop signal, to hand to code that waits on it.
@@ -122,7 +154,7 @@ mod tests {
         let board = Readiness::default();
         let latch = ReadyLatch::new(board.clone(), board.register("device-plugin"));
         let (_settings, rx) = watch::channel(Arc::new(()));
-        let ctx = Context::new(CancellationToken::new(), latch, rx);
+        let ctx = Context::new(CancellationToken::new(), latch, rx, Board::default());
         ctx.set_ready();
         assert!(board.all_ready());
         ctx.spawn_helper("gRPC server for nvidia.com/gpu", async {

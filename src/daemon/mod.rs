@@ -28,6 +28,7 @@ mod readiness;
 mod rescan;
 pub mod signals;
 mod subsystem;
+mod successor;
 mod supervisor;
 
 pub use admin::{Admin, DEFAULT_HEALTH_PORT, routes as admin_routes};

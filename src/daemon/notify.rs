@@ -35,6 +35,12 @@ impl Notifier {
         self.send(&format!("RELOADING=1\nMONOTONIC_USEC={usec}"));
     }
 
+    /// This process is the service's main process now: it took over from the one systemd
+    /// started (`NotifyAccess=all` lets it say so).
+    pub fn main_pid(&self, pid: u32) {
+        self.send(&format!("MAINPID={pid}"));
+    }
+
     /// The daemon is stopping.
     pub fn stopping(&self) {
         self.send("STOPPING=1");

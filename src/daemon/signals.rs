@@ -1,6 +1,6 @@
 //! Process signals, handled before anything else can be hurt by them.
 //!
-//! SIGHUP's default action kills a process, and a `systemctl reload` can come at any moment,
+//! SIGHUP's (and SIGUSR2's) default action kills a process, and a `systemctl reload` can come at any moment,
 //! even while an applet is still parsing its flags or opening NVML. So `main` blocks SIGHUP,
 //! SIGTERM and SIGINT as its very first step ([`block`]): a signal that arrives early stays
 //! pending. Every thread started afterwards inherits the mask, so none of them takes the
@@ -20,6 +20,7 @@ fn handled() -> SigSet {
     set.add(Signal::SIGHUP);
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
+    set.add(Signal::SIGUSR2);
     set
 }
 
@@ -59,6 +60,8 @@ pub enum Request {
     Reload,
     /// SIGTERM or SIGINT: stop.
     Stop,
+    /// SIGUSR2: start the installed binary, which takes over (as nginx's binary upgrade).
+    Upgrade,
 }
 
 /// The supervisor's signal handlers.
@@ -67,6 +70,7 @@ pub struct Signals {
     hangup: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     interrupt: tokio::signal::unix::Signal,
+    upgrade: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -78,6 +82,7 @@ impl Signals {
             hangup: signal(SignalKind::hangup())?,
             terminate: signal(SignalKind::terminate())?,
             interrupt: signal(SignalKind::interrupt())?,
+            upgrade: signal(SignalKind::user_defined2())?,
         };
         unblock();
         Ok(signals)
@@ -89,6 +94,7 @@ impl Signals {
             _ = self.hangup.recv() => Request::Reload,
             _ = self.terminate.recv() => Request::Stop,
             _ = self.interrupt.recv() => Request::Stop,
+            _ = self.upgrade.recv() => Request::Upgrade,
         }
     }
 }
@@ -121,8 +127,8 @@ mod tests {
             .find_map(|l| l.strip_prefix("SigBlk:"))
             .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
             .unwrap();
-        // SIGHUP = 1, SIGINT = 2, SIGTERM = 15: bit n-1 each.
-        mask & (1 | 1 << 1 | 1 << 14)
+        // SIGHUP = 1, SIGINT = 2, SIGUSR2 = 12, SIGTERM = 15: bit n-1 each.
+        mask & (1 | 1 << 1 | 1 << 11 | 1 << 14)
     }
 
     fn own_status() -> String {
@@ -133,7 +139,7 @@ mod tests {
     fn children_start_with_the_signals_unblocked_and_the_thread_keeps_its_mask() {
         std::thread::spawn(|| {
             block();
-            assert_eq!(handled_bits(&own_status()), 0b100_0000_0000_0011);
+            assert_eq!(handled_bits(&own_status()), 0b100_1000_0000_0011);
             let child = with_default_mask(|| {
                 std::process::Command::new("cat")
                     .arg("/proc/self/status")
@@ -141,7 +147,7 @@ mod tests {
             })
             .unwrap();
             assert_eq!(handled_bits(&String::from_utf8_lossy(&child.stdout)), 0);
-            assert_eq!(handled_bits(&own_status()), 0b100_0000_0000_0011);
+            assert_eq!(handled_bits(&own_status()), 0b100_1000_0000_0011);
         })
         .join()
         .unwrap();

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, warn};
@@ -23,7 +23,11 @@ use super::notify::Notifier;
 use super::readiness::{Readiness, State};
 use super::signals::{Request, Signals};
 use super::subsystem::Subsystem;
+use super::successor::Successor;
+use crate::handover::take::{Predecessor, Takeover};
+use crate::handover::{self, Board, offer};
 use crate::inventory::Inventory;
+use crate::listeners;
 
 /// How long subsystems get to finish after the stop signal before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -31,6 +35,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// to be ready: a hung NVML delays the start by this much at most, never forever. A stop
 /// signal ends the wait, and the others are never started.
 pub const FIRST_WAIT: Duration = Duration::from_secs(5);
+/// How long a gpud that took over waits for every subsystem to be ready before it tells the
+/// old one to stop anyway (and before it serves its own handover socket after a cold start):
+/// a subsystem that cannot get ready must not keep two daemons running side by side.
+pub const TAKEOVER_READY_WAIT: Duration = Duration::from_secs(30);
 
 type Started = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 type Starter = Box<dyn FnOnce(CancellationToken, Inventory) -> Started + Send>;
@@ -64,6 +72,12 @@ pub struct Daemon<C> {
     extra_routes: axum::Router,
     /// Config files whose change of contents reloads as SIGHUP does.
     watched: Vec<PathBuf>,
+    /// The handover socket ([`Daemon::hand_over`]); `None` takes over from nobody.
+    handover: Option<PathBuf>,
+    /// The state handed from the process taken over from and to the next one.
+    board: Board,
+    /// How to start this daemon again for `gpud upgrade` and SIGUSR2.
+    successor: Option<Successor>,
 }
 
 impl<C> std::fmt::Debug for Daemon<C> {
@@ -103,6 +117,20 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             workers: 2,
             extra_routes: axum::Router::new(),
             watched: Vec::new(),
+            handover: None,
+            board: Board::default(),
+            successor: Successor::of_this_process(),
+        }
+    }
+
+    /// Takes over from a gpud of this applet already running on the node, and hands over to
+    /// the next, through a socket in `state_dir` (`""`: never; see [`crate::handover`]).
+    pub fn hand_over(&mut self, state_dir: &str) {
+        if !state_dir.is_empty() {
+            self.handover = Some(handover::socket_of(
+                std::path::Path::new(state_dir),
+                self.applet,
+            ));
         }
     }
 
@@ -172,8 +200,9 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         let slot = self.readiness.register(name);
         let latch = ReadyLatch::new(self.readiness.clone(), slot);
         let span = subsystem.span();
+        let board = self.board.clone();
         let start: Starter = Box::new(move |cancel, inventory| {
-            let ctx = Context::new(cancel, latch, rx);
+            let ctx = Context::new(cancel, latch, rx, board);
             Box::pin(
                 async move {
                     info!("Starting");
@@ -222,8 +251,38 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             readiness,
             notifier,
             watched,
+            handover,
+            board,
+            successor,
             ..
         } = self;
+        let started = Instant::now();
+        // Before anything binds: the sockets of a running gpud are taken rather than bound.
+        let mut takeover = match &handover {
+            Some(socket) => Some(take_over(socket, &board).await?),
+            None => None,
+        };
+        let (handover_tx, mut handover_requests) = mpsc::unbounded_channel();
+        let mut handover_pending = handover.is_some();
+        let handover_due = tokio::time::Instant::now() + TAKEOVER_READY_WAIT;
+        // Whether this process started the one that takes over (bare metal: it then exits once
+        // it has handed over; a pod's process that was taken over from waits to be stopped).
+        let started_successor = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let upgrade: offer::Upgrade = {
+            let started_successor = std::sync::Arc::clone(&started_successor);
+            std::sync::Arc::new(move || {
+                let started = match &successor {
+                    Some(successor) => successor.start(),
+                    None => Err("the path of this process's binary is unknown".to_owned()),
+                };
+                if started.is_ok() {
+                    started_successor.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                started
+            })
+        };
+        // Set when a new gpud took over: the connection it waits on closes as this one ends.
+        let mut handed_to = None;
         let mut file_changes = file_watch::watch(&watched);
         let root = CancellationToken::new();
         let mut tasks = JoinSet::new();
@@ -285,6 +344,10 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                         break Ok(());
                     }
                     Request::Reload => reload_now(&reload, &fan_out, &notifier, announced, "SIGHUP"),
+                    Request::Upgrade => match upgrade() {
+                        Ok((pid, program)) => info!(pid, program, "SIGUSR2: started the installed gpud to take over from this one"),
+                        Err(err) => warn!(error = %err, "SIGUSR2: cannot start the installed gpud; keeping this one"),
+                    },
                 },
                 Some(path) = file_changes.recv() => {
                     let trigger = format!("{} changed", path.display());
@@ -293,10 +356,26 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                 changed = changes.changed(), if !announced => {
                     if changed.is_ok() && readiness.all_ready() {
                         announced = true;
+                        if handover_pending {
+                            handover_pending = false;
+                            complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                        }
                         notifier.ready();
                         info!("All subsystems ready");
                     }
                 }
+                () = tokio::time::sleep_until(handover_due), if handover_pending => {
+                    handover_pending = false;
+                    warn!(wait = ?TAKEOVER_READY_WAIT, not_ready = %readiness.report().1.trim(), "Not every subsystem is ready; taking over (or serving the handover socket) anyway");
+                    complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                }
+                Some(request) = handover_requests.recv() => match request {
+                    offer::Request::Stop { to, connection } => {
+                        info!(to, "A new gpud took over; stopping");
+                        handed_to = Some(connection);
+                        break Ok(());
+                    }
+                },
                 Some(joined) = tasks.join_next_with_id() => match joined {
                     Ok((id, (slot, Ok(())))) => {
                         readiness.mark(slot, State::Done);
@@ -317,7 +396,11 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                 },
             }
         };
-        notifier.stopping();
+        // A process that handed over is not the service stopping: the new one is its main
+        // process now.
+        if handed_to.is_none() {
+            notifier.stopping();
+        }
         root.cancel();
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
             while let Some(joined) = tasks.join_next_with_id().await {
@@ -335,7 +418,120 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             );
             tasks.abort_all();
         }
+        if let (Some(socket), None) = (&handover, &handed_to) {
+            listeners::remove_if_owned(socket);
+        }
+        if handed_to.take().is_some()
+            && !started_successor.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // The kubelet restarts a container whose process ends, and the pod of this one
+            // is deleted only once the new pod is ready: end when told to, not before.
+            info!("Handed over to the new gpud; waiting to be stopped");
+            while signals.next().await != Request::Stop {}
+        }
         outcome
+    }
+}
+
+/// Looks for a running gpud on `socket` and takes over its sockets and state (on a blocking
+/// thread: the exchange blocks, for a few seconds at most). Another takeover under way is an
+/// error: two new processes must not both start.
+async fn take_over(socket: &std::path::Path, board: &Board) -> Result<Found, Error> {
+    let (socket, board) = (socket.to_path_buf(), board.clone());
+    let found = tokio::task::spawn_blocking(move || handover::take::take_over(&socket, &board))
+        .await
+        .map_err(|err| Error::Failure(format!("the takeover stopped unexpectedly: {err}")))?;
+    match found {
+        Takeover::Took(predecessor) => {
+            info!(
+                from = predecessor.pid,
+                sockets = %predecessor.sockets.join(","),
+                state = %predecessor.pieces.join(","),
+                "Taking over from the running gpud"
+            );
+            Ok(Found::Predecessor(predecessor))
+        }
+        Takeover::Cold { why, stopped: None } => {
+            info!(reason = %why, "Starting cold");
+            Ok(Found::Nobody)
+        }
+        Takeover::Cold {
+            why,
+            stopped: Some(at),
+        } => {
+            warn!(reason = %why, "Starting cold");
+            Ok(Found::Stopped(at))
+        }
+        Takeover::Busy(why) => Err(Error::Unavailable(format!(
+            "{why}; this one does not start (start it again once that takeover has finished)"
+        ))),
+    }
+}
+
+/// What the start found on the handover socket.
+#[derive(Debug)]
+enum Found {
+    Nobody,
+    /// A gpud that could not hand over, stopped at this moment: the node's gap starts there.
+    Stopped(Instant),
+    Predecessor(Predecessor),
+}
+
+/// Every subsystem serves (or [`TAKEOVER_READY_WAIT`] passed): the process taken over from is
+/// told to stop, systemd learns the new main pid, and this process serves the handover socket
+/// for the next one.
+fn complete_handover(
+    socket: Option<&std::path::Path>,
+    found: Option<Found>,
+    board: &Board,
+    requests: &mpsc::UnboundedSender<offer::Request>,
+    upgrade: &offer::Upgrade,
+    notifier: &Notifier,
+    started: Instant,
+) {
+    let Some(socket) = socket else { return };
+    match found {
+        Some(Found::Predecessor(predecessor)) => {
+            notifier.main_pid(std::process::id());
+            let pid = predecessor.pid;
+            let board = board.clone();
+            tokio::task::spawn_blocking(move || {
+                match predecessor.stop() {
+                    Ok(finishing) => info!(
+                        from = pid,
+                        finishing_ms = finishing.as_millis() as u64,
+                        takeover_ms = started.elapsed().as_millis() as u64,
+                        "Took over: the gpud taken over from has finished"
+                    ),
+                    Err(err) => {
+                        warn!(from = pid, error = %err, "The gpud taken over from did not finish cleanly")
+                    }
+                }
+                board.mark_predecessor_gone();
+            });
+        }
+        Some(Found::Stopped(at)) => {
+            info!(
+                gap_ms = at.elapsed().as_millis() as u64,
+                "Serving after a cold start: the node had no gpud serving for this long"
+            );
+        }
+        Some(Found::Nobody) | None => {}
+    }
+    match offer::bind(socket) {
+        Ok(listener) => {
+            crate::logging::spawn(offer::serve(
+                listener,
+                socket.to_path_buf(),
+                board.clone(),
+                requests.clone(),
+                std::sync::Arc::clone(upgrade),
+            ));
+        }
+        Err(err) => warn!(
+            error = %err,
+            "Cannot serve the handover socket: a new gpud will start cold (check that the state directory is writable)"
+        ),
     }
 }
 
@@ -410,6 +606,8 @@ async fn wait_for_first(
                 Request::Stop => return Some(Request::Stop),
                 // Answered once every subsystem has started, so that all of them reload.
                 Request::Reload => reload = Some(Request::Reload),
+                // A daemon still starting has nothing to hand over yet.
+                Request::Upgrade => warn!("SIGUSR2 while starting: ignored; send it again once gpud is ready"),
             },
         }
     }

@@ -426,7 +426,9 @@ fn start(state: PluginState, spawn: &Spawn<'_>) -> Result<Plugin, ManagerError> 
         helpers,
     } = *spawn;
     let resource: Arc<Resource> = Arc::clone(&state.resource);
-    let socket_name = resource.socket_name();
+    // After a takeover the name is this instance's own: the kubelet switches to the socket
+    // registered last, and the old process's socket stays the old process's.
+    let socket_name = crate::listeners::instance_file_name(&resource.socket_name());
     let socket = dir.join(&socket_name);
     // Replaces a socket left by an earlier run; only root (the kubelet) may connect.
     if !dir.is_dir() {
@@ -509,5 +511,5 @@ fn stop(plugin: Plugin) {
     plugin.stop.cancel();
     // Dropping the sender ends every ListAndWatch stream, letting the server finish.
     drop(plugin.state);
-    let _ = std::fs::remove_file(&plugin.socket);
+    crate::listeners::remove_if_owned(&plugin.socket);
 }

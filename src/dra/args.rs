@@ -174,7 +174,13 @@ impl DraConfig {
 
     /// The registration socket the kubelet finds in its registry folder.
     pub fn registration_socket(&self) -> PathBuf {
-        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+        // Each instance registers through a socket of its own (the kubelet's rule for plugins
+        // that overlap during an upgrade): the old one's going away unregisters only it.
+        self.registry_dir
+            .join(crate::listeners::instance_file_name(&format!(
+                "{}-reg.sock",
+                self.driver
+            )))
     }
 
     /// The prepared-claims checkpoint.

@@ -125,6 +125,19 @@ impl Preparer {
         }
     }
 
+    /// Reads the checkpoint file again: the gpud taken over from may have prepared or
+    /// unprepared claims while both served. An unreadable file keeps what was read at start.
+    pub async fn reload_checkpoint(&self) {
+        let (checkpoint, problem) = Checkpoint::load(&self.config.checkpoint());
+        if let Some(problem) = problem {
+            tracing::warn!(error = %crate::logging::error_chain(&problem), "Cannot read the DRA checkpoint again after the takeover; keeping the one read at start");
+            return;
+        }
+        let mut current = self.checkpoint.lock().await;
+        self.held.send_replace(Arc::new(checkpoint.held()));
+        *current = checkpoint;
+    }
+
     /// Prepares `claims`; each claim's devices or error, by UID.
     pub async fn prepare(
         &self,

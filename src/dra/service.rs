@@ -138,6 +138,7 @@ impl Subsystem for Dra {
             ctx.ready_latch(),
             cancel.clone(),
             ctx.helpers(),
+            ctx.predecessor_gone(),
         )
         .map_err(DraError::Bind)?;
         // Ready before the kubelet registers the plugin: it serves what the kubelet asks. A
@@ -171,7 +172,7 @@ impl Subsystem for Dra {
         .await;
         // The sockets' own task removes them too, but the daemon need not wait for it.
         for socket in [config.registration_socket(), config.plugin_socket()] {
-            let _ = std::fs::remove_file(socket);
+            crate::listeners::remove_if_owned(&socket);
         }
         Ok(())
     }

@@ -50,12 +50,20 @@ pub struct Sockets {
     helpers: Helpers,
     plugin: Option<CancellationToken>,
     registration: Option<CancellationToken>,
+    /// `true` once the gpud this one took over from has finished (see [`Sockets::serve`]).
+    predecessor_gone: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Sockets {
     /// Serves both sockets; `registered` wakes whenever the kubelet accepts the plugin, and a
     /// refusal unsets `ready` until one is accepted. Each server runs as a helper of the
     /// subsystem (`helpers`): one that fails marks it failed.
+    ///
+    /// After a takeover the plugin socket is the old process's, still served by it: calls are
+    /// accepted here only once `predecessor_gone` (they wait in the socket's queue meanwhile,
+    /// answered by the old process or by this one after), with the checkpoint read again
+    /// then, so that two processes never prepare from two copies of it.
+    #[allow(clippy::too_many_arguments)]
     pub fn serve(
         config: Arc<DraConfig>,
         preparer: Arc<Preparer>,
@@ -64,6 +72,7 @@ impl Sockets {
         ready: ReadyLatch,
         cancel: CancellationToken,
         helpers: Helpers,
+        predecessor_gone: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Sockets, BindError> {
         let mut sockets = Sockets {
             config,
@@ -78,6 +87,7 @@ impl Sockets {
             helpers,
             plugin: None,
             registration: None,
+            predecessor_gone,
         };
         sockets.serve_plugin()?;
         sockets.serve_registration()?;
@@ -85,7 +95,9 @@ impl Sockets {
     }
 
     fn serve_plugin(&mut self) -> Result<(), BindError> {
-        let listener = grpc::bind(&self.config.plugin_socket(), grpc::SOCKET_MODE)?;
+        // The kubelet keeps the plugin socket's path across a takeover: the new process serves
+        // the old one's socket, so a call during the takeover waits instead of failing.
+        let listener = grpc::bind_or_inherit(&self.config.plugin_socket(), grpc::SOCKET_MODE)?;
         let service = DraService::new(Arc::clone(&self.preparer));
         let health = HealthService::new(&self.config.node, self.inventory.subscribe());
         let router = tonic::transport::Server::builder()
@@ -94,9 +106,22 @@ impl Sockets {
             .add_service(HealthV1::new(health.clone()))
             .add_service(HealthV1alpha1::new(health));
         let stop = self.cancel.child_token();
+        let mut gone = self.predecessor_gone.clone();
+        let preparer = Arc::clone(&self.preparer);
+        let serving = stop.clone();
         self.helpers.until(stop.clone()).spawn(
             "gRPC server for the DRA plugin socket",
-            grpc::serve::serve(router, listener, stop.clone()),
+            async move {
+                let waiting = !*gone.borrow_and_update();
+                if waiting {
+                    tokio::select! {
+                        () = serving.cancelled() => return Ok(()),
+                        _ = gone.wait_for(|gone| *gone) => {}
+                    }
+                    preparer.reload_checkpoint().await;
+                }
+                grpc::serve::serve(router, listener, serving).await
+            },
         );
         if let Some(old) = self.plugin.replace(stop) {
             old.cancel();
@@ -172,7 +197,7 @@ impl Sockets {
             }
         }
         for path in paths {
-            let _ = std::fs::remove_file(path);
+            crate::listeners::remove_if_owned(&path);
         }
     }
 

@@ -18,7 +18,7 @@ pub mod serve;
 pub mod socket;
 pub mod stream;
 
-pub use socket::{BindError, SOCKET_MODE, bind};
+pub use socket::{BindError, SOCKET_MODE, bind, bind_or_inherit};
 pub use stream::{AuthorityFix, incoming};
 
 /// Helpers for this module's unit tests.

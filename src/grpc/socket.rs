@@ -10,11 +10,14 @@
 
 use std::fs::{self, DirBuilder, Permissions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 use tracing::warn;
+
+use crate::listeners;
 
 /// Mode of every gRPC socket gpud serves: read and write for its owner only. gpud runs as
 /// root and so does the kubelet, the only client of these sockets.
@@ -47,6 +50,32 @@ fn fail(path: &Path, step: &'static str) -> impl FnOnce(io::Error) -> BindError 
 /// whatever socket was there. The socket never exists anywhere reachable with another mode.
 /// Must be called within a tokio runtime.
 pub fn bind(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
+    let listener = bind_new(path, mode)?;
+    listeners::bound(path);
+    Ok(listener)
+}
+
+/// As [`bind`], but serves the socket the gpud this one took over from listened on at `path`
+/// when there is one ([`crate::listeners`]): the kubelet's connections made during the
+/// takeover wait in its queue instead of being refused. For sockets whose path the kubelet
+/// keeps across a takeover (the DRA plugin socket).
+pub fn bind_or_inherit(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
+    let key = listeners::unix_key(path);
+    let listener = match listeners::take(&key) {
+        Some(inherited) => {
+            let std = std::os::unix::net::UnixListener::from(inherited);
+            std.set_nonblocking(true)
+                .and_then(|()| UnixListener::from_std(std))
+                .map_err(fail(path, "serve the inherited socket"))?
+        }
+        None => bind(path, mode)?,
+    };
+    listeners::bound(path);
+    listeners::serve(&key, listener.as_fd());
+    Ok(listener)
+}
+
+fn bind_new(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
     let name = path.file_name().ok_or_else(|| BindError {
         path: path.to_path_buf(),
         step: "use this path as a socket",

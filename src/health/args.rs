@@ -28,11 +28,8 @@ pub struct HealthArgs {
     #[arg(long, value_name = "PATH", env = "GPUD_KMSG_PATH")]
     pub kmsg: Option<String>,
 
-    /// Where gpud keeps what must survive a restart: health verdicts only an XID proves
-    /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots); ""
-    /// keeps nothing.
-    #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = crate::health::kept::DEFAULT_STATE_DIR)]
-    pub state_dir: String,
+    #[command(flatten)]
+    pub state: crate::cli::StateArgs,
 }
 
 impl HealthArgs {
@@ -53,8 +50,8 @@ impl HealthArgs {
             eprintln!("gpud: {warning}");
         }
         let watcher = WatcherConfig {
-            kept_file: (!self.state_dir.is_empty()).then(|| {
-                crate::health::kept::file_of(std::path::Path::new(&self.state_dir), applet)
+            kept_file: (!self.state.state_dir.is_empty()).then(|| {
+                crate::health::kept::file_of(std::path::Path::new(&self.state.state_dir), applet)
             }),
             ..watcher
         };

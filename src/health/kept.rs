@@ -23,7 +23,7 @@ use crate::inventory::Snapshot;
 use crate::logging;
 
 /// The default state directory (a hostPath in the DaemonSet, `StateDirectory=` on bare metal).
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpud";
+pub const DEFAULT_STATE_DIR: &str = crate::cli::DEFAULT_STATE_DIR;
 /// Where Linux says which boot this is.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// The file's format version.

@@ -12,6 +12,9 @@ use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::Nvml;
 use crate::xid::ledger::XidLedger;
 
+/// The XID ledger's piece of the handover state.
+const LEDGER_KEY: &str = "xid-ledger";
+
 /// The health watcher: NVML events, polled signals and the kernel log folded into the
 /// inventory's health states.
 #[derive(Debug)]
@@ -55,6 +58,20 @@ impl Subsystem for HealthWatcher {
     const STARTS_FIRST: bool = true;
 
     async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        if let Some(ledger) = &self.xids {
+            // The counts go on where the gpud taken over from left them: a scrape never sees a
+            // counter go back.
+            if let Some(handed) = ctx.inherited(LEDGER_KEY) {
+                match ledger.take_on(handed) {
+                    Ok(()) => tracing::info!("Took on the XID counts of the gpud taken over from"),
+                    Err(err) => {
+                        warn!(error = %err, "Cannot read the XID counts handed over; counting from zero")
+                    }
+                }
+            }
+            let ledger = ledger.clone();
+            ctx.hand_on(LEDGER_KEY, move || ledger.handed());
+        }
         // Ready once the event set is registered, not before: a fault injected (or happening)
         // before that is one the driver never reports as an event.
         let ready = ctx.ready_latch();

@@ -2,8 +2,11 @@
 //! socket.
 
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 
 use tokio::net::TcpListener;
+
+use crate::listeners;
 
 /// Where a listen address failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +41,27 @@ const SEND_BUFFER: u32 = 4 << 20;
 const BACKLOG: u32 = 1024;
 
 /// Binds `[host]:port`. Without a host it listens on every address, IPv6 and IPv4, or IPv4 only
-/// where IPv6 is disabled.
+/// where IPv6 is disabled. A socket the gpud this one took over from listened on for the same
+/// address is served instead ([`crate::listeners`]); either way it can be handed on.
 pub async fn bind(text: &str) -> Result<TcpListener, ListenError> {
+    let key = listeners::tcp_key(text);
+    let bind_error = |source| ListenError::Bind {
+        address: text.to_owned(),
+        source,
+    };
+    let listener = match listeners::take(&key) {
+        Some(inherited) => {
+            let std = std::net::TcpListener::from(inherited);
+            std.set_nonblocking(true).map_err(bind_error)?;
+            TcpListener::from_std(std).map_err(bind_error)?
+        }
+        None => bind_new(text).await?,
+    };
+    listeners::serve(&key, listener.as_fd());
+    Ok(listener)
+}
+
+async fn bind_new(text: &str) -> Result<TcpListener, ListenError> {
     let (host, port) = parse_address(text)?;
     let bind_error = |source| ListenError::Bind {
         address: text.to_owned(),

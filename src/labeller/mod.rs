@@ -262,13 +262,15 @@ fn removes_on_exit(settings: &Settings) -> Option<&Path> {
 /// On a node where NVML is unavailable and `failOnInitError` is false, `inventory` holds
 /// an empty [`Snapshot`] (no GPUs: only the timestamp label, as GFD does). New settings arriving on `settings` replace the current ones and restart
 /// the timestamp, as GFD's SIGHUP restart does. `ready` is set once the labels reached every
-/// sink.
+/// sink. On the way out the features file is removed, unless `handed_over()` says a new gpud
+/// writes it now.
 pub async fn run(
     cancel: CancellationToken,
     inventory: Inventory,
     mut settings_rx: watch::Receiver<Arc<Settings>>,
     api_sink: Option<ApiSink>,
     ready: ReadyLatch,
+    handed_over: &(dyn Fn() -> bool + Send + Sync),
 ) -> Result<(), LabellerError> {
     let mut settings = settings_rx.borrow_and_update().clone();
     let mut updates = inventory.subscribe();
@@ -369,7 +371,7 @@ pub async fn run(
             }
         }
     }
-    if let Some(path) = removes_on_exit(&settings)
+    if let Some(path) = removes_on_exit(&settings).filter(|_| !handed_over())
         && let Err(err) = features_file::remove(path)
     {
         warn!(path = %path.display(), error = %crate::logging::error_chain(&err), "Cannot remove the features file");

@@ -42,6 +42,7 @@ impl Subsystem for Labeller {
             ctx.settings(),
             api_sink,
             ctx.ready_latch(),
+            &|| ctx.handed_over(),
         )
         .await?;
         Ok(())

@@ -12,7 +12,10 @@
 //! - Reconfiguration (SIGHUP, a rescan that changed the GPUs): when the daemons the settings
 //!   call for differ, the old ones are stopped (`quit`, compute mode DEFAULT) and the new ones
 //!   started; a configuration that is invalid for MPS keeps the running daemons.
-//! - Stop: every daemon stopped, `.ready` removed.
+//! - Stop: every daemon stopped, `.ready` removed — unless a new gpud took over: then the
+//!   daemons, their markers and `.ready` are left running for it, and it adopts each daemon
+//!   it would start (same resource, same pipe folder) that answers its probe, instead of
+//!   starting it again under running clients.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,6 +43,11 @@ pub const BACKOFF_START: Duration = Duration::from_secs(1);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// The reason of the Node event for a restarted daemon.
 pub const RESTART_REASON: &str = "MPSDaemonRestarted";
+/// The running daemons' piece of the handover state: `[[resource, pipe folder], …]`.
+const HANDOVER_KEY: &str = "mps-daemons";
+
+/// The daemons up now, as `(resource, pipe folder)`, for the gpud that takes over.
+type Running = Arc<std::sync::Mutex<Vec<(String, PathBuf)>>>;
 
 /// How the subsystem runs the daemons.
 #[derive(Debug, Clone)]
@@ -80,6 +88,8 @@ struct Supervised {
     was_up: bool,
     /// Why the last start failed; `None` once it starts.
     start_error: Option<String>,
+    /// The gpud taken over from left this daemon running: probe it before starting one.
+    adopt: bool,
 }
 
 impl Subsystem for MpsControl {
@@ -101,6 +111,18 @@ impl Subsystem for MpsControl {
             .events
             .clone()
             .map(|(node, kubeconfig)| EventSender::start(&ctx.helpers(), node, kubeconfig));
+        let mut adoptable: Vec<(String, PathBuf)> = ctx
+            .inherited(HANDOVER_KEY)
+            .and_then(|handed| serde_json::from_value(handed).ok())
+            .unwrap_or_default();
+        let up: Running = Running::default();
+        {
+            let up = Arc::clone(&up);
+            ctx.hand_on(HANDOVER_KEY, move || {
+                let daemons = up.lock().map(|d| d.clone()).unwrap_or_default();
+                serde_json::to_value(daemons).unwrap_or_default()
+            });
+        }
         loop {
             if reconsider {
                 reconsider = false;
@@ -121,13 +143,22 @@ impl Subsystem for MpsControl {
                                     .into_iter()
                                     .map(|p| {
                                         let stop = ctx.cancel_token();
-                                        Supervised::new(Daemon::new(p, &dir, binary, stop))
+                                        let mut entry =
+                                            Supervised::new(Daemon::new(p, &dir, binary, stop));
+                                        let pipe = paths::pipe_dir(&dir, entry.daemon.resource());
+                                        entry.adopt = adoptable.iter().any(|(resource, handed)| {
+                                            resource == entry.daemon.resource() && *handed == pipe
+                                        });
+                                        entry
                                     })
                                     .collect();
+                                // Adopted once, at the first start; later changes start anew.
+                                adoptable.clear();
                             }
                             self.supervise(&mut running, events.as_ref(), &stopping)
                                 .await;
                             self.mark_ready(&running, root.as_deref(), &ctx).await;
+                            note_up(&up, &running, root.as_deref());
                         }
                     }
                     Err(err) => {
@@ -152,10 +183,18 @@ impl Subsystem for MpsControl {
                 _ = tick.tick() => {
                     self.supervise(&mut running, events.as_ref(), &stopping).await;
                     self.mark_ready(&running, root.as_deref(), &ctx).await;
+                    note_up(&up, &running, root.as_deref());
                 }
             }
         }
-        self.stop_all(&mut running, root.as_deref()).await;
+        if ctx.handed_over() {
+            info!(
+                daemons = running.len(),
+                "A new gpud took over: leaving the MPS control daemons running for it"
+            );
+        } else {
+            self.stop_all(&mut running, root.as_deref()).await;
+        }
         Ok(())
     }
 }
@@ -175,7 +214,25 @@ impl Supervised {
             backoff,
             was_up: false,
             start_error: None,
+            adopt: false,
         }
+    }
+}
+
+/// Records which daemons are up, for the gpud that takes over.
+fn note_up(up: &Running, running: &[Supervised], root: Option<&std::path::Path>) {
+    let Some(root) = root else { return };
+    let daemons = running
+        .iter()
+        .filter(|s| s.up)
+        .map(|s| {
+            let resource = s.daemon.resource().to_owned();
+            let pipe = paths::pipe_dir(root, &resource);
+            (resource, pipe)
+        })
+        .collect();
+    if let Ok(mut shared) = up.lock() {
+        *shared = daemons;
     }
 }
 
@@ -222,6 +279,16 @@ impl MpsControl {
                 entry.backoff.reset();
                 entry.retry_at = Instant::now() + BACKOFF_START;
                 continue;
+            }
+            if std::mem::take(&mut entry.adopt) {
+                let daemon = Arc::clone(&entry.daemon);
+                if let Ok(Ok(())) = blocking(move || daemon.probe()).await {
+                    info!(resource = %entry.daemon.resource(), "Adopted the MPS control daemon the gpud taken over from left running");
+                    entry.up = true;
+                    entry.was_up = true;
+                    continue;
+                }
+                warn!(resource = %entry.daemon.resource(), "The MPS control daemon handed over does not answer; starting one");
             }
             if Instant::now() < entry.retry_at {
                 continue;

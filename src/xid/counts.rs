@@ -70,7 +70,74 @@ fn age(second: u64, now: SystemTime) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// The record as handed to the gpud that takes over: plain lists, since JSON keys are text.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Handed {
+    /// `(gpu, last code, [(instance, code, total)], [(second, code, occurrences)])`.
+    gpus: Vec<HandedGpu>,
+    /// `(source, count)` with the source's label value.
+    dropped: Vec<(String, u64)>,
+}
+
+type HandedGpu = (
+    u32,
+    Option<u32>,
+    Vec<(Option<u32>, u32, u64)>,
+    Vec<(u64, u32, u64)>,
+);
+
 impl XidCounts {
+    /// The record to hand to the next process.
+    pub fn handed(&self) -> Handed {
+        Handed {
+            gpus: self
+                .gpus
+                .iter()
+                .map(|(gpu, state)| {
+                    (
+                        *gpu,
+                        state.last,
+                        state
+                            .totals
+                            .iter()
+                            .map(|((gi, code), n)| (*gi, *code, *n))
+                            .collect(),
+                        state
+                            .recent
+                            .iter()
+                            .map(|((s, code), n)| (*s, *code, *n))
+                            .collect(),
+                    )
+                })
+                .collect(),
+            dropped: self
+                .dropped
+                .iter()
+                .map(|(source, n)| (source.as_str().to_owned(), *n))
+                .collect(),
+        }
+    }
+
+    /// Takes on the record `handed` by the process taken over from, added to what this one
+    /// counted meanwhile (nothing, as it restores before it watches).
+    pub fn take_on(&mut self, handed: Handed) {
+        for (gpu, last, totals, recent) in handed.gpus {
+            let state = self.gpus.entry(gpu).or_default();
+            state.last = state.last.or(last);
+            for (gi, code, n) in totals {
+                *state.totals.entry((gi, code)).or_default() += n;
+            }
+            for (second, code, n) in recent {
+                *state.recent.entry((second, code)).or_default() += n;
+            }
+        }
+        for (source, n) in handed.dropped {
+            if let Some(source) = DropSource::ALL.into_iter().find(|s| s.as_str() == source) {
+                self.add_dropped(source, n);
+            }
+        }
+    }
+
     /// Empty, with the count window.
     pub fn new(window: Duration) -> Self {
         XidCounts {

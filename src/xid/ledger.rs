@@ -100,6 +100,19 @@ impl XidLedger {
         self.shared.version.subscribe()
     }
 
+    /// The record to hand to the gpud that takes over, as JSON.
+    pub fn handed(&self) -> serde_json::Value {
+        serde_json::to_value(self.lock().counts.handed()).unwrap_or_default()
+    }
+
+    /// Takes on the record the gpud taken over from handed over (see [`XidLedger::handed`]).
+    pub fn take_on(&self, handed: serde_json::Value) -> Result<(), serde_json::Error> {
+        let handed = serde_json::from_value(handed)?;
+        self.lock().counts.take_on(handed);
+        self.publish();
+        Ok(())
+    }
+
     /// A copy of the record as of `now`, for rendering: occurrences older than the window are
     /// expired first, and the totals of GPU instances for which `exists(gpu, gi)` is false are
     /// forgotten for good (see [`XidCounts::retain_instances`]).

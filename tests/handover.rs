@@ -1,0 +1,481 @@
+//! Upgrades without a gap, end to end: a second `gpud run` on the simulated node takes over
+//! from the running one — the metrics port, the device plugin (under a socket of its own that
+//! the kubelet switches to), the XID counts — while a scraper and a kubelet keep calling; and
+//! the ways a takeover fails: a hung or vanishing old process, one that speaks another
+//! version, a second newcomer, a stranger on the socket, a state folder that cannot be written.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::http::{self, free_port};
+use common::{Node, file_when};
+use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
+
+/// A `gpud run` with its log in a file.
+struct Gpud {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Gpud {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gpud {
+    fn start(node: &Node, kubelet: &FakeKubelet, port: u16, name: &str) -> Gpud {
+        Gpud::start_with(node, kubelet, port, name, |_| {})
+    }
+
+    fn start_with(
+        node: &Node,
+        kubelet: &FakeKubelet,
+        port: u16,
+        name: &str,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Gpud {
+        let mut command = Command::new(common::gpud_bin());
+        command.args(run_args(node, kubelet, port));
+        node.wire(&mut command);
+        adjust(&mut command);
+        Gpud::spawn(command, node.dir.path().join(format!("{name}.log")))
+    }
+
+    fn spawn(mut command: Command, log: PathBuf) -> Gpud {
+        command
+            .env("GPUD_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        Gpud {
+            child: command.spawn().expect("start gpud run"),
+            log,
+        }
+    }
+
+    fn log_when(&self, needle: &str, secs: u64) -> String {
+        file_when(&self.log, needle, secs)
+    }
+
+    fn stop(&mut self) -> Option<i32> {
+        common::send_signal(&self.child, "TERM");
+        self.child.wait().unwrap().code()
+    }
+
+    fn exit_within(&mut self, secs: u64) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {secs} s:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `gpud run`'s arguments on the simulated node.
+fn run_args(node: &Node, kubelet: &FakeKubelet, port: u16) -> Vec<String> {
+    [
+        "run",
+        "--kubelet-socket",
+        kubelet.socket().to_str().unwrap(),
+        "--output-file",
+        node.dir.path().join("features").to_str().unwrap(),
+        "--kmsg",
+        "",
+        "--health-poll-interval",
+        "50ms",
+        "-a",
+        &format!("127.0.0.1:{port}"),
+        "-c",
+        "100",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Scrapes `/metrics` 50 times a second on new connections until stopped; counts what failed
+/// and the longest time without an answer.
+struct Scraper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<ScrapeReport>>,
+}
+
+#[derive(Debug, Default)]
+struct ScrapeReport {
+    answered: u64,
+    failed: Vec<String>,
+    longest_gap: Duration,
+}
+
+impl Scraper {
+    fn start(port: u16) -> Scraper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut report = ScrapeReport::default();
+            let mut last = Instant::now();
+            while !flag.load(Ordering::SeqCst) {
+                match http::get(port, "/metrics") {
+                    Ok(answer) if answer.status == 200 => {
+                        report.answered += 1;
+                        report.longest_gap = report.longest_gap.max(last.elapsed());
+                        last = Instant::now();
+                    }
+                    Ok(answer) => report.failed.push(format!("status {}", answer.status)),
+                    Err(err) => report.failed.push(err.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            report
+        });
+        Scraper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> ScrapeReport {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+fn unhealthy(list: &gpud::proto::deviceplugin::ListAndWatchResponse) -> Vec<String> {
+    let mut sick: Vec<String> = list
+        .devices
+        .iter()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| d.id.clone())
+        .collect();
+    sick.sort();
+    sick
+}
+
+/// The value of the one `gpud_xid_errors_total` line for XID 79 once there is one.
+fn xid_79_total(port: u16, at_least: u64) -> u64 {
+    let answer = tokio::task::block_in_place(|| {
+        http::wait_for(port, "/metrics", 10, |a| {
+            xid_79(&a.body).is_some_and(|n| n >= at_least)
+        })
+    });
+    xid_79(&answer.body).unwrap()
+}
+
+fn xid_79(body: &str) -> Option<u64> {
+    body.lines()
+        .find(|l| l.starts_with("gpud_xid_errors_total{") && l.contains("xid=\"79\""))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, n)| n.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_gpud_takes_over_the_port_the_kubelet_and_the_counts_without_a_gap() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let port = free_port();
+    let mut old = Gpud::start(&node, &kubelet, port, "old");
+    let first = kubelet.next_registration(10).await;
+    assert_eq!(first.endpoint, "nvidia-gpu.sock");
+    let mut client = kubelet.plugin(&first.endpoint).await;
+    let mut old_stream = list_and_watch(&mut client).await;
+    let list = next_list(&mut old_stream, 5).await;
+    let ids: Vec<String> = list.devices.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(ids.len(), 8);
+    node.inject("xid 2 79");
+    while unhealthy(&next_list(&mut old_stream, 5).await) != [ids[2].clone()] {}
+    assert_eq!(xid_79_total(port, 1), 1);
+    old.log_when("All subsystems ready", 10);
+
+    let scraper = Scraper::start(port);
+    let started = Instant::now();
+    let new = Gpud::start(&node, &kubelet, port, "new");
+    let second = kubelet.next_registration(15).await;
+    assert_eq!(second.resource_name, "nvidia.com/gpu");
+    assert!(
+        second.endpoint.starts_with("nvidia-gpu-") && second.endpoint != first.endpoint,
+        "the new process registers under a socket of its own: {}",
+        second.endpoint
+    );
+    let mut client = kubelet.plugin(&second.endpoint).await;
+    let mut new_stream = list_and_watch(&mut client).await;
+    let list = next_list(&mut new_stream, 5).await;
+    assert_eq!(
+        list.devices
+            .iter()
+            .map(|d| d.id.clone())
+            .collect::<Vec<_>>(),
+        ids,
+        "every device listed"
+    );
+    assert_eq!(
+        unhealthy(&list),
+        [ids[2].clone()],
+        "GPU 2 stays withdrawn; no healthy device is withdrawn"
+    );
+    // An XID during the takeover is counted once, on top of the count taken over.
+    node.inject("xid 2 79");
+    let text = new.log_when("Took over: the gpud taken over from has finished", 20);
+    assert!(text.contains("Taking over from the running gpud"), "{text}");
+    old.log_when("Handed over to the new gpud; waiting to be stopped", 10);
+    let took = started.elapsed();
+    assert_eq!(xid_79_total(port, 2), 2, "monotone and exact");
+    let report = scraper.finish();
+    assert!(
+        report.failed.is_empty(),
+        "failed scrapes during the takeover: {:?}",
+        report.failed
+    );
+    assert!(report.answered > 0);
+    eprintln!(
+        "takeover: {} ms, {} scrapes answered, longest gap {} ms",
+        took.as_millis(),
+        report.answered,
+        report.longest_gap.as_millis()
+    );
+
+    // The old process removed its own socket and left the new one's.
+    assert_eq!(old.stop(), Some(0));
+    assert!(!kubelet.dir.join(&first.endpoint).exists());
+    assert!(kubelet.dir.join(&second.endpoint).exists());
+    assert!(node.dir.path().join("features").exists(), "labels kept");
+    // The new one still serves, and is the one to take over from next.
+    http::get(port, "/metrics").expect("still serving");
+    assert!(node.dir.path().join("state/handover/run.sock").exists());
+    drop(new);
+}
+
+/// A stand-in for an old gpud on the handover socket, in a process of its own (the new gpud
+/// stops an old one that cannot hand over): it reads the hello, then `behaviour` — `close`
+/// (killed mid-handover), `hang`, or `refuse` (speaks another version).
+fn fake_old(socket: &Path, behaviour: &str) -> Child {
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let script = r#"
+import socket, struct, sys, time, os
+path, behaviour, ready = sys.argv[1], sys.argv[2], sys.argv[3]
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen(1)
+open(ready, "w").close()
+conn, _ = server.accept()
+length = struct.unpack(">I", conn.recv(4))[0]
+conn.recv(length)
+if behaviour == "close":
+    sys.exit(0)
+if behaviour == "refuse":
+    body = b'{"type":"refused","reason":"this gpud speaks handover versions [9]","busy":false}'
+    conn.sendall(struct.pack(">I", len(body)) + body)
+time.sleep(600)
+"#;
+    let ready = socket.with_extension("ready");
+    let child = Command::new("python3")
+        .args(["-c", script])
+        .arg(socket)
+        .arg(behaviour)
+        .arg(&ready)
+        .spawn()
+        .expect("python3 for the fake old gpud");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the fake old gpud did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+fn handover_socket(node: &Node) -> PathBuf {
+    node.dir.path().join("state/handover/run.sock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_gpud_that_fails_the_handover_is_stopped_and_the_new_one_starts_cold() {
+    for (behaviour, says) in [
+        ("close", "went away during the handover"),
+        ("hang", "no answer within the deadline"),
+        ("refuse", "speaks handover versions [9]"),
+    ] {
+        let node = Node::new("dgx-h100");
+        let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+        let mut old = fake_old(&handover_socket(&node), behaviour);
+        let started = Instant::now();
+        let mut new = Gpud::start(&node, &kubelet, free_port(), "new");
+        let registration = kubelet.next_registration(20).await;
+        assert_eq!(
+            registration.endpoint, "nvidia-gpu.sock",
+            "{behaviour}: a cold start keeps the usual name"
+        );
+        let text = new.log_when("Serving after a cold start", 20);
+        assert!(text.contains(says), "{behaviour}: {text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{behaviour}: {:?}",
+            started.elapsed()
+        );
+        // The old one is gone: exited by itself, or stopped by the new one.
+        let status = tokio::task::block_in_place(|| old.wait()).unwrap();
+        if behaviour != "close" {
+            assert!(
+                !status.success(),
+                "{behaviour}: stopped by a signal: {status}"
+            );
+        }
+        assert_eq!(new.stop(), Some(0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_and_a_second_newcomer_are_refused_and_the_old_gpud_keeps_serving() {
+    use std::io::{Read, Write};
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let port = free_port();
+    let old = Gpud::start(&node, &kubelet, port, "old");
+    kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    let socket = handover_socket(&node);
+
+    // Garbage: refused, logged, nothing else happens.
+    let mut stranger = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    stranger.write_all(b"\x00\x00\x00\x05hello").unwrap();
+    let mut rest = Vec::new();
+    stranger.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    old.log_when("Refused a connection on the handover socket", 10);
+
+    // A newcomer that takes the offer and never says stop (it was killed mid-handover, or is
+    // slow): while it holds the offer, a second newcomer is refused and exits.
+    let mut first = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let hello = br#"{"type":"hello","versions":[1],"pid":1,"netns":null}"#;
+    first
+        .write_all(&(hello.len() as u32).to_be_bytes())
+        .unwrap();
+    first.write_all(hello).unwrap();
+    let mut length = [0u8; 4];
+    first.read_exact(&mut length).unwrap();
+    let mut offer = vec![0u8; u32::from_be_bytes(length) as usize];
+    first.read_exact(&mut offer).unwrap();
+    let offer: serde_json::Value = serde_json::from_slice(&offer).unwrap();
+    assert_eq!(offer["type"], "offer", "{offer}");
+    assert_eq!(offer["version"], 1);
+    assert!(offer["state"].get("xid-ledger").is_some(), "{offer}");
+    // No network namespace given: the TCP port is not handed to it.
+    assert!(
+        !offer["sockets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s.as_str().unwrap().starts_with("tcp:")),
+        "{offer}"
+    );
+
+    let mut second = Gpud::start(&node, &kubelet, free_port(), "second");
+    assert_eq!(second.exit_within(15), Some(69));
+    let text = std::fs::read_to_string(&second.log).unwrap();
+    assert!(
+        text.contains("is handing over to another new gpud already"),
+        "{text}"
+    );
+
+    // The first newcomer goes away: the old one serves on as before.
+    drop(first);
+    old.log_when("The takeover was abandoned; still serving", 10);
+    http::get(port, "/metrics").expect("the old gpud still serves");
+    assert_eq!(
+        kubelet.registration_within(300).await.map(|r| r.endpoint),
+        None,
+        "nobody registered anew"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_folder_that_cannot_be_written_costs_the_handover_not_the_start() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let blocker = node.dir.path().join("not-a-folder");
+    std::fs::write(&blocker, "a file where the state folder should be").unwrap();
+    let port = free_port();
+    let gpud = Gpud::start_with(&node, &kubelet, port, "gpud", |command| {
+        command.env("GPUD_STATE_DIR", blocker.join("state"));
+    });
+    assert_eq!(
+        kubelet.next_registration(10).await.endpoint,
+        "nvidia-gpu.sock"
+    );
+    gpud.log_when("Cannot serve the handover socket", 10);
+    http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpud_upgrade_starts_the_installed_binary_which_takes_over() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    // The binary at its installed path, replaced there before the upgrade (by rename, as
+    // package managers do).
+    let bin = node.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let installed = bin.join("gpud");
+    std::fs::copy(common::gpud_bin(), &installed).unwrap();
+    let port = free_port();
+    let mut command = Command::new(&installed);
+    command.args(run_args(&node, &kubelet, port));
+    node.wire(&mut command);
+    let mut old = Gpud::spawn(command, node.dir.path().join("old.log"));
+    kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    let staged = bin.join("gpud.new");
+    std::fs::copy(common::gpud_bin(), &staged).unwrap();
+    std::fs::rename(&staged, &installed).unwrap();
+
+    let output = node
+        .gpud(&["upgrade", "--timeout", "30s"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("took over from gpud"), "{stdout}");
+    let new_pid: i32 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let _new = KillOnDrop(new_pid);
+    // The old process started the new one itself, so it exits rather than wait.
+    assert_eq!(old.exit_within(10), Some(0));
+    let registration = kubelet.next_registration(10).await;
+    assert!(
+        registration.endpoint.starts_with("nvidia-gpu-"),
+        "{}",
+        registration.endpoint
+    );
+    http::get(port, "/metrics").expect("the new gpud serves the port");
+}
+
+/// Stops a process this test did not start itself (the one `gpud upgrade` had started).
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.to_string()])
+            .status();
+    }
+}
