@@ -9,8 +9,12 @@ binary (`--check-config`, exit 0); and every container keeps the least-privilege
 docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml. The
 node status runs once, where the layout puts it (its own container in base, `gpud run` in
 all-in-one), with taints only from node-status-taints; so does the DRA plugin, with its
-DeviceClasses and RBAC only from the dra component. The DRA and CDI goldens are validated against
-the Kubernetes schemas and the CDI schema (tests/schemas/cdi.json).
+DeviceClasses and RBAC only from the dra component. Every DaemonSet rolls with a surge
+(maxSurge 1, maxUnavailable 0: the new pod takes over from the old one on the same node), no pod
+claims a host port (the surge pod could not be scheduled next to the old one), and every
+container mounts gpud's state directory, where the handover socket and the state live. The DRA
+and CDI goldens are validated against the Kubernetes schemas and the CDI schema
+(tests/schemas/cdi.json).
 
 Usage: check.py GPUD_BINARY   (run by `make manifests-test`, in the venv .ci/run makes)
 """
@@ -32,6 +36,9 @@ K8S = ROOT / "packaging" / "k8s"
 VERSIONS = ["1.29.0", "1.37.0"]
 # Custom resources: no schema in kubernetes-validate; checked for shape below.
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# gpud's state directory on the host, mounted at the same path in every container: the
+# handover sockets (<state-dir>/handover/<applet>.sock) and what a restart must not forget.
+STATE_DIR = "/var/lib/gpud"
 
 SINKS = [None, "labeller-node", "labeller-node-feature"]
 NODE_STATUS = ["node-status", "node-status-taints"]
@@ -226,7 +233,8 @@ def check_objects(objects, gpud, cache, version, components):
     assert len(daemonsets) == 1, kinds
     pod = daemonsets[0]["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert daemonsets[0]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    for daemonset in daemonsets:
+        check_upgrade(daemonset, objects)
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"], "a node selector on GPU nodes"
     privileged = {PRIVILEGED_CONTAINER[c] for c in components if c in PRIVILEGED_CONTAINER}
@@ -253,6 +261,47 @@ def check_objects(objects, gpud, cache, version, components):
                 "components/prometheus-rule/prometheusrule.yaml differs from "
                 "packaging/prometheus/gpud-alerts.yaml: copy the groups over"
             )
+
+
+def check_upgrade(daemonset, objects):
+    """A rollout without a gap: the new pod starts beside the old one on the same node (maxSurge
+    1, maxUnavailable 0) and takes over from it through the state directory, so every container
+    mounts that directory, writable, at the path gpud uses; no pod claims a host port (with a
+    surge the new pod could not be scheduled while the old one holds it)."""
+    name = daemonset["metadata"]["name"]
+    strategy = daemonset["spec"].get("updateStrategy", {})
+    assert strategy.get("type") == "RollingUpdate", f"DaemonSet {name}: updateStrategy {strategy}"
+    assert strategy.get("rollingUpdate") == {"maxSurge": 1, "maxUnavailable": 0}, (
+        f"DaemonSet {name}: rollingUpdate {strategy.get('rollingUpdate')}, "
+        "expected maxSurge 1, maxUnavailable 0"
+    )
+    pod = daemonset["spec"]["template"]["spec"]
+    state = [
+        v for v in pod.get("volumes", []) if v.get("hostPath", {}).get("path") == STATE_DIR
+    ]
+    assert len(state) == 1, f"DaemonSet {name}: hostPath volumes for {STATE_DIR}: {state}"
+    assert state[0]["hostPath"].get("type") == "DirectoryOrCreate", (
+        f"DaemonSet {name}: {STATE_DIR} hostPath type {state[0]['hostPath'].get('type')}"
+    )
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        cname = container["name"]
+        mounts = [m for m in container.get("volumeMounts", []) if m["name"] == state[0]["name"]]
+        assert len(mounts) == 1, f"container {cname}: mounts of the state directory: {mounts}"
+        mount = mounts[0]
+        assert mount["mountPath"] == STATE_DIR and not mount.get("subPath"), (
+            f"container {cname}: state directory mounted as {mount}"
+        )
+        assert not mount.get("readOnly"), f"container {cname}: the state directory is read-only"
+        # gpud's default is the mounted path; a setting elsewhere would miss the handover.
+        state_dir = container_env(container, objects, None).get("GPUD_STATE_DIR", STATE_DIR)
+        assert state_dir == STATE_DIR, f"container {cname}: GPUD_STATE_DIR={state_dir!r}"
+        for port in container.get("ports", []):
+            assert "hostPort" not in port, (
+                f"container {cname}: hostPort {port['hostPort']} blocks the surge pod"
+            )
+    if pod.get("hostNetwork"):
+        ports = [p for c in pod["containers"] for p in c.get("ports", [])]
+        assert not ports, f"DaemonSet {name}: hostNetwork with ports {ports} blocks the surge pod"
 
 
 def check_dra(overlay, components, objects):
