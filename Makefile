@@ -100,6 +100,7 @@ bench:
 	$(CARGO) bench --bench device_plugin
 	$(CARGO) bench --bench labeller
 	$(CARGO) bench --bench daemon
+	$(CARGO) bench --bench upgrade
 	CARGO=$(CARGO) benches/exporter.sh
 
 ## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must

@@ -35,6 +35,12 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ("--lib", "cargo test"),
     ("--bin", "cargo build"),
     ("--set-timeslice", "nvidia-smi compute-policy"),
+    ("--delete-emptydir-data", "kubectl drain"),
+    ("--ignore-daemonsets", "kubectl drain"),
+    ("--overwrite", "kubectl label"),
+    ("--kill-who", "systemctl kill (before systemd 252)"),
+    ("--kill-whom", "systemctl kill"),
+    ("--value", "systemctl show"),
     (
         "--device-id",
         "nvidia-ctk cdi generate, refused by gpud cdi generate",
