@@ -964,3 +964,52 @@ fn a_connection_dropped_without_an_answer_is_retried_with_backoff() {
         "{log}"
     );
 }
+
+#[test]
+fn a_gpu_held_failed_stays_failed_on_the_node_when_a_new_gpud_takes_over() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let hold = ["--node-status-hold", "60s"];
+    let old = node_status(&node, &api, &hold);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    inject_until(&node, "xid 3 79", || {
+        api.condition("GPUHealthy").filter(status_is("False"))
+    });
+    // The GPU is reset and healthy again: the quiet hold keeps the condition failed.
+    node.inject("lost 3");
+    condition_when(&api, "GPUHealthy", |c| {
+        c["message"].as_str().unwrap().contains("GPU is lost")
+    });
+    node.inject("recover 3");
+    wait_for(10, "the old process to see the GPU back", || {
+        events(&api)
+            .iter()
+            .any(|(reason, _)| reason == "GPURecovered")
+            .then_some(())
+    });
+    let before = api.state.lock().unwrap().status_applies.len();
+
+    let new = node_status(&node, &api, &hold);
+    wait_for(20, "the takeover", || {
+        new.stderr()
+            .contains("Took over: the gpud taken over from has finished")
+            .then_some(())
+    });
+    // The new process writes the Node once it serves: what the old one showed, not the truth
+    // of the moment, until the hold that began in the old process is over.
+    let applies = wait_for(10, "the new process's write", || {
+        let state = api.state.lock().unwrap();
+        (state.status_applies.len() > before).then(|| state.status_applies[before..].to_vec())
+    });
+    for (_, _, body) in &applies {
+        let condition = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "GPUHealthy")
+            .unwrap();
+        assert_eq!(condition["status"], "False", "{condition}");
+    }
+    assert_eq!(api.condition("GPUHealthy").unwrap()["status"], "False");
+    drop(old);
+}

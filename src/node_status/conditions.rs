@@ -70,7 +70,7 @@ impl Severity for Condition {
 
 /// One physical GPU's health as the node status sees it: the worst of the GPU's own state
 /// and its MIG devices'.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GpuHealth {
     pub index: u32,
     pub uuid: String,

@@ -16,6 +16,16 @@ pub trait Severity {
     fn severity(&self) -> u8;
 }
 
+/// A held value as handed to the gpud that takes over: what was shown and seen, and how long
+/// before the offer each last changed (instants mean nothing in another process).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Handed<T> {
+    shown: T,
+    seen: T,
+    changed_ago_ms: Option<u64>,
+    seen_for_ms: u64,
+}
+
 /// A held value: what is observed now, and what is shown.
 #[derive(Debug, Clone)]
 pub struct Held<T> {
@@ -90,6 +100,34 @@ impl<T: Severity + Clone + PartialEq> Held<T> {
             return None;
         }
         self.earliest_change().or(Some(self.seen_since))
+    }
+
+    /// What the gpud that takes over at `now` needs to hold this value on.
+    pub fn handed(&self, now: Instant) -> Handed<T> {
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Handed {
+            shown: self.shown.clone(),
+            seen: self.seen.clone(),
+            changed_ago_ms: self
+                .changed_at
+                .map(|at| millis(now.saturating_duration_since(at))),
+            seen_for_ms: millis(now.saturating_duration_since(self.seen_since)),
+        }
+    }
+
+    /// Goes on holding where the gpud taken over from was: it showed `handed.shown`, and the
+    /// hold counts from its instants. What this process observes stays the observed value; it
+    /// has been seen for as long as the old process saw it when the severity is the same.
+    pub fn take_on(&mut self, handed: Handed<T>, now: Instant) {
+        let ago = |ms: u64| now.checked_sub(Duration::from_millis(ms));
+        self.shown = handed.shown;
+        self.changed_at = handed.changed_ago_ms.and_then(ago);
+        if handed.seen.severity() == self.seen.severity()
+            && let Some(since) = ago(handed.seen_for_ms)
+        {
+            self.seen_since = since;
+        }
+        self.settle(now);
     }
 
     /// The earliest time the shown severity may change to the observed one.
@@ -183,6 +221,23 @@ mod tests {
         held.observe(S(0, "ok"), at(t, 2));
         assert_eq!(held.deadline(), Some(at(t, 11)));
         assert!(held.settle(at(t, 11)));
+    }
+
+    #[test]
+    fn a_value_handed_over_keeps_its_hold_in_the_next_process() {
+        let t = Instant::now() + Duration::from_secs(100);
+        let mut old = Held::quiet(S(0, "ok"), HOLD, t);
+        old.observe(S(2, "xid"), at(t, 1));
+        old.observe(S(0, "ok"), at(t, 4));
+        let handed = old.handed(at(t, 6));
+        // The new process sees the GPU healthy at once: it still shows the failure until the
+        // old process's quiet hold is over (healthy since 4: shown at 14).
+        let mut new = Held::quiet(S(0, "ok"), HOLD, at(t, 6));
+        new.take_on(handed, at(t, 6));
+        assert_eq!(*new.shown(), S(2, "xid"));
+        assert_eq!(new.deadline(), Some(at(t, 14)));
+        assert!(new.settle(at(t, 14)));
+        assert_eq!(*new.shown(), S(0, "ok"));
     }
 
     #[test]

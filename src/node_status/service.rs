@@ -8,6 +8,7 @@
 //! wait on this task.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,7 +18,7 @@ use tracing::{info, warn};
 use super::args::Settings;
 use super::conditions::{Condition, Status};
 use super::events;
-use super::state::Desired;
+use super::state::{self, Desired};
 use super::taints::{self, Wanted};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
@@ -30,6 +31,8 @@ use crate::kube::{self, ApiError, ApiReadiness, ConditionRecord, NodeClient};
 /// The node-status subsystem for one node.
 /// The field manager of gpud's conditions and taints, and the component of its events.
 pub const FIELD_MANAGER: &str = "gpud";
+/// The node status's piece of the handover state: each GPU's held health.
+const HANDOVER_KEY: &str = "node-status-hold";
 
 #[derive(Debug)]
 pub struct NodeStatus {
@@ -93,6 +96,26 @@ impl Subsystem for NodeStatus {
             report.as_deref(),
             Instant::now().into_std(),
         );
+        // The hold goes on where the gpud taken over from was: a GPU it still showed failed
+        // while waiting out its quiet hold is not shown recovered early.
+        if let Some(handed) = ctx.inherited(HANDOVER_KEY) {
+            match serde_json::from_value(handed) {
+                Ok(handed) => desired.take_on(handed, Instant::now().into_std()),
+                Err(err) => {
+                    warn!(error = %err, "Cannot read the node status handed over; holding from now")
+                }
+            }
+        }
+        // A copy of the GPUs' hold after every step, for the gpud that takes over.
+        let held = Arc::new(Mutex::new(desired.held_gpus()));
+        {
+            let held = Arc::clone(&held);
+            ctx.hand_on(HANDOVER_KEY, move || {
+                let gpus = held.lock().unwrap_or_else(PoisonError::into_inner);
+                serde_json::to_value(state::handed(&gpus, std::time::Instant::now()))
+                    .unwrap_or_default()
+            });
+        }
         // Ready once the API server answers the first write, not before.
         let mut api_ready = ApiReadiness::new(ctx.ready_latch(), self.unready_after);
 
@@ -105,6 +128,7 @@ impl Subsystem for NodeStatus {
         // Whether the last attempt lost a race for the taints (409) and was retried at once.
         let mut reread = false;
         loop {
+            *held.lock().unwrap_or_else(PoisonError::into_inner) = desired.held_gpus();
             let now = Instant::now();
             if let Some(changed) = desired.settle(now.into_std()) {
                 outbox.push(

@@ -9,7 +9,7 @@ use crate::doctor_report::Report;
 use crate::inventory::model::Snapshot;
 
 use super::conditions::{self, Condition, Counts, GpuHealth};
-use super::hold::Held;
+use super::hold::{Handed, Held};
 use super::taints::{Policy, Wanted};
 
 /// The desired state of the Node, held against flapping.
@@ -54,6 +54,22 @@ impl Desired {
             gpus,
             taints,
         }
+    }
+
+    /// The GPUs' held health, by UUID, to hand to the gpud that takes over ([`handed`]).
+    pub fn held_gpus(&self) -> BTreeMap<String, Held<GpuHealth>> {
+        self.gpus.clone()
+    }
+
+    /// Goes on holding the GPUs' health where the gpud taken over from was (GPUs it did not
+    /// know start as this process sees them).
+    pub fn take_on(&mut self, handed: BTreeMap<String, Handed<GpuHealth>>, now: Instant) {
+        for (uuid, handed) in handed {
+            if let Some(held) = self.gpus.get_mut(&uuid) {
+                held.take_on(handed, now);
+            }
+        }
+        self.derive(now);
     }
 
     /// Takes in the GPUs' health now.
@@ -130,6 +146,16 @@ impl Desired {
             .flatten()
             .min()
     }
+}
+
+/// The GPUs' held health (from [`Desired::held_gpus`]) as handed over at `now`.
+pub fn handed(
+    gpus: &BTreeMap<String, Held<GpuHealth>>,
+    now: Instant,
+) -> BTreeMap<String, Handed<GpuHealth>> {
+    gpus.iter()
+        .map(|(uuid, held)| (uuid.clone(), held.handed(now)))
+        .collect()
 }
 
 /// The GPUs' shown health, by index.
