@@ -6,16 +6,21 @@
 //!   newest and calls Allocate every 100 ms; a device list that withdraws a device that was
 //!   healthy, or a stream that ends with no newer registration (a real kubelet then marks every
 //!   device unhealthy), counts as withdrawn devices;
+//! - a kubelet's DRA health stream (NodeWatchResources) on the DRA plugin socket, opened again
+//!   whenever it ends, as the kubelet does;
 //! - an XID injected on GPU 2 right after the new process starts.
 //!
 //! Reported per way: failed scrapes, the longest time without an answer, withdrawn devices,
-//! failed Allocates, the XID 79 count before and after, whether the MPS control daemon is the
-//! same process, and the time from the new process's start to the old one having finished.
+//! failed Allocates, the longest time without a DRA health stream and the healthy DRA devices
+//! it withdrew, the XID 79 count before and after, whether the MPS control daemon is the same
+//! process, and the time from the new process's start to the old one having finished.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "../tests/common/fake_api.rs"]
+mod fake_api;
 #[path = "../tests/common/fake_kubelet.rs"]
 mod fake_kubelet;
 
@@ -27,10 +32,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Node;
-use common::http::{self, free_port};
+use common::http::{self, ScrapeReport, Scraper, free_port};
 use fake_kubelet::{FakeKubelet, list_and_watch};
 use gpud::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use gpud::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use gpud::proto::drahealth_v1::dra_resource_health_client::DraResourceHealthClient;
+use gpud::proto::drahealth_v1::{HealthStatus, NodeWatchResourcesRequest};
 
 struct Gpud {
     child: Child,
@@ -57,34 +64,6 @@ fn field(log: &str, needle: &str, key: &str) -> Option<u64> {
         .next()?
         .parse()
         .ok()
-}
-
-#[derive(Debug, Default)]
-struct Scrapes {
-    answered: u64,
-    failed: u64,
-    longest_gap: Duration,
-}
-
-/// 50 scrapes a second until `stop`.
-fn scraper(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Scrapes> {
-    std::thread::spawn(move || {
-        let mut scrapes = Scrapes::default();
-        let mut last = Instant::now();
-        while !stop.load(Ordering::SeqCst) {
-            match http::get(port, "/metrics") {
-                Ok(answer) if answer.status == 200 => {
-                    scrapes.answered += 1;
-                    scrapes.longest_gap = scrapes.longest_gap.max(last.elapsed());
-                    last = Instant::now();
-                }
-                _ => scrapes.failed += 1,
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        scrapes.longest_gap = scrapes.longest_gap.max(last.elapsed());
-        scrapes
-    })
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +143,68 @@ async fn connect(kubelet: &FakeKubelet, endpoint: &str) -> Plugin {
     (client, stream)
 }
 
+#[derive(Debug, Default)]
+struct HealthView {
+    lists: AtomicU64,
+    withdrawn: AtomicU64,
+    longest_gap_ms: AtomicU64,
+}
+
+/// A kubelet's DRA health stream on the plugin socket until `stop`: opened again at once
+/// whenever it ends; the time from an end to the next list is a gap.
+async fn health_loop(socket: PathBuf, view: Arc<HealthView>, stop: Arc<AtomicBool>) {
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("unix:{}", socket.display())).unwrap();
+    let mut healthy: BTreeSet<String> = BTreeSet::new();
+    let mut ended: Option<Instant> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let stream = async {
+            let channel = endpoint.connect().await.ok()?;
+            let mut client = DraResourceHealthClient::new(channel);
+            let response = client
+                .node_watch_resources(NodeWatchResourcesRequest {})
+                .await
+                .ok()?;
+            Some(response.into_inner())
+        };
+        let Some(mut stream) = stream.await else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        loop {
+            tokio::select! {
+                message = stream.message() => match message {
+                    Ok(Some(list)) => {
+                        if let Some(at) = ended.take() {
+                            let gap = at.elapsed().as_millis() as u64;
+                            view.longest_gap_ms.fetch_max(gap, Ordering::SeqCst);
+                        }
+                        view.lists.fetch_add(1, Ordering::SeqCst);
+                        let now: BTreeSet<String> = list
+                            .devices
+                            .iter()
+                            .filter(|d| d.health == HealthStatus::Healthy as i32)
+                            .filter_map(|d| d.device.as_ref().map(|id| id.device_name.clone()))
+                            .collect();
+                        let lost = healthy.difference(&now).count() as u64;
+                        view.withdrawn.fetch_add(lost, Ordering::SeqCst);
+                        healthy = now;
+                    }
+                    _ => {
+                        ended = Some(Instant::now());
+                        break;
+                    }
+                },
+                () = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn xid_79(port: u16) -> u64 {
     http::get(port, "/metrics")
         .ok()
@@ -190,8 +231,10 @@ fn mps_pid(node: &Node) -> String {
 
 #[derive(Debug)]
 struct Outcome {
-    scrapes: Scrapes,
+    scrapes: ScrapeReport,
     withdrawn: u64,
+    health_gap_ms: u64,
+    health_withdrawn: u64,
     allocate_failed: u64,
     allocated: u64,
     xid_before: u64,
@@ -218,6 +261,9 @@ async fn replace(hot: bool) -> Outcome {
         ),
     )
     .unwrap();
+    let api = fake_api::FakeApi::start(serde_json::json!({}));
+    // Written as <node>/kubeconfig, where start() points gpud.
+    api.kubeconfig(node.dir.path());
     let kubelet = FakeKubelet::start(node.dir.path()).await;
     let socket = kubelet.socket();
     let port = free_port();
@@ -231,7 +277,14 @@ async fn replace(hot: bool) -> Outcome {
     let view = Arc::new(KubeletView::default());
     #[allow(clippy::disallowed_methods)] // a fake kubelet, not a gpud subsystem: no span to keep
     let watcher = tokio::spawn(kubelet_loop(kubelet, Arc::clone(&view), Arc::clone(&stop)));
-    let scraping = scraper(port, Arc::clone(&stop));
+    let scraping = Scraper::start(port);
+    let health = Arc::new(HealthView::default());
+    #[allow(clippy::disallowed_methods)] // a fake kubelet, not a gpud subsystem: no span to keep
+    let health_watch = tokio::spawn(health_loop(
+        node.dir.path().join("plugins/gpu.nvidia.com/dra.sock"),
+        Arc::clone(&health),
+        Arc::clone(&stop),
+    ));
     // The load settles on the old process first.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let xid_before = xid_79(port);
@@ -260,14 +313,21 @@ async fn replace(hot: bool) -> Outcome {
     let xid_after = xid_79(port);
     let same_mps_daemon = mps_pid(&node) == mps_before && !mps_before.is_empty();
     stop.store(true, Ordering::SeqCst);
-    let scrapes = tokio::task::spawn_blocking(move || scraping.join().unwrap())
+    let scrapes = tokio::task::spawn_blocking(move || scraping.finish())
         .await
         .unwrap();
     watcher.await.unwrap();
+    health_watch.await.unwrap();
+    assert!(
+        health.lists.load(Ordering::SeqCst) > 0,
+        "no DRA health list"
+    );
     drop(new);
     Outcome {
         scrapes,
         withdrawn: view.withdrawn.load(Ordering::SeqCst),
+        health_gap_ms: health.longest_gap_ms.load(Ordering::SeqCst),
+        health_withdrawn: health.withdrawn.load(Ordering::SeqCst),
         allocate_failed: view.allocate_failed.load(Ordering::SeqCst),
         allocated: view.allocated.load(Ordering::SeqCst),
         xid_before,
@@ -280,28 +340,37 @@ async fn replace(hot: bool) -> Outcome {
 /// `gpud run` on the node, registering with the kubelet at `socket`; its log in `<name>.log`.
 fn start(node: &Node, socket: &Path, port: u16, name: &str) -> Gpud {
     let log = node.dir.path().join(format!("{name}.log"));
-    let config = node.dir.path().join("config.yaml");
-    let bin = node.dir.path().join("bin");
-    let mut command = node.gpud(&[
-        "run",
-        "--kubelet-socket",
-        socket.to_str().unwrap(),
-        "--config-file",
-        config.to_str().unwrap(),
-        "--mps-skip-shm-mount",
-        "--output-file",
-        node.dir.path().join("features").to_str().unwrap(),
-        "--kmsg",
-        "",
-        "--health-poll-interval",
-        "50ms",
-        "-a",
-        &format!("127.0.0.1:{port}"),
-    ]);
+    let path = |rel: &str| node.dir.path().join(rel).display().to_string();
+    let mut args: Vec<String> = ["run", "--dra", "--kubeconfig", &path("kubeconfig")]
+        .map(String::from)
+        .to_vec();
+    args.extend(node.dra_flags());
+    args.extend(
+        [
+            "--doctor-interval",
+            "0",
+            "--kubelet-socket",
+            socket.to_str().unwrap(),
+            "--config-file",
+            &path("config.yaml"),
+            "--mps-skip-shm-mount",
+            "--output-file",
+            &path("features"),
+            "--kmsg",
+            "",
+            "--health-poll-interval",
+            "50ms",
+            "-a",
+            &format!("127.0.0.1:{port}"),
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = node.gpud(&args);
     #[allow(clippy::disallowed_methods)]
-    let path = std::env::var("PATH").unwrap_or_default();
+    let search = std::env::var("PATH").unwrap_or_default();
     command
-        .env("PATH", format!("{}:{path}", bin.display()))
+        .env("PATH", format!("{}:{search}", path("bin")))
         .env("GPUD_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
@@ -311,62 +380,59 @@ fn start(node: &Node, socket: &Path, port: u16, name: &str) -> Gpud {
     }
 }
 
+/// The rows of the table for one way of replacing.
+fn cells(o: &Outcome) -> Vec<(&'static str, String)> {
+    let of = |part: u64, all: u64| format!("{part} of {all}");
+    vec![
+        (
+            "failed scrapes (of 50/s)",
+            of(
+                o.scrapes.failed.len() as u64,
+                o.scrapes.answered + o.scrapes.failed.len() as u64,
+            ),
+        ),
+        (
+            "longest time without an answer (ms)",
+            o.scrapes.longest_gap.as_millis().to_string(),
+        ),
+        (
+            "healthy devices withdrawn from the kubelet",
+            o.withdrawn.to_string(),
+        ),
+        (
+            "longest time without a DRA health stream (ms)",
+            o.health_gap_ms.to_string(),
+        ),
+        (
+            "healthy devices withdrawn from DRA health",
+            o.health_withdrawn.to_string(),
+        ),
+        (
+            "Allocate calls failed",
+            of(o.allocate_failed, o.allocated + o.allocate_failed),
+        ),
+        (
+            "XID 79 count before -> after one more XID",
+            format!("{} -> {}", o.xid_before, o.xid_after),
+        ),
+        (
+            "MPS control daemon kept (same pid)",
+            o.same_mps_daemon.to_string(),
+        ),
+        (
+            "new process start -> old finished (cold: ready)",
+            o.replaced_ms.to_string(),
+        ),
+    ]
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let hot = replace(true).await;
     let cold = replace(false).await;
-    let row = |what: &str, hot: String, cold: String| println!("{what:<44} {hot:>16} {cold:>16}");
-    println!("upgrade: gpud run on dgx-h100 (MPS, 2 replicas) replaced under load");
-    row("", "takeover".into(), "cold restart".into());
-    row(
-        "failed scrapes (of 50/s)",
-        format!(
-            "{} of {}",
-            hot.scrapes.failed,
-            hot.scrapes.answered + hot.scrapes.failed
-        ),
-        format!(
-            "{} of {}",
-            cold.scrapes.failed,
-            cold.scrapes.answered + cold.scrapes.failed
-        ),
-    );
-    row(
-        "longest time without an answer (ms)",
-        hot.scrapes.longest_gap.as_millis().to_string(),
-        cold.scrapes.longest_gap.as_millis().to_string(),
-    );
-    row(
-        "healthy devices withdrawn from the kubelet",
-        hot.withdrawn.to_string(),
-        cold.withdrawn.to_string(),
-    );
-    row(
-        "Allocate calls failed",
-        format!(
-            "{} of {}",
-            hot.allocate_failed,
-            hot.allocated + hot.allocate_failed
-        ),
-        format!(
-            "{} of {}",
-            cold.allocate_failed,
-            cold.allocated + cold.allocate_failed
-        ),
-    );
-    row(
-        "XID 79 count before -> after one more XID",
-        format!("{} -> {}", hot.xid_before, hot.xid_after),
-        format!("{} -> {}", cold.xid_before, cold.xid_after),
-    );
-    row(
-        "MPS control daemon kept (same pid)",
-        hot.same_mps_daemon.to_string(),
-        cold.same_mps_daemon.to_string(),
-    );
-    row(
-        "new process start -> old one finished (ms)",
-        hot.replaced_ms.to_string(),
-        format!("{} (ready)", cold.replaced_ms),
-    );
+    println!("upgrade: gpud run --dra on dgx-h100 (MPS, 2 replicas) replaced under load");
+    println!("{:<48} {:>16} {:>16}", "", "takeover", "cold restart");
+    for ((what, hot), (_, cold)) in cells(&hot).into_iter().zip(cells(&cold)) {
+        println!("{what:<48} {hot:>16} {cold:>16}");
+    }
 }

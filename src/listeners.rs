@@ -70,6 +70,19 @@ pub fn take(key: &str) -> Option<OwnedFd> {
     with(|record| record.inherited.remove(key))
 }
 
+/// Closes the inherited sockets nothing here took (a listener the new configuration no longer
+/// has): kept open, they would queue connections nobody answers instead of refusing them.
+/// Returns their keys.
+pub fn close_untaken() -> Vec<String> {
+    with(|record| std::mem::take(&mut record.inherited).into_keys().collect())
+}
+
+/// Forgets every socket: a process that handed over holds none of them open while it waits
+/// to be stopped.
+pub fn forget_all() {
+    *record() = None;
+}
+
 /// This process's instance name when it took over from another gpud; `None` after a cold
 /// start, when sockets keep their usual names.
 pub fn instance() -> Option<&'static str> {

@@ -46,9 +46,6 @@ struct Dra {
 impl Dra {
     fn new(fixture: &str) -> Dra {
         let node = Node::new(fixture);
-        for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
-            std::fs::create_dir_all(node.dir.path().join(dir)).unwrap();
-        }
         write_fake_nvidia_smi(node.dir.path());
         let bin = node.dir.path().join("bin");
         std::fs::create_dir_all(&bin).unwrap();
@@ -88,23 +85,12 @@ impl Dra {
     fn start(&mut self) {
         let kubeconfig = self.api.kubeconfig(self.node.dir.path());
         let mut args: Vec<String> = self.applet.clone();
+        args.extend(self.node.dra_flags());
         let path = |rel: &str| self.path(rel).to_str().unwrap().to_owned();
         args.extend(
             [
                 "--kubeconfig",
                 kubeconfig.to_str().unwrap(),
-                "--dra-registry-dir",
-                &path("plugins_registry"),
-                "--dra-plugins-dir",
-                &path("plugins"),
-                "--dra-cdi-root",
-                &path("cdi"),
-                "--dra-driver-root",
-                &path("driver"),
-                "--dra-proc-root",
-                &path("driver"),
-                "--dra-pod-resources-socket",
-                &path("pod-resources.sock"),
                 "--dra-nvidia-smi-path",
                 &path("nvidia-smi"),
                 "--mps-control-binary",
@@ -2026,7 +2012,37 @@ async fn a_new_gpud_serves_the_plugin_socket_it_took_over_and_registers_under_it
     dra.put_claim("c1", "uid-1", &["gpu-3"]);
     assert_eq!(dra.prepare("c1", "uid-1").await.claims["uid-1"].error, "");
     dra.log_when("All subsystems ready");
-    let mut old = dra.gpud.take().unwrap();
+    // The kubelet's health stream on the old process, with GPU 5 failed.
+    use gpud::proto::drahealth_v1::{HealthStatus, NodeWatchResourcesRequest};
+    let health_of = |list: &gpud::proto::drahealth_v1::NodeWatchResourcesResponse| {
+        list.devices
+            .iter()
+            .filter(|d| d.health != HealthStatus::Healthy as i32)
+            .map(|d| d.device.as_ref().unwrap().device_name.clone())
+            .collect::<Vec<_>>()
+    };
+    let plugin_socket = dra.plugin_socket();
+    let watch = || async {
+        fake_dra_kubelet::health(&plugin_socket)
+            .await
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let mut health = watch().await;
+    next_health(&mut health).await;
+    dra.node.inject("xid 5 79");
+    while health_of(&next_health(&mut health).await) != ["gpu-5"] {}
+    /// The old process, killed if the test ends early (it waits for SIGTERM after handing over).
+    struct Old(std::process::Child);
+    impl Drop for Old {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut old = Old(dra.gpud.take().unwrap());
 
     dra.start();
     let registry = dra.path("plugins_registry");
@@ -2048,8 +2064,22 @@ async fn a_new_gpud_serves_the_plugin_socket_it_took_over_and_registers_under_it
     assert_eq!(during.claims["uid-1"].devices, [prepared("uid-1", "gpu-3")]);
     dra.log_when("Took over: the gpud taken over from has finished");
 
-    common::send_signal(&old, "TERM");
-    assert_eq!(old.wait().unwrap().code(), Some(0));
+    // The old process's stream ended when it finished; the kubelet opens it again and the
+    // new process's first list withdraws no healthy device.
+    assert!(
+        !matches!(
+            tokio::time::timeout(Duration::from_secs(10), health.message())
+                .await
+                .unwrap(),
+            Ok(Some(_))
+        ),
+        "the old process's health stream ends"
+    );
+    let mut health = watch().await;
+    assert_eq!(health_of(&next_health(&mut health).await), ["gpu-5"]);
+
+    common::send_signal(&old.0, "TERM");
+    assert_eq!(old.0.wait().unwrap().code(), Some(0));
     assert!(
         dra.plugin_socket().exists(),
         "the plugin socket is the new process's now"

@@ -12,11 +12,9 @@ mod fake_kubelet;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::http::{self, free_port};
+use common::http::{self, Scraper, free_port};
 use common::{Node, file_when};
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 
@@ -107,53 +105,6 @@ fn run_args(node: &Node, kubelet: &FakeKubelet, port: u16) -> Vec<String> {
     ]
     .map(str::to_owned)
     .to_vec()
-}
-
-/// Scrapes `/metrics` 50 times a second on new connections until stopped; counts what failed
-/// and the longest time without an answer.
-struct Scraper {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<ScrapeReport>>,
-}
-
-#[derive(Debug, Default)]
-struct ScrapeReport {
-    answered: u64,
-    failed: Vec<String>,
-    longest_gap: Duration,
-}
-
-impl Scraper {
-    fn start(port: u16) -> Scraper {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            let mut report = ScrapeReport::default();
-            let mut last = Instant::now();
-            while !flag.load(Ordering::SeqCst) {
-                match http::get(port, "/metrics") {
-                    Ok(answer) if answer.status == 200 => {
-                        report.answered += 1;
-                        report.longest_gap = report.longest_gap.max(last.elapsed());
-                        last = Instant::now();
-                    }
-                    Ok(answer) => report.failed.push(format!("status {}", answer.status)),
-                    Err(err) => report.failed.push(err.to_string()),
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            report
-        });
-        Scraper {
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> ScrapeReport {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap()
-    }
 }
 
 fn unhealthy(list: &gpud::proto::deviceplugin::ListAndWatchResponse) -> Vec<String> {

@@ -53,6 +53,17 @@ pub fn with_default_mask<T>(start: impl FnOnce() -> T) -> T {
     result
 }
 
+/// Waits until SIGTERM or SIGINT arrives, with the handled signals blocked on this thread (the
+/// caller blocked them before the handlers went away, so one sent meanwhile is pending and
+/// ends the wait at once).
+pub fn wait_for_stop() {
+    block();
+    let mut stop = SigSet::empty();
+    stop.add(Signal::SIGTERM);
+    stop.add(Signal::SIGINT);
+    while stop.wait().is_err() {}
+}
+
 /// What a signal asks the daemon to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {

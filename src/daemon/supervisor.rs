@@ -236,10 +236,17 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         let outcome = runtime.block_on(self.supervise(inventory));
         // A blocking NVML call stuck on a sick GPU must not hold the exit.
         runtime.shutdown_timeout(Duration::from_millis(500));
-        outcome.map(|()| ExitCode::SUCCESS)
+        if let Ok(Ended::HandedOver) = outcome {
+            // The kubelet restarts a container whose process ends, and the pod of this one is
+            // deleted only once the new pod is ready: end when told to, not before, holding
+            // nothing (the runtime and every connection it still had are gone).
+            listeners::forget_all();
+            super::signals::wait_for_stop();
+        }
+        outcome.map(|_| ExitCode::SUCCESS)
     }
 
-    async fn supervise(self, inventory: Inventory) -> Result<(), Error> {
+    async fn supervise(self, inventory: Inventory) -> Result<Ended, Error> {
         let mut signals = Signals::install()
             .map_err(|err| Error::Failure(format!("cannot install signal handlers: {err}")))?;
         raise_fd_limit();
@@ -424,13 +431,22 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         if handed_to.take().is_some()
             && !started_successor.load(std::sync::atomic::Ordering::SeqCst)
         {
-            // The kubelet restarts a container whose process ends, and the pod of this one
-            // is deleted only once the new pod is ready: end when told to, not before.
             info!("Handed over to the new gpud; waiting to be stopped");
-            while signals.next().await != Request::Stop {}
+            // From here a SIGTERM stays pending for `wait_for_stop` instead of reaching the
+            // handlers that go with the runtime.
+            super::signals::block();
+            return outcome.map(|()| Ended::HandedOver);
         }
-        outcome
+        outcome.map(|()| Ended::Stopped)
     }
+}
+
+/// How the supervisor's run ended well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Stopped,
+    /// A new gpud took over that this one did not start: wait to be stopped.
+    HandedOver,
 }
 
 /// Looks for a running gpud on `socket` and takes over its sockets and state (on a blocking
@@ -492,6 +508,10 @@ fn complete_handover(
     let Some(socket) = socket else { return };
     match found {
         Some(Found::Predecessor(predecessor)) => {
+            let unused = listeners::close_untaken();
+            if !unused.is_empty() {
+                info!(sockets = %unused.join(","), "Closed the sockets taken over that this configuration does not serve");
+            }
             notifier.main_pid(std::process::id());
             let pid = predecessor.pid;
             let board = board.clone();

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::dra_names::{self, DraDevice};
@@ -66,18 +67,30 @@ fn clip(text: &str) -> String {
 pub struct HealthService {
     pool: String,
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// Ends every stream: a server stopping gracefully waits for its calls, and this one
+    /// would never end by itself.
+    stop: CancellationToken,
 }
 
 impl HealthService {
-    pub fn new(pool: &str, snapshots: watch::Receiver<Arc<Snapshot>>) -> Self {
+    pub fn new(
+        pool: &str,
+        snapshots: watch::Receiver<Arc<Snapshot>>,
+        stop: CancellationToken,
+    ) -> Self {
         HealthService {
             pool: pool.to_owned(),
             snapshots,
+            stop,
         }
     }
 
-    /// The complete lists, the first at once, then one per change.
+    /// The complete lists, the first at once, then one per change, until the stop.
     fn lists(&self) -> impl Stream<Item = Vec<DeviceState>> + Send + 'static {
+        futures_util::StreamExt::take_until(self.changes(), self.stop.clone().cancelled_owned())
+    }
+
+    fn changes(&self) -> impl Stream<Item = Vec<DeviceState>> + Send + 'static {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));

@@ -99,13 +99,14 @@ impl Sockets {
         // the old one's socket, so a call during the takeover waits instead of failing.
         let listener = grpc::bind_or_inherit(&self.config.plugin_socket(), grpc::SOCKET_MODE)?;
         let service = DraService::new(Arc::clone(&self.preparer));
-        let health = HealthService::new(&self.config.node, self.inventory.subscribe());
+        let stop = self.cancel.child_token();
+        let health =
+            HealthService::new(&self.config.node, self.inventory.subscribe(), stop.clone());
         let router = tonic::transport::Server::builder()
             .add_service(V1Server::new(service.clone()))
             .add_service(V1beta1Server::new(service))
             .add_service(HealthV1::new(health.clone()))
             .add_service(HealthV1alpha1::new(health));
-        let stop = self.cancel.child_token();
         let mut gone = self.predecessor_gone.clone();
         let preparer = Arc::clone(&self.preparer);
         let serving = stop.clone();

@@ -3,6 +3,8 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Status code and body of one answer.
@@ -65,5 +67,53 @@ pub fn wait_for(port: u16, path: &str, secs: u64, accept: impl Fn(&Answer) -> bo
             "GET {path} on port {port} did not give the expected answer within {secs}s"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Scrapes `/metrics` 50 times a second on new connections until stopped; counts what failed
+/// and the longest time without an answer.
+pub struct Scraper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<ScrapeReport>>,
+}
+
+#[derive(Debug, Default)]
+pub struct ScrapeReport {
+    pub answered: u64,
+    pub failed: Vec<String>,
+    pub longest_gap: Duration,
+}
+
+impl Scraper {
+    pub fn start(port: u16) -> Scraper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut report = ScrapeReport::default();
+            let mut last = Instant::now();
+            while !flag.load(Ordering::SeqCst) {
+                match get(port, "/metrics") {
+                    Ok(answer) if answer.status == 200 => {
+                        report.answered += 1;
+                        report.longest_gap = report.longest_gap.max(last.elapsed());
+                        last = Instant::now();
+                    }
+                    Ok(answer) => report.failed.push(format!("status {}", answer.status)),
+                    Err(err) => report.failed.push(err.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            report.longest_gap = report.longest_gap.max(last.elapsed());
+            report
+        });
+        Scraper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn finish(mut self) -> ScrapeReport {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
     }
 }

@@ -84,6 +84,27 @@ impl Node {
         self.dir.path().join("state.json")
     }
 
+    /// The DRA plugin's folders on this node (made here) as `gpud dra`/`run --dra` flags: the
+    /// kubelet's registry and plugins folders, the CDI root, the driver and proc roots, the
+    /// pod-resources socket.
+    pub fn dra_flags(&self) -> Vec<String> {
+        for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
+            std::fs::create_dir_all(self.dir.path().join(dir)).expect("DRA folder");
+        }
+        let path = |rel: &str| self.dir.path().join(rel).display().to_string();
+        [
+            ("--dra-registry-dir", "plugins_registry"),
+            ("--dra-plugins-dir", "plugins"),
+            ("--dra-cdi-root", "cdi"),
+            ("--dra-driver-root", "driver"),
+            ("--dra-proc-root", "driver"),
+            ("--dra-pod-resources-socket", "pod-resources.sock"),
+        ]
+        .into_iter()
+        .flat_map(|(flag, rel)| [flag.to_owned(), path(rel)])
+        .collect()
+    }
+
     /// Appends one fault-injection line to the node's control file.
     pub fn inject(&self, line: &str) {
         let mut file = OpenOptions::new()
