@@ -430,3 +430,31 @@ impl Drop for KillOnDrop {
             .status();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_gpud_is_killed_and_the_new_one_serves_its_port_cold() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let port = free_port();
+    let mut old = Gpud::start(&node, &kubelet, port, "old");
+    kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    // Stopped: it holds its sockets and answers nothing, as a process stuck in the driver.
+    common::send_signal(&old.child, "STOP");
+    let started = Instant::now();
+    let new = Gpud::start(&node, &kubelet, port, "new");
+    let text = new.log_when("Serving after a cold start", 20);
+    assert!(text.contains("no answer within the deadline"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        kubelet.next_registration(10).await.endpoint,
+        "nvidia-gpu.sock"
+    );
+    let status = tokio::task::block_in_place(|| old.child.wait()).unwrap();
+    assert!(!status.success(), "killed: {status}");
+    http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+}

@@ -7,9 +7,9 @@
 //!    [`Predecessor::stop`] sends `stop` and waits for the old process to finish.
 //!
 //! Nothing here waits long: an old process that does not answer within [`ANSWER_WAIT`]
-//! (hung), answers garbage, or speaks no common version is stopped (SIGTERM, then SIGKILL)
-//! and the new one starts cold, saying why and, once it serves, how long the node went
-//! without a gpud.
+//! (hung: SIGKILL after [`HUNG_STOP_GRACE`]), answers garbage, or speaks no common version
+//! (SIGTERM, SIGKILL after [`COLD_STOP_GRACE`]) is stopped and the new one starts cold, saying
+//! why and, once it serves, how long the node went without a gpud.
 
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -23,8 +23,11 @@ use crate::listeners;
 
 /// How long the old process has to answer `hello`.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(3);
-/// How long an old process that could not hand over gets to stop before it is killed.
+/// How long an old process that answered but could not hand over gets to stop before it is
+/// killed: its own grace period and a margin.
 pub const COLD_STOP_GRACE: Duration = Duration::from_secs(6);
+/// How long one that did not answer at all (hung) gets: it will not handle a SIGTERM either.
+pub const HUNG_STOP_GRACE: Duration = Duration::from_secs(1);
 /// How long the old process gets to finish after `stop`: its own grace period and a margin.
 pub const FINISH_WAIT: Duration = Duration::from_secs(10);
 
@@ -132,7 +135,7 @@ pub fn take_over(socket: &Path, board: &Board) -> Takeover {
                 busy: false,
             },
             _,
-        )) => cold_after(&peer, format!("it refused: {reason}")),
+        )) => cold_after(&peer, format!("it refused: {reason}"), COLD_STOP_GRACE),
         Ok((other, fds)) => cold_after(
             &peer,
             format!(
@@ -140,6 +143,7 @@ pub fn take_over(socket: &Path, board: &Board) -> Takeover {
                 serde_json::to_string(&other).unwrap_or_default(),
                 fds.len()
             ),
+            COLD_STOP_GRACE,
         ),
         Err(WireError::Closed) => Takeover::Cold {
             why: format!(
@@ -148,7 +152,8 @@ pub fn take_over(socket: &Path, board: &Board) -> Takeover {
             ),
             stopped: Some(Instant::now()),
         },
-        Err(err) => cold_after(&peer, err.to_string()),
+        Err(err @ WireError::TimedOut) => cold_after(&peer, err.to_string(), HUNG_STOP_GRACE),
+        Err(err) => cold_after(&peer, err.to_string(), COLD_STOP_GRACE),
     }
 }
 
@@ -167,7 +172,7 @@ fn exchange(stream: &mut UnixStream) -> Result<(Message, Vec<std::os::fd::OwnedF
 
 /// A handover that failed with the old process still there: it is stopped, so that the
 /// new one can bind what it held, and the new one starts cold.
-fn cold_after(peer: &Peer, what: String) -> Takeover {
+fn cold_after(peer: &Peer, what: String, grace: Duration) -> Takeover {
     let why = format!(
         "the running gpud (pid {}) could not hand over ({what}); it is stopped and this one \
          starts cold",
@@ -175,7 +180,7 @@ fn cold_after(peer: &Peer, what: String) -> Takeover {
     );
     let stopped = Instant::now();
     if let Some(pid) = peer.pid {
-        peer::stop(pid, COLD_STOP_GRACE);
+        peer::stop(pid, grace);
     }
     Takeover::Cold {
         why,

@@ -342,6 +342,18 @@ impl Reconciler {
             let view = match read {
                 Ok(view) => {
                     api_ready.answered();
+                    // The gpud taken over from may be applying a layout right now: act only
+                    // once it has finished (its record and marker say where it stopped), then
+                    // read the Node again.
+                    let mut gone = ctx.predecessor_gone();
+                    let waiting = !*gone.borrow_and_update();
+                    if waiting {
+                        tokio::select! {
+                            () = cancel.cancelled() => return Ok(()),
+                            _ = gone.wait_for(|gone| *gone) => {}
+                        }
+                        continue;
+                    }
                     view
                 }
                 Err(err) => {
