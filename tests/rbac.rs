@@ -231,7 +231,10 @@ fn host_flags(root: &Path, kubeconfig: &Path) -> Vec<(&'static str, String)> {
             "--pod-resources-kubelet-socket",
             under("/var/lib/kubelet/pod-resources/kubelet.sock"),
         ),
-        ("--address", format!("127.0.0.1:{}", free_port())),
+        (
+            "--address",
+            format!("127.0.0.1:{}", common::http::free_port()),
+        ),
         ("--sysfs-root", under("/sys")),
         ("--host-root", root.display().to_string()),
         (
@@ -252,14 +255,6 @@ fn host_flags(root: &Path, kubeconfig: &Path) -> Vec<(&'static str, String)> {
         ),
         ("--mig-retry-interval", "200ms".into()),
     ]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Whether `gpud <applet…>` takes `flag`, from its help.

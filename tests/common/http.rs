@@ -15,12 +15,26 @@ pub struct Answer {
     pub body: String,
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, below the kernel's ephemeral range
+/// (32768–60999 by default): a port the kernel hands out may be taken, between this call and
+/// gpud's bind, as the local end of any outgoing connection on the machine (a test's client,
+/// gpud's own API calls), which is what made `Address already in use` show up now and then.
+/// Each test process counts through its own stretch of 16384..32768, picked from its pid, and
+/// skips ports something already holds.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    use std::sync::atomic::AtomicU32;
+    const FIRST: u32 = 16384;
+    const SPAN: u32 = 16384;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(2654435761) % SPAN;
+    for _ in 0..SPAN {
+        let offset = (base + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = (FIRST + offset) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 /// `GET path` on `127.0.0.1:port`; `Err` when nothing answers.

@@ -23,11 +23,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A random high loopback port nothing answers on.
+# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
+# where an outgoing connection could take it before the server binds.
 free_port() {
   local port
   for _ in $(seq 100); do
-    port=$((20000 + RANDOM % 20000))
+    port=$((20000 + RANDOM % 12000))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
       return
