@@ -573,3 +573,42 @@ fn a_mode_change_the_driver_says_needs_a_reboot_reboots_once_and_succeeds_after_
         "one reboot per config"
     );
 }
+
+/// A new reconciler that takes over (the DaemonSet's surge puts it beside the old one) leaves
+/// the GPUs to the old one while it is still applying: it writes nothing and changes nothing
+/// until the old one has gone, then resumes the apply the old one left pending.
+#[test]
+fn a_reconciler_taking_over_waits_for_the_old_ones_apply_to_end() {
+    let node = Node::new("a100-mig");
+    for function in MIG_CHANGES {
+        node.inject(&format!("hang {function}"));
+    }
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let mut old = start(&node, &api);
+    wait_until(30, "the old reconciler's apply", || {
+        states(&api) == ["pending"]
+    });
+    // The old one is held inside its apply, before its first change.
+    let new = start(&node, &api);
+    wait_until(30, "the takeover to begin", || {
+        log(&node).contains("Taking over")
+    });
+    let gone = Instant::now() + Duration::from_secs(30);
+    while old.0.try_wait().unwrap().is_none() {
+        assert_eq!(
+            states(&api),
+            ["pending"],
+            "the new reconciler acted while the old one was applying:\n{}",
+            log(&node)
+        );
+        assert!(Instant::now() < gone, "the old reconciler never stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for function in MIG_CHANGES {
+        node.inject(&format!("unhang {function}"));
+    }
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    assert_eq!(states(&api), ["pending", "pending", "success"]);
+    assert!(asserts(&node, "all-1g.10gb"));
+    drop(new);
+}

@@ -180,6 +180,9 @@ struct ReconcileCommand {
 
     #[command(flatten)]
     admin: AdminArgs,
+
+    #[command(flatten)]
+    state: cli::StateArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -382,6 +385,9 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
         return Ok(ExitCode::SUCCESS);
     };
     let mut daemon = Daemon::fixed("mig-reconcile");
+    // Two reconcilers side by side (a DaemonSet's surge) would repartition the same GPUs at
+    // once: the new one takes over, and acts only once the old one has finished.
+    daemon.hand_over(&args.state.state_dir);
     daemon.add_fixed(reconciler);
     daemon.serve_admin(&args.admin.address(super::admin_port("mig reconcile")));
     daemon.run(inventory)

@@ -234,6 +234,13 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             .build()
             .map_err(|err| Error::Failure(format!("cannot start the runtime: {err}")))?;
         let outcome = runtime.block_on(self.supervise(inventory));
+        if let Ok(Ended::Unfinished) = outcome {
+            // Work still runs on a blocking thread (an NVML call stuck on a sick GPU, a MIG
+            // apply): ending the process is what stops it, at once, so that the gpud that
+            // took over (told so by this process's end) never works beside it.
+            runtime.shutdown_background();
+            return Ok(ExitCode::SUCCESS);
+        }
         // A blocking NVML call stuck on a sick GPU must not hold the exit.
         runtime.shutdown_timeout(Duration::from_millis(500));
         if let Ok(Ended::HandedOver) = outcome {
@@ -418,15 +425,16 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             }
         })
         .await;
+        if let (Some(socket), None) = (&handover, &handed_to) {
+            listeners::remove_if_owned(socket);
+        }
         if drained.is_err() {
             warn!(
                 grace = ?SHUTDOWN_GRACE,
                 "Some subsystems did not stop in time; exiting anyway"
             );
             tasks.abort_all();
-        }
-        if let (Some(socket), None) = (&handover, &handed_to) {
-            listeners::remove_if_owned(socket);
+            return outcome.map(|()| Ended::Unfinished);
         }
         if handed_to.take().is_some()
             && !started_successor.load(std::sync::atomic::Ordering::SeqCst)
@@ -447,6 +455,9 @@ enum Ended {
     Stopped,
     /// A new gpud took over that this one did not start: wait to be stopped.
     HandedOver,
+    /// Some subsystem did not stop within the grace period: its work may go on, so the
+    /// process ends now, even if it handed over.
+    Unfinished,
 }
 
 /// Looks for a running gpud on `socket` and takes over its sockets and state (on a blocking

@@ -7,6 +7,7 @@
 //! is retried with a capped, jittered backoff; the health watcher and the device plugin never
 //! wait on this task.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -16,8 +17,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::args::Settings;
-use super::conditions::{Condition, Status};
+use super::conditions::{Condition, GpuHealth, Status};
 use super::events;
+use super::hold::Handed;
 use super::state::{self, Desired};
 use super::taints::{self, Wanted};
 use crate::backoff::{self, Backoff};
@@ -31,8 +33,13 @@ use crate::kube::{self, ApiError, ApiReadiness, ConditionRecord, NodeClient};
 /// The node-status subsystem for one node.
 /// The field manager of gpud's conditions and taints, and the component of its events.
 pub const FIELD_MANAGER: &str = "gpud";
-/// The node status's piece of the handover state: each GPU's held health.
+/// The node status's piece of the handover state: each GPU's held health and what was last
+/// written ([`HandedStatus`]).
 const HANDOVER_KEY: &str = "node-status-hold";
+/// How long the first write waits for the doctor's first verdict: the doctor's first run takes
+/// tens of milliseconds, and writing "not run yet" just before it costs the Node a second write
+/// and the cluster an event.
+const FIRST_VERDICT_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 pub struct NodeStatus {
@@ -76,6 +83,45 @@ struct Wrote {
     taints: Vec<Wanted>,
 }
 
+impl Wrote {
+    /// The text a process hands on for what it wrote: the same text in the next process means
+    /// the same Node state (its debug form, so a gpud whose types differ writes once more).
+    fn fingerprint(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+/// What the gpud taken over from hands on: each GPU's held health by UUID, what it last wrote
+/// to the Node and how long until its next resync, so the new process neither shows a recovery
+/// early nor writes the Node again to say the same.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct HandedStatus {
+    gpus: BTreeMap<String, Handed<GpuHealth>>,
+    #[serde(default)]
+    wrote: Option<String>,
+    #[serde(default)]
+    resync_in_ms: u64,
+}
+
+/// What this process would hand on now, kept current by the loop.
+#[derive(Debug)]
+struct Handing {
+    gpus: BTreeMap<String, super::hold::Held<GpuHealth>>,
+    wrote: Option<String>,
+    resync_at: std::time::Instant,
+}
+
+impl Handing {
+    fn handed(&self, now: std::time::Instant) -> HandedStatus {
+        HandedStatus {
+            gpus: state::handed(&self.gpus, now),
+            wrote: self.wrote.clone(),
+            resync_in_ms: u64::try_from(self.resync_at.saturating_duration_since(now).as_millis())
+                .unwrap_or(u64::MAX),
+        }
+    }
+}
+
 impl Subsystem for NodeStatus {
     type Settings = ();
     crate::subsystem_name!("node-status");
@@ -87,6 +133,12 @@ impl Subsystem for NodeStatus {
         let mut updates = inventory.subscribe();
         let mut last = updates.borrow_and_update().clone();
         let mut reports = self.doctor.as_ref().map(LatestReport::subscribe);
+        if let Some(reports) = reports.as_mut() {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(()),
+                _ = tokio::time::timeout(FIRST_VERDICT_WAIT, reports.wait_for(Option::is_some)) => {}
+            }
+        }
         let report = reports.as_mut().and_then(|r| r.borrow_and_update().clone());
         let mut desired = Desired::new(
             settings.hold,
@@ -96,39 +148,56 @@ impl Subsystem for NodeStatus {
             report.as_deref(),
             Instant::now().into_std(),
         );
+        let mut wrote: Option<Wrote> = None;
+        let mut resync_at = Instant::now();
         // The hold goes on where the gpud taken over from was: a GPU it still showed failed
-        // while waiting out its quiet hold is not shown recovered early.
+        // while waiting out its quiet hold is not shown recovered early; and what it wrote is
+        // on the Node, so the same state is not written again before its resync.
         if let Some(handed) = ctx.inherited(HANDOVER_KEY) {
-            match serde_json::from_value(handed) {
-                Ok(handed) => desired.take_on(handed, Instant::now().into_std()),
+            match serde_json::from_value::<HandedStatus>(handed) {
+                Ok(handed) => {
+                    let now = Instant::now();
+                    desired.take_on(handed.gpus, now.into_std());
+                    let want = Wrote {
+                        conditions: desired.conditions(),
+                        taints: desired.taints(),
+                    };
+                    if handed.wrote.as_deref() == Some(want.fingerprint().as_str()) {
+                        wrote = Some(want);
+                        resync_at = now + Duration::from_millis(handed.resync_in_ms);
+                    }
+                }
                 Err(err) => {
                     warn!(error = %err, "Cannot read the node status handed over; holding from now")
                 }
             }
         }
-        // A copy of the GPUs' hold after every step, for the gpud that takes over.
-        let held = Arc::new(Mutex::new(desired.held_gpus()));
+        // What to hand on, kept current after every step, for the gpud that takes over.
+        let handing = Arc::new(Mutex::new(Handing {
+            gpus: desired.held_gpus(),
+            wrote: wrote.as_ref().map(Wrote::fingerprint),
+            resync_at: resync_at.into_std(),
+        }));
         {
-            let held = Arc::clone(&held);
+            let handing = Arc::clone(&handing);
             ctx.hand_on(HANDOVER_KEY, move || {
-                let gpus = held.lock().unwrap_or_else(PoisonError::into_inner);
-                serde_json::to_value(state::handed(&gpus, std::time::Instant::now()))
-                    .unwrap_or_default()
+                let handing = handing.lock().unwrap_or_else(PoisonError::into_inner);
+                serde_json::to_value(handing.handed(std::time::Instant::now())).unwrap_or_default()
             });
         }
-        // Ready once the API server answers the first write, not before.
+        // Ready once the API server answers, not before: the first write, or a read of the Node
+        // when what the gpud taken over from wrote is still what this one would write.
         let mut api_ready = ApiReadiness::new(ctx.ready_latch(), self.unready_after);
+        let mut answered = false;
 
         let mut backoff = Backoff::capped(backoff::seed_from(&self.node), settings.retry_max);
         let mut outbox = Outbox::new(Instant::now().into_std());
-        let mut wrote: Option<Wrote> = None;
         let mut uid: Option<String> = None;
         let mut next_attempt = Instant::now();
-        let mut resync_at = Instant::now();
         // Whether the last attempt lost a race for the taints (409) and was retried at once.
         let mut reread = false;
         loop {
-            *held.lock().unwrap_or_else(PoisonError::into_inner) = desired.held_gpus();
+            handing.lock().unwrap_or_else(PoisonError::into_inner).gpus = desired.held_gpus();
             let now = Instant::now();
             if let Some(changed) = desired.settle(now.into_std()) {
                 outbox.push(
@@ -141,20 +210,28 @@ impl Subsystem for NodeStatus {
                 taints: desired.taints(),
             };
             let due = wrote.as_ref() != Some(&want) || now >= resync_at;
-            if now >= next_attempt && (due || !outbox.is_empty()) {
+            let pending = due || !outbox.is_empty() || !answered;
+            if now >= next_attempt && pending {
                 let attempt = async {
                     if due {
                         uid = write(&api, &want, settings.taints.any()).await?;
+                    } else if !answered {
+                        uid = api.read().await?.uid;
                     }
                     send_events(&api, &mut outbox, uid.as_deref()).await
                 };
                 match attempt.await {
                     Ok(()) => {
                         api_ready.answered();
+                        answered = true;
                         if due {
                             log_changes(wrote.as_ref(), &want);
-                            wrote = Some(want);
                             resync_at = Instant::now() + settings.resync;
+                            let mut handing =
+                                handing.lock().unwrap_or_else(PoisonError::into_inner);
+                            handing.wrote = Some(want.fingerprint());
+                            handing.resync_at = resync_at.into_std();
+                            wrote = Some(want);
                         }
                         backoff.reset();
                         reread = false;
@@ -176,7 +253,6 @@ impl Subsystem for NodeStatus {
                 }
                 continue;
             }
-            let pending = due || !outbox.is_empty();
             let wake = [
                 desired.deadline().map(Instant::from_std),
                 pending.then_some(next_attempt),

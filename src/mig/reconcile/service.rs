@@ -219,16 +219,21 @@ impl Reconciler {
         info!(config = label, gpus = ?changing, "Applying MIG config");
         let (job, admin, owned) = (self.job.clone(), self.admin, label.to_owned());
         let started = Instant::now();
+        let apply = blocking(move || job.apply(&admin, &owned));
+        tokio::pin!(apply);
         let applied = tokio::select! {
+            applied = &mut apply => applied,
             () = cancel.cancelled() => {
-                // The apply thread is cut off with the process; the next start resumes it.
-                let why = "gpud stopped during the apply; the next start resumes it";
-                let _ = tokio::time::timeout(Duration::from_secs(5), node::report(client, State::Failed, Some(why))).await;
-                self.noted(label, State::Failed, Some(why));
-                return Step::Stopped;
+                // A layout left half applied is worse than a stop that waits: the apply gets
+                // the grace period, and one that outlasts it ends with the process (which
+                // then exits rather than wait beside a gpud that took over); the next start
+                // resumes it either way.
+                info!(config = label, "Stopping once the MIG apply under way has finished");
+                let applied = apply.await.map_err(ApplyError::Failed).and_then(|a| a);
+                return self.stopped_after(client, label, &applied).await;
             }
-            applied = blocking(move || job.apply(&admin, &owned)) => applied.map_err(ApplyError::Failed).and_then(|a| a),
         };
+        let applied = applied.map_err(ApplyError::Failed).and_then(|a| a);
         let reached = matches!(applied, Ok(Outcome::Applied | Outcome::AlreadyApplied));
         self.metrics.applied(reached, started.elapsed());
         let settled = |snapshot: &mut crate::inventory::Snapshot| snapshot.set_reconfiguring(&[]);
@@ -255,6 +260,32 @@ impl Reconciler {
                 self.failed(client, label, err.to_string(), cancel).await
             }
         }
+    }
+
+    /// Says on the Node how an apply that the stop waited for ended, briefly: the process is
+    /// within its grace period, and the next start checks the layout anyway.
+    async fn stopped_after(
+        &self,
+        client: &NodeClient,
+        label: &str,
+        applied: &Result<Outcome, ApplyError>,
+    ) -> Step {
+        let (state, reason) = match applied {
+            Ok(Outcome::Applied | Outcome::AlreadyApplied) => {
+                if let Err(err) = self.marker.clear() {
+                    warn!(error = %err, "Cannot remove the reboot marker");
+                }
+                (State::Success, None)
+            }
+            _ => (
+                State::Failed,
+                Some("gpud stopped during the apply; the next start resumes it"),
+            ),
+        };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), node::report(client, state, reason)).await;
+        self.noted(label, state, reason);
+        Step::Stopped
     }
 
     /// A mode change that needs a reboot: at most one per requested config.
