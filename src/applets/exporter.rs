@@ -38,6 +38,11 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
+    /// kubeconfig for the API server, where --pod-usage reads this node's pods; without it the
+    /// in-cluster service account is used.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+
     #[command(flatten)]
     rescan: RescanArgs,
 
@@ -50,8 +55,12 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     let (watcher, _) = args.health.resolve("exporter")?;
     let counters = args.exporter.counters()?;
+    let usage = args
+        .exporter
+        .usage(args.node.node_name.as_deref(), args.kubeconfig.clone())?;
     let nvml = args.common.start()?;
-    let config = args.exporter.config(&counters, &nvml)?;
+    let mut config = args.exporter.config(&counters, &nvml)?;
+    config.usage = usage;
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
 

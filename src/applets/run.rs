@@ -180,9 +180,13 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         false => None,
     };
     let counters = args.exporter.counters()?;
+    let usage = args
+        .exporter
+        .usage(args.node_name.as_deref(), args.api.kubeconfig.clone())?;
     args.mig.validate(args.node_name.as_deref())?;
     let nvml = args.common.start()?;
     let mut exporter = args.exporter.config(&counters, &nvml)?;
+    exporter.usage = usage;
     // One process, one driver name: the exporter attributes the claims this plugin prepares.
     if let (Some(dra), Some(pods)) = (&dra, exporter.kubernetes.as_mut()) {
         pods.resources.dra_driver = dra.driver.clone();

@@ -107,6 +107,24 @@ pub struct ExporterArgs {
     )]
     xid_count_window_size: u64,
 
+    /// Per-pod GPU usage (gpud_container_gpu_*): each container's own GPU memory and share of
+    /// the GPU's engines, from NVML's per-process data. Needs the node name, the host's /proc
+    /// (--pod-usage-proc-root) and API access to list and watch this node's pods.
+    #[arg(long, env = "GPUD_POD_USAGE", value_name = "BOOL",
+          default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = FalseyValueParser::new())]
+    pod_usage: bool,
+
+    /// The host's /proc, where the process IDs NVML reports are found (in a container a
+    /// read-only hostPath of /proc, or hostPID).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "GPUD_POD_USAGE_PROC_ROOT",
+        default_value = "/proc"
+    )]
+    pod_usage_proc_root: PathBuf,
+
     #[command(flatten)]
     http: crate::http::HttpArgs,
 }
@@ -156,6 +174,30 @@ impl ExporterArgs {
 }
 
 impl ExporterArgs {
+    /// Where per-pod usage comes from, when `--pod-usage` asks for it: this node's pods
+    /// (`node`, through `kubeconfig` or the in-cluster account) and the host's `/proc`.
+    pub fn usage(
+        &self,
+        node: Option<&str>,
+        kubeconfig: Option<PathBuf>,
+    ) -> Result<Option<super::usage::UsageConfig>, Error> {
+        if !self.pod_usage {
+            return Ok(None);
+        }
+        let node = node.filter(|n| !n.is_empty()).ok_or_else(|| {
+            Error::Usage(
+                "--pod-usage names containers from this node's pods: give the node name \
+                 (--node-name or NODE_NAME)"
+                    .into(),
+            )
+        })?;
+        Ok(Some(super::usage::UsageConfig {
+            proc_root: self.pod_usage_proc_root.clone(),
+            node: node.to_owned(),
+            kubeconfig,
+        }))
+    }
+
     /// The configuration for a field selection; a collect interval below the minimum is
     /// raised to it with a warning (dcgm-exporter's unit is milliseconds, easy to get wrong).
     fn with_selection(&self, selection: fields::Selection) -> ExporterConfig {
@@ -193,6 +235,7 @@ impl ExporterArgs {
             xid_window: Duration::from_millis(self.xid_count_window_size),
             http: self.http.limits(),
             mig: None,
+            usage: None,
         }
     }
 }

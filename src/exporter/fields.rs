@@ -546,6 +546,8 @@ pub fn select(
         plan: TelemetryPlan {
             readings,
             gpm: unique_gpm,
+            // Asked for by the per-pod usage switch, not by a counters file.
+            processes: false,
             gpm_fallbacks: fallbacks,
         },
     })

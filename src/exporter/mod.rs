@@ -26,6 +26,7 @@ pub mod render;
 pub mod sampler;
 pub mod server;
 pub mod service;
+pub mod usage;
 pub mod xids;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use tracing::info;
 use crate::daemon::{Helpers, ReadyLatch};
 use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
+use crate::kube::pods::PodDirectory;
 use crate::nvml::{Nvml, NvmlError};
 use crate::xid::ledger::XidLedger;
 use fields::Selection;
@@ -74,6 +76,8 @@ pub struct ExporterConfig {
     pub http: http::Limits,
     /// The MIG reconciler's counters, when it runs in the same process (`gpud run`).
     pub mig: Option<crate::mig_state::metrics::Metrics>,
+    /// Per-pod usage from per-process data, when enabled.
+    pub usage: Option<usage::UsageConfig>,
 }
 
 /// What stops the exporter from starting.
@@ -88,6 +92,9 @@ pub enum ExporterError {
     /// The HTTP server stopped with an error.
     #[error("metrics server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// No client for the API server (per-pod usage names pods through it).
+    #[error(transparent)]
+    Api(#[from] crate::kube::ApiError),
 }
 
 /// Runs the exporter until `cancel` fires. `xids` is the ledger the health watcher counts XIDs
@@ -115,13 +122,33 @@ pub async fn run(
         info!(address = %local, interval = ?config.collect_interval, "Serving metrics");
     }
     let (sample_tx, sample_rx) = watch::channel(None);
+    let mut plan = config.selection.plan.clone();
+    plan.processes = config.usage.is_some();
+    let owners = config
+        .usage
+        .as_ref()
+        .map(|u| usage::owners::ProcessOwners::new(u.proc_root.clone()));
     let _sampler = sampler::start(
         nvml,
         inventory.clone(),
-        config.selection.plan.clone(),
+        plan,
         config.collect_interval,
+        owners,
         sample_tx,
     )?;
+    let (directory_tx, directory_rx) = watch::channel(Arc::new(PodDirectory::default()));
+    let directory = match &config.usage {
+        Some(usage) => {
+            let client = crate::kube::connect(usage.kubeconfig.as_deref())
+                .await
+                .map_err(ExporterError::Api)?;
+            Some(helpers.spawn(
+                "pod directory",
+                crate::kube::pods::follow(client, usage.node.clone(), directory_tx, cancel.clone()),
+            ))
+        }
+        None => None,
+    };
     let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
     let poller = config.kubernetes.clone().map(|k8s| {
         helpers.spawn(
@@ -137,8 +164,11 @@ pub async fn run(
             cancel.clone(),
             config.clone(),
             inventory,
-            sample_rx,
-            pods_rx,
+            Sources {
+                samples: sample_rx,
+                pods: pods_rx,
+                directory: directory_rx,
+            },
             xids,
             Publisher {
                 shared: Arc::clone(&shared),
@@ -153,10 +183,18 @@ pub async fn run(
     let served = http::serve(listener, router, config.http, http_stats, cancel.clone()).await;
     cancel.cancel();
     let _ = renderer.await;
-    if let Some(poller) = poller {
-        let _ = poller.await;
+    for helper in [poller, directory].into_iter().flatten() {
+        let _ = helper.await;
     }
     served.map_err(ExporterError::Serve)
+}
+
+/// What the render loop renders from, besides the inventory and the XID record.
+struct Sources {
+    samples: watch::Receiver<Option<Arc<Sampled>>>,
+    pods: watch::Receiver<Arc<PodsState>>,
+    /// This node's pods, for per-pod usage (empty without it).
+    directory: watch::Receiver<Arc<PodDirectory>>,
 }
 
 /// Where the render loop publishes bodies.
@@ -201,11 +239,15 @@ async fn render_loop(
     cancel: CancellationToken,
     config: ExporterConfig,
     inventory: Inventory,
-    mut samples: watch::Receiver<Option<Arc<Sampled>>>,
-    mut pods: watch::Receiver<Arc<PodsState>>,
+    sources: Sources,
     xids: Option<XidLedger>,
     mut publisher: Publisher,
 ) {
+    let Sources {
+        mut samples,
+        mut pods,
+        directory,
+    } = sources;
     let mut snapshots = inventory.subscribe();
     let ledger = xids.unwrap_or_else(|| XidLedger::new(config.xid_window));
     let mut xid_changes = ledger.subscribe();
@@ -268,6 +310,11 @@ async fn render_loop(
         };
         let mut body = String::with_capacity(capacity);
         render::render(&frame, &mut body);
+        if config.usage.is_some() {
+            let directory = directory.borrow().clone();
+            let totals = usage::totals(&snapshot, &sample.telemetry, &sample.owners, &directory);
+            usage::render(&frame, &totals, &mut body);
+        }
         capacity = body.len() + body.len() / 8;
         let published = Published {
             body: Bytes::from(body),

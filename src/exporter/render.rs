@@ -152,13 +152,18 @@ pub fn gpu_instance_profile(mig: &MigDevice) -> &str {
 /// Whether a label set carries `modelName`: dcgm-exporter's families do; gpud's own leave it
 /// out, so they pass Prometheus' snake_case lint (join on `UUID` for the model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Model {
+pub(crate) enum Model {
     Include,
     Omit,
 }
 
 /// `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, the GPU-instance labels, `Hostname`.
-fn identity(frame: &Frame<'_>, gpu: &Gpu, instance: Option<(&str, u32)>, model: Model) -> String {
+pub(crate) fn identity(
+    frame: &Frame<'_>,
+    gpu: &Gpu,
+    instance: Option<(&str, u32)>,
+    model: Model,
+) -> String {
     let mut s = String::with_capacity(160);
     push_label(&mut s, "gpu", &gpu.index.to_string());
     push_label(&mut s, "UUID", &gpu.uuid);
@@ -305,7 +310,7 @@ fn write_value(out: &mut String, value: Value) {
     };
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     out.push_str("# HELP ");
     out.push_str(name);
     out.push(' ');
@@ -337,7 +342,7 @@ fn sample_lines(
     }
 }
 
-fn sample_line(
+pub(crate) fn sample_line(
     out: &mut String,
     name: &str,
     prefix: &str,
@@ -773,6 +778,7 @@ mod tests {
             values: values.to_vec(),
             gpm: Vec::new(),
             instances: Vec::new(),
+            processes: None,
         }
     }
 

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::usage::cgroup::Owner;
+use super::usage::owners::ProcessOwners;
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::sampling::{
     GpuTarget, InstanceTarget, NodeTelemetry, Reading, SampleStatus, TelemetryPlan,
@@ -33,6 +35,8 @@ pub struct Sampled {
     pub duration: Duration,
     /// When this cycle finished: a sample that gets old means an NVML call hangs.
     pub at: Instant,
+    /// The pod and container of each process in the sample (with per-pod usage on).
+    pub owners: HashMap<u32, Option<Owner>>,
 }
 
 /// The running thread; dropping it stops the thread after its current cycle.
@@ -58,11 +62,12 @@ pub fn start(
     inventory: Inventory,
     plan: TelemetryPlan,
     interval: Duration,
+    owners: Option<ProcessOwners>,
     tx: watch::Sender<Option<Arc<Sampled>>>,
 ) -> Result<SamplerThread, NvmlError> {
     let (stop, stopped) = mpsc::channel();
     let thread = crate::logging::spawn_thread("gpud-sampler", move || {
-        run(&nvml, &inventory, &plan, interval, &tx, &stopped)
+        run(&nvml, &inventory, &plan, interval, owners, &tx, &stopped)
     })
     .map_err(|source| NvmlError::Thread {
         what: "sampler",
@@ -79,6 +84,7 @@ fn run(
     inventory: &Inventory,
     plan: &TelemetryPlan,
     interval: Duration,
+    mut owners: Option<ProcessOwners>,
     tx: &watch::Sender<Option<Arc<Sampled>>>,
     stopped: &mpsc::Receiver<()>,
 ) {
@@ -89,7 +95,17 @@ fn run(
     loop {
         let targets = targets(&inventory.current());
         let started = Instant::now();
+        let read_at = owners.as_ref().and_then(ProcessOwners::now);
         let telemetry = sampler.sample(plan, &targets);
+        // Owners are read right after NVML, off the scrape path like NVML itself.
+        let owners = owners.as_mut().map_or_else(HashMap::new, |owners| {
+            let pids: Vec<u32> = telemetry
+                .gpus
+                .iter()
+                .flat_map(|g| g.processes.iter().flatten().map(|p| p.pid))
+                .collect();
+            owners.resolve(&pids, read_at)
+        });
         let duration = started.elapsed();
         cycles += 1;
         let nvlink_rates = nvlink.rates(&telemetry, started);
@@ -99,6 +115,7 @@ fn run(
             cycles,
             duration,
             at: Instant::now(),
+            owners,
         };
         if tx.send(Some(Arc::new(sampled))).is_err() {
             return; // nobody renders any more

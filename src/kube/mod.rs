@@ -8,7 +8,9 @@
 //!   conditions, taints, a watch, events about it);
 //! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox;
 //!   [`EventSender`] sends them in the background for subsystems whose loop does not;
-//! - [`ApiReadiness`]: a subsystem that needs the API server is ready while it gets answers.
+//! - [`ApiReadiness`]: a subsystem that needs the API server is ready while it gets answers;
+//! - [`pods`]: this node's pods as a directory from UID and container ID to names (one list,
+//!   then one watch), for the exporter's per-pod usage.
 //!
 //! Subsystems that write to the API server (labeller, node status, DRA, MIG reconciler, MPS)
 //! use this seam and none of each other's code. Retry pauses come from [`crate::backoff`].
@@ -18,6 +20,7 @@ mod client;
 mod event_sender;
 pub mod events;
 mod node;
+pub mod pods;
 pub mod readiness;
 
 pub use call::{ApiError, CALL_TIMEOUT, bounded, within};

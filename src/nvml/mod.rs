@@ -16,6 +16,7 @@ pub mod library;
 pub mod mig_admin;
 mod preflight;
 mod probe;
+pub mod processes;
 // The only module of gpud allowed `unsafe`: the NVML calls nvml-wrapper lacks.
 mod health_signals;
 #[allow(unsafe_code)]

@@ -25,6 +25,7 @@ use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError as E;
 use nvml_wrapper_sys::bindings::field_id as f;
 
+use super::processes::{self, ProcessUsage, ProcessesRead};
 use super::{Nvml, raw};
 
 /// One quantity NVML reports, in NVML's unit.
@@ -137,6 +138,9 @@ pub struct TelemetryPlan {
     pub readings: Vec<Reading>,
     /// GPM metrics, without duplicates (at most 98, NVML's limit per call).
     pub gpm: Vec<GpmMetricId>,
+    /// Read the processes on each GPU, with their memory and utilisation
+    /// ([`super::processes`]).
+    pub processes: bool,
     /// Readings that only stand in for GPM metrics: not read on a GPU whose GPM metrics
     /// are due this cycle. They matter: `nvmlDeviceGetPcieThroughput` samples for 20 ms per
     /// call (measured on an H200), so reading both directions made a cycle take 42 ms per
@@ -188,6 +192,8 @@ pub struct GpuTelemetry {
     pub gpm: Vec<(GpmMetricId, f64)>,
     /// GPU instances, in target order.
     pub instances: Vec<InstanceTelemetry>,
+    /// The processes on the GPU, when the plan asks for them and NVML lists them.
+    pub processes: Option<Vec<ProcessUsage>>,
 }
 
 impl GpuTelemetry {
@@ -250,6 +256,10 @@ pub struct Sampler {
     lib: &'static nvml_wrapper::Nvml,
     /// GPM sample pairs by `(GPU index, GPU instance)`.
     gpm: HashMap<(u32, Option<u32>), GpmPair>,
+    /// Per GPU index, the newest per-process utilisation sample already read.
+    process_samples_seen: HashMap<u32, u64>,
+    /// Whether a GPU's process list was found unavailable (logged once).
+    processes_unavailable: bool,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -266,6 +276,8 @@ impl Nvml {
         Sampler {
             lib: self.lib,
             gpm: HashMap::new(),
+            process_samples_seen: HashMap::new(),
+            processes_unavailable: false,
         }
     }
 
@@ -311,6 +323,7 @@ impl Sampler {
             values: Vec::new(),
             gpm: Vec::new(),
             instances: Vec::new(),
+            processes: None,
         };
         let device = match self.lib.device_by_index(target.index) {
             Ok(device) => device,
@@ -359,6 +372,19 @@ impl Sampler {
                 gpm,
             });
         }
+        if plan.processes && !lost {
+            let seen = self.process_samples_seen.entry(target.index).or_insert(0);
+            match processes::read(&device, seen) {
+                ProcessesRead::Read(list) => out.processes = Some(list),
+                ProcessesRead::Lost => lost = true,
+                ProcessesRead::Unavailable(why) => {
+                    if !self.processes_unavailable {
+                        self.processes_unavailable = true;
+                        tracing::warn!(gpu = target.index, error = %why, "Per-process GPU use is not available from this driver; the per-pod usage metrics are left out");
+                    }
+                }
+            }
+        }
         if lost {
             // A GPU that fell off the bus mid-sample reports nothing: half a sample would mix
             // live values with missing ones.
@@ -366,6 +392,7 @@ impl Sampler {
             out.values.clear();
             out.gpm.clear();
             out.instances.clear();
+            out.processes = None;
             self.forget_gpu(target.index);
         }
         out
@@ -373,6 +400,7 @@ impl Sampler {
 
     fn forget_gpu(&mut self, index: u32) {
         self.gpm.retain(|(gpu, _), _| *gpu != index);
+        self.process_samples_seen.remove(&index);
     }
 
     /// GPM metrics since the previous call for this GPU or instance (none the first time).

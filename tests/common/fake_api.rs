@@ -55,6 +55,10 @@ pub struct ApiState {
     pub writes: Vec<(String, String, Value)>,
     /// Pods by `namespace/name`.
     pub pods: BTreeMap<String, Value>,
+    /// Every change of a pod through [`FakeApi::put_pod`] / [`FakeApi::delete_pod`].
+    pub pod_changes: Changes,
+    /// Pod lists and watches: `(watch, query)` of each.
+    pub pod_reads: Vec<(bool, String)>,
     /// Field manager of each Node condition, by condition type.
     pub condition_managers: BTreeMap<String, String>,
     /// (when, field manager, body) of every server-side apply to nodes/status.
@@ -91,6 +95,26 @@ pub struct ApiState {
     pub rules: Vec<Rule>,
     /// The rules of the account gpud runs as, when requests are authorized.
     pub rbac: Option<rbac::Rbac>,
+}
+
+/// The changes of one kind of object that watches follow: (resourceVersion, watch event) in
+/// order, the last version given, and what wakes the watches.
+#[derive(Default)]
+pub struct Changes {
+    pub events: Vec<(u64, Value)>,
+    pub version: u64,
+    pub changed: Arc<tokio::sync::Notify>,
+}
+
+impl Changes {
+    /// Gives `object` the next resourceVersion and records a `kind` event for it.
+    fn record(&mut self, kind: &str, object: &mut Value) {
+        self.version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        self.events
+            .push((self.version, json!({"type": kind, "object": object})));
+        self.changed.notify_waiters();
+    }
 }
 
 /// One request as the fake API server saw it.
@@ -588,21 +612,8 @@ async fn patch_node(
 /// one `MODIFIED` event as soon as the Node is newer than `V` (at once if it already is), or
 /// ends the watch empty after its timeout, as an API server may.
 async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<String, StatusCode> {
-    let query: BTreeMap<String, String> = uri
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    let from: u64 = query
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(290);
+    let query = query(&uri);
+    let (from, timeout) = watch_window(&query);
     let changed = {
         let mut state = s.lock().unwrap();
         gate(&mut state)?;
@@ -628,6 +639,31 @@ async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<St
             return Ok(String::new());
         }
     }
+}
+
+/// A list of the `objects` that `selector` picks, at resourceVersion `version`.
+fn list_answer<'a>(
+    api_version: &str,
+    kind: &str,
+    version: u64,
+    objects: impl Iterator<Item = &'a Value>,
+    selector: Option<&String>,
+) -> axum::response::Response {
+    let items: Vec<&Value> = objects.filter(|o| selected(o, selector)).collect();
+    let list = json!({"apiVersion": api_version, "kind": kind,
+        "metadata": {"resourceVersion": version.to_string()}, "items": items});
+    axum::response::IntoResponse::into_response(axum::Json(list))
+}
+
+/// A watch's `resourceVersion` (0 when absent) and `timeoutSeconds` (290 when absent).
+fn watch_window(params: &BTreeMap<String, String>) -> (u64, u64) {
+    let number = |key: &str, default: u64| {
+        params
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    (number("resourceVersion", 0), number("timeoutSeconds", 290))
 }
 
 /// Decodes `%XX` escapes and `+` of a query value.
@@ -684,7 +720,6 @@ fn slice_changed(state: &mut ApiState, kind: &str, object: &mut Value) {
 
 /// `GET …/resourceslices`: a list, or with `watch=true` a stream of events after the given
 /// resourceVersion (`0`: every current slice as ADDED first), until its timeout.
-#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
 async fn list_slices(
     State(s): State<Shared>,
     UrlPath(version): UrlPath<String>,
@@ -697,27 +732,16 @@ async fn list_slices(
     gate_status(&mut state)?;
     resource_call(&mut state, &method, &uri, &version)?;
     if params.get("watch").map(String::as_str) != Some("true") {
-        let items: Vec<Value> = state
-            .slices
-            .values()
-            .filter(|o| selected(o, selector.as_ref()))
-            .cloned()
-            .collect();
-        let list = json!({"apiVersion": format!("resource.k8s.io/{version}"), "kind": "ResourceSliceList",
-            "metadata": {"resourceVersion": state.slice_version.to_string()}, "items": items});
-        return Ok(axum::response::IntoResponse::into_response(axum::Json(
-            list,
-        )));
+        return Ok(list_answer(
+            &format!("resource.k8s.io/{version}"),
+            "ResourceSliceList",
+            state.slice_version,
+            state.slices.values(),
+            selector.as_ref(),
+        ));
     }
     state.slice_watches += 1;
-    let from: u64 = params
-        .get("resourceVersion")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let timeout = params
-        .get("timeoutSeconds")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(290);
+    let (from, timeout) = watch_window(&params);
     let mut initial: Vec<Value> = Vec::new();
     let mut cursor = from;
     if from == 0 {
@@ -730,8 +754,30 @@ async fn list_slices(
         cursor = state.slice_version;
     }
     drop(state);
+    Ok(stream_changes(
+        Arc::clone(&s),
+        initial,
+        cursor,
+        selector,
+        timeout,
+        |state| &state.slice_events,
+        |state| Arc::clone(&state.slices_changed),
+    ))
+}
+
+/// A watch's body: `initial` events, then every change after `cursor` that `selector` picks,
+/// as it happens, until `timeout` seconds pass.
+#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
+fn stream_changes(
+    shared: Shared,
+    initial: Vec<Value>,
+    mut cursor: u64,
+    selector: Option<String>,
+    timeout: u64,
+    events: fn(&ApiState) -> &Vec<(u64, Value)>,
+    changed: fn(&ApiState) -> Arc<tokio::sync::Notify>,
+) -> axum::response::Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
-    let shared = Arc::clone(&s);
     tokio::spawn(async move {
         for event in initial {
             if tx.send(Ok(format!("{event}\n"))).await.is_err() {
@@ -740,22 +786,24 @@ async fn list_slices(
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
         loop {
-            let changed = Arc::clone(&shared.lock().unwrap().slices_changed);
-            let notified = changed.notified();
+            let wake = changed(&shared.lock().unwrap());
+            let notified = wake.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let events: Vec<(u64, Value)> = shared
-                .lock()
-                .unwrap()
-                .slice_events
-                .iter()
-                .filter(|(v, e)| *v > cursor && selected(&e["object"], selector.as_ref()))
-                .cloned()
-                .collect();
-            if let Some((last, _)) = shared.lock().unwrap().slice_events.last() {
-                cursor = cursor.max(*last);
+            let (new, last) = {
+                let state = shared.lock().unwrap();
+                let all = events(&state);
+                let new: Vec<Value> = all
+                    .iter()
+                    .filter(|(v, e)| *v > cursor && selected(&e["object"], selector.as_ref()))
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                (new, all.last().map(|(v, _)| *v))
+            };
+            if let Some(last) = last {
+                cursor = cursor.max(last);
             }
-            for (_, event) in events {
+            for event in new {
                 if tx.send(Ok(format!("{event}\n"))).await.is_err() {
                     return;
                 }
@@ -766,7 +814,43 @@ async fn list_slices(
         }
     });
     let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Ok(axum::response::Response::new(body))
+    axum::response::Response::new(body)
+}
+
+/// `GET /api/v1/pods`: this fake's pods as a list, or with `watch=true` the changes after the
+/// given resourceVersion, both filtered by `fieldSelector` (`spec.nodeName=…`).
+async fn list_pods(
+    State(s): State<Shared>,
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, (StatusCode, axum::Json<Value>)> {
+    let params = query(&uri);
+    let selector = params.get("fieldSelector").cloned();
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let watch = params.get("watch").map(String::as_str) == Some("true");
+    state
+        .pod_reads
+        .push((watch, uri.query().unwrap_or_default().to_owned()));
+    if !watch {
+        return Ok(list_answer(
+            "v1",
+            "PodList",
+            state.pod_changes.version,
+            state.pods.values(),
+            selector.as_ref(),
+        ));
+    }
+    let (from, timeout) = watch_window(&params);
+    drop(state);
+    Ok(stream_changes(
+        Arc::clone(&s),
+        Vec::new(),
+        from,
+        selector,
+        timeout,
+        |state| &state.pod_changes.events,
+        |state| Arc::clone(&state.pod_changes.changed),
+    ))
 }
 
 async fn create_slice(
@@ -1246,6 +1330,31 @@ impl FakeApi {
     }
 
     /// Stores (or replaces) a ResourceClaim; `claim` names its namespace and name.
+    /// Adds or replaces a pod (by namespace and name), as a watch of pods sees it.
+    pub fn put_pod(&self, mut pod: Value) {
+        let key = format!(
+            "{}/{}",
+            pod["metadata"]["namespace"].as_str().unwrap(),
+            pod["metadata"]["name"].as_str().unwrap()
+        );
+        let mut state = self.state.lock().unwrap();
+        let kind = if state.pods.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        state.pod_changes.record(kind, &mut pod);
+        state.pods.insert(key, pod);
+    }
+
+    /// Deletes a pod, as a watch of pods sees it.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let mut state = self.state.lock().unwrap();
+        if let Some(mut pod) = state.pods.remove(&format!("{namespace}/{name}")) {
+            state.pod_changes.record("DELETED", &mut pod);
+        }
+    }
+
     pub fn put_claim(&self, claim: Value) {
         let key = format!(
             "{}/{}",
@@ -1349,6 +1458,7 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             axum::routing::post(create_event),
         )
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+        .route("/api/v1/pods", get(list_pods))
         .route("/apis/resource.k8s.io", get(resource_group))
         .route(
             "/apis/resource.k8s.io/{version}/resourceslices",

@@ -8,6 +8,8 @@
 mod common;
 
 mod dra;
+#[path = "../common/fake_api.rs"]
+mod fake_api;
 mod faults;
 mod harness;
 #[path = "../common/fake_pod_resources.rs"]
@@ -17,3 +19,4 @@ mod packaging;
 mod pods;
 mod rescan;
 mod storm;
+mod usage;

@@ -2,8 +2,10 @@
 //! file as it grows.
 //!
 //! One command per line; `#` starts a comment; blank lines are ignored. A `<gpu>` is an index,
-//! a GPU UUID, or a MIG device UUID (which attributes the fault to that MIG instance). What
-//! each command does is decided by the driver runtime; this module only parses and reads.
+//! a GPU UUID, or a MIG device UUID (which attributes the fault to that MIG instance); an index
+//! or GPU UUID followed by `/gi<G>` names GPU instance G (compute instance 0) of that GPU the
+//! same way. What each command does is decided by the driver runtime; this module only parses
+//! and reads.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -15,6 +17,23 @@ pub enum Target {
     Index(usize),
     /// `GPU-…` or `MIG-…`.
     Uuid(String),
+    /// `<index or GPU-…>/gi<G>`: GPU instance `gi` of that GPU, compute instance 0.
+    Instance {
+        gpu: Box<Target>,
+        gi: u32,
+    },
+}
+
+/// What a compute process started by `process` uses of its GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessUsage {
+    /// Framebuffer memory in use, bytes (`usedGpuMemory`).
+    pub memory_bytes: u64,
+    /// SM, memory, encoder and decoder utilisation, percent.
+    pub sm: u32,
+    pub mem: u32,
+    pub enc: u32,
+    pub dec: u32,
 }
 
 /// One control command.
@@ -64,12 +83,16 @@ pub enum Command {
         kill: bool,
         fail: bool,
     },
-    /// `process <gpu> <pid>` / `process-end <gpu> <pid>`: a compute process starts or ends
-    /// on the GPU (listed by `nvmlDeviceGetComputeRunningProcesses`).
+    /// `process <gpu> <pid> [<memory MiB> [<sm %> [<mem %> [<enc %> [<dec %>]]]]]` /
+    /// `process-end <gpu> <pid>`: a compute process starts (or changes its numbers) or ends on
+    /// the GPU, or in the GPU instance the target names (listed by
+    /// `nvmlDeviceGetComputeRunningProcesses`, sampled by `nvmlDeviceGetProcessUtilization`).
     Process {
         target: Target,
         pid: u32,
         running: bool,
+        /// All zero for `process-end`.
+        usage: ProcessUsage,
     },
     /// `recovery-action <gpu> <action>`: what `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` reports.
     RecoveryAction { target: Target, action: u32 },
@@ -107,6 +130,20 @@ impl Command {
 }
 
 fn target(word: &str) -> Target {
+    if let Some((gpu, gi)) = word.split_once("/gi")
+        && let Ok(gi) = gi.parse()
+    {
+        return Target::Instance {
+            gpu: Box::new(gpu_target(gpu)),
+            gi,
+        };
+    }
+    gpu_target(word)
+}
+
+/// An index or a UUID; anything that is no index is taken for a UUID, which the runtime looks
+/// up (and reports when no GPU has it).
+fn gpu_target(word: &str) -> Target {
     match word.parse() {
         Ok(i) => Target::Index(i),
         Err(_) => Target::Uuid(word.to_owned()),
@@ -116,6 +153,30 @@ fn target(word: &str) -> Target {
 fn number<T: std::str::FromStr>(word: &str, what: &str) -> Result<T, String> {
     word.parse()
         .map_err(|_| format!("{what} must be a number, got {word:?}"))
+}
+
+/// A utilisation in percent, 0 to 100.
+fn percent(word: &str, what: &str) -> Result<u32, String> {
+    match number(word, what)? {
+        p @ 0..=100 => Ok(p),
+        p => Err(format!("{what} must be 0 to 100 percent, got {p}")),
+    }
+}
+
+/// The optional numbers of `process`: memory in MiB, then SM, memory, encoder and decoder
+/// utilisation in percent; missing ones are 0.
+fn process_usage(numbers: &[&str]) -> Result<ProcessUsage, String> {
+    let at = |i: usize| numbers.get(i).copied().unwrap_or("0");
+    let mib: u64 = number(at(0), "memory (MiB)")?;
+    Ok(ProcessUsage {
+        memory_bytes: mib
+            .checked_mul(1 << 20)
+            .ok_or_else(|| format!("memory {mib} MiB is too large"))?,
+        sm: percent(at(1), "sm")?,
+        mem: percent(at(2), "mem")?,
+        enc: percent(at(3), "enc")?,
+        dec: percent(at(4), "dec")?,
+    })
 }
 
 /// An `nvmlDeviceGpuRecoveryAction_t` by name or number.
@@ -195,10 +256,17 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, String> {
                 fail: verb == "mig-fail",
             }
         }
-        ("process" | "process-end", [gpu, pid]) => Command::Process {
+        ("process", [gpu, pid, numbers @ ..]) if numbers.len() <= 5 => Command::Process {
             target: target(gpu),
             pid: number(pid, "pid")?,
-            running: verb == "process",
+            running: true,
+            usage: process_usage(numbers)?,
+        },
+        ("process-end", [gpu, pid]) => Command::Process {
+            target: target(gpu),
+            pid: number(pid, "pid")?,
+            running: false,
+            usage: ProcessUsage::default(),
         },
         ("recovery-action", [gpu, action]) => Command::RecoveryAction {
             target: target(gpu),
@@ -363,13 +431,97 @@ mod tests {
             Some(Command::Process {
                 target: Target::Index(0),
                 pid: 4242,
-                running: true
+                running: true,
+                usage: ProcessUsage::default(),
             })
         );
         assert!(parse_line("process 0 x").is_err());
         assert!(parse_line("xid 0").is_err());
         assert!(parse_line("explode 0").is_err());
         assert!(parse_line("temp 0 hot").is_err());
+    }
+
+    fn process(line: &str) -> (Target, u32, bool, ProcessUsage) {
+        match parse_line(line) {
+            Ok(Some(Command::Process {
+                target,
+                pid,
+                running,
+                usage,
+            })) => (target, pid, running, usage),
+            other => panic!("{line:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_process_usage_and_instances() {
+        let usage = |memory_mib: u64, sm, mem, enc, dec| ProcessUsage {
+            memory_bytes: memory_mib << 20,
+            sm,
+            mem,
+            enc,
+            dec,
+        };
+        assert_eq!(
+            process("process 3 4242 2048 35"),
+            (Target::Index(3), 4242, true, usage(2048, 35, 0, 0, 0))
+        );
+        assert_eq!(
+            process("process 1 7 1 100 0 12 100 # every number"),
+            (Target::Index(1), 7, true, usage(1, 100, 0, 12, 100))
+        );
+        let gi1 = Target::Instance {
+            gpu: Box::new(Target::Index(0)),
+            gi: 1,
+        };
+        assert_eq!(
+            process("process 0/gi1 4242 1024"),
+            (gi1.clone(), 4242, true, usage(1024, 0, 0, 0, 0))
+        );
+        assert_eq!(
+            process("process GPU-abc/gi12 9"),
+            (
+                Target::Instance {
+                    gpu: Box::new(Target::Uuid("GPU-abc".into())),
+                    gi: 12
+                },
+                9,
+                true,
+                ProcessUsage::default()
+            )
+        );
+        assert_eq!(
+            process("process-end 0/gi1 4242"),
+            (gi1.clone(), 4242, false, ProcessUsage::default())
+        );
+        assert_eq!(
+            process("process-end 2 4242"),
+            (Target::Index(2), 4242, false, ProcessUsage::default())
+        );
+        // Every other command takes the instance form too.
+        assert_eq!(parse_line("sbe 0/gi1"), Ok(Some(Command::Sbe(gi1))));
+        // Not an instance: left for the runtime to report as an unknown GPU.
+        assert_eq!(
+            parse_line("sbe 0/gix"),
+            Ok(Some(Command::Sbe(Target::Uuid("0/gix".into()))))
+        );
+        for bad in [
+            "process 0 1 0 101",
+            "process 0 1 0 0 0 0 200",
+            "process 0 1 0 -1",
+            "process 0 1 lots",
+            "process 0 1 18446744073709551615",
+            "process 0 1 0 0 0 0 0 0",
+            "process 0",
+            "process-end 0 1 5",
+        ] {
+            assert!(parse_line(bad).is_err(), "{bad:?} parsed");
+        }
+        assert!(
+            parse_line("process 0 1 0 101")
+                .unwrap_err()
+                .contains("0 to 100")
+        );
     }
 
     #[test]

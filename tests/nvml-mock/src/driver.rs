@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::control::{self, Command, Growth, Tail, Target};
 use crate::events::{Event, EventSet, NO_INSTANCE};
-use crate::faults::{Faults, RetiredPage};
+use crate::faults::{Faults, GpuProcess, RetiredPage};
 use crate::ffi::{Res, rc};
 use crate::fixture;
 use crate::gpm::GpmSample;
@@ -372,6 +372,19 @@ impl Runtime {
                 .gpu_by_uuid(uuid)
                 .map(|g| (g.index, None))
                 .ok_or_else(|| format!("no GPU {uuid}")),
+            Target::Instance { gpu, gi } => {
+                let (index, attributed) = self.resolve(node, gpu)?;
+                if attributed.is_some() {
+                    return Err(format!(
+                        "/gi{gi} after a MIG device UUID, which names its GPU instance already"
+                    ));
+                }
+                self.sync_state(node);
+                self.mig[index]
+                    .gi(*gi)
+                    .ok_or_else(|| format!("GPU {index} has no GPU instance {gi}"))?;
+                Ok((index, Some((*gi, 0))))
+            }
         }
     }
 
@@ -470,9 +483,18 @@ impl Runtime {
                 }
                 None
             }
-            Command::Process { pid, running, .. } => {
+            Command::Process {
+                pid,
+                running,
+                usage,
+                ..
+            } => {
                 if *running {
-                    f.processes.insert(*pid);
+                    let process = GpuProcess {
+                        usage: *usage,
+                        gpu_instance: attributed.map(|(gi, _)| gi),
+                    };
+                    f.processes.insert(*pid, process);
                 } else {
                     f.processes.remove(pid);
                 }

@@ -4,6 +4,7 @@
 //! Telemetry is a pure function of time; everything here is the opposite, the accumulated
 //! effect of control-file commands, so it lives in the runtime next to the MIG state.
 
+use crate::control::ProcessUsage;
 use crate::node::Gpu;
 
 /// One retired framebuffer page.
@@ -14,6 +15,15 @@ pub struct RetiredPage {
     pub timestamp_us: u64,
     /// `NVML_PAGE_RETIREMENT_CAUSE_*`.
     pub cause: u32,
+}
+
+/// A compute process on a GPU (`process`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Memory in bytes and utilisation in percent.
+    pub usage: ProcessUsage,
+    /// The GPU instance it runs in (compute instance 0); `None` outside MIG.
+    pub gpu_instance: Option<u32>,
 }
 
 /// Health state of one GPU.
@@ -46,8 +56,8 @@ pub struct Faults {
     pub pcie_link: Option<(u32, u32)>,
     /// MIG administration calls that fail (`mig-fail`): op name → kill the caller instead.
     pub mig_fail: std::collections::BTreeMap<String, bool>,
-    /// PIDs of compute processes running on the GPU (`process`).
-    pub processes: std::collections::BTreeSet<u32>,
+    /// Compute processes running on the GPU, by PID (`process`).
+    pub processes: std::collections::BTreeMap<u32, GpuProcess>,
     /// `nvmlDeviceGpuRecoveryAction_t` set by a `recovery-action` command (field 230); 0 none.
     pub recovery_action: u32,
 }
@@ -73,7 +83,7 @@ impl Faults {
             ecc_pending: None,
             pcie_link: None,
             mig_fail: std::collections::BTreeMap::new(),
-            processes: std::collections::BTreeSet::new(),
+            processes: std::collections::BTreeMap::new(),
             recovery_action: 0,
         }
     }

@@ -7,7 +7,9 @@ use std::os::raw::{c_uint, c_ulonglong};
 use super::addr;
 use super::health::temperature_of;
 use crate::driver::{self, Runtime, Session};
-use crate::ffi::{Res, export, put, put_counted, rc, require};
+use crate::ffi::{
+    Res, export, get, get_version, put, put_counted, put_slice, rc, require, struct_version,
+};
 use nvml_wrapper_sys::bindings as b;
 use nvml_wrapper_sys::bindings::*;
 
@@ -259,30 +261,130 @@ fn no_processes(
     Ok(())
 }
 
+/// NVML's "no instance" id in a process record.
+const NO_INSTANCE_ID: u32 = u32::MAX;
+
 export! {
-    /// Compute processes on a GPU (the control file's `process` lines; count protocol as
-    /// NVML); none on a MIG device.
+    /// Compute processes (the control file's `process` lines; count protocol as NVML): on a
+    /// GPU every process, those inside a MIG GPU instance with its ids (compute instance 0);
+    /// on a MIG device only the processes of its GPU instance. `usedGpuMemory` in bytes.
     fn nvmlDeviceGetComputeRunningProcesses_v3(
         device: nvmlDevice_t,
         info_count: *mut c_uint,
         infos: *mut nvmlProcessInfo_t,
     ) {
-        let pids = driver::with(|s, rt| {
-            Ok(match rt.device(&s.node, addr(device))? {
-                driver::Dev::Gpu(i) => rt.faults[i].processes.iter().copied().collect(),
-                _ => Vec::new(),
-            })
+        let list = driver::with(|s, rt| {
+            let (gpu, only) = match rt.device(&s.node, addr(device))? {
+                driver::Dev::Gpu(i) => (i, None),
+                driver::Dev::Mig { gpu, gi, .. } => (gpu, Some(gi)),
+            };
+            Ok(rt.faults[gpu]
+                .processes
+                .iter()
+                .filter(|(_, p)| only.is_none_or(|gi| p.gpu_instance == Some(gi)))
+                .map(|(&pid, p)| nvmlProcessInfo_t {
+                    pid,
+                    usedGpuMemory: p.usage.memory_bytes,
+                    gpuInstanceId: p.gpu_instance.unwrap_or(NO_INSTANCE_ID),
+                    computeInstanceId: p.gpu_instance.map_or(NO_INSTANCE_ID, |_| 0),
+                })
+                .collect::<Vec<_>>())
         })?;
-        let list: Vec<nvmlProcessInfo_t> = pids
+        put_counted!(info_count, infos, list.as_slice());
+        Ok(())
+    }
+}
+
+/// The per-process samples of a GPU newer than `last_seen_us`: one per process, stamped with
+/// the mock clock's time. `NOT_FOUND` when there is none (no process, or nothing newer); not
+/// sampled on a MIG device or a GPU in MIG mode, as real drivers.
+fn process_samples(
+    device: nvmlDevice_t,
+    last_seen_us: u64,
+) -> Res<Vec<(u32, u64, crate::control::ProcessUsage)>> {
+    let samples = driver::with(|s, rt| {
+        let gpu = sampled_gpu(s, rt, device)?;
+        let now = s.timestamp_us();
+        Ok(rt.faults[gpu]
+            .processes
+            .iter()
+            .filter(|_| now > last_seen_us)
+            .map(|(&pid, p)| (pid, now, p.usage))
+            .collect::<Vec<_>>())
+    })?;
+    if samples.is_empty() {
+        return Err(rc::NOT_FOUND);
+    }
+    Ok(samples)
+}
+
+export! {
+    /// Per-process utilisation samples (see [`process_samples`]). `utilization` NULL asks for
+    /// the count: `*process_samples_count` is set and the answer is
+    /// `NVML_ERROR_INSUFFICIENT_SIZE`, as it is for too small a buffer.
+    fn nvmlDeviceGetProcessUtilization(
+        device: nvmlDevice_t,
+        utilization: *mut nvmlProcessUtilizationSample_t,
+        process_samples_count: *mut c_uint,
+        last_seen_time_stamp: c_ulonglong,
+    ) {
+        require!(process_samples_count);
+        let samples = process_samples(device, last_seen_time_stamp)?;
+        let list: Vec<nvmlProcessUtilizationSample_t> = samples
             .into_iter()
-            .map(|pid| nvmlProcessInfo_t {
+            .map(|(pid, t, u)| nvmlProcessUtilizationSample_t {
                 pid,
-                usedGpuMemory: 0,
-                gpuInstanceId: u32::MAX,
-                computeInstanceId: u32::MAX,
+                timeStamp: t,
+                smUtil: u.sm,
+                memUtil: u.mem,
+                encUtil: u.enc,
+                decUtil: u.dec,
             })
             .collect();
-        put_counted!(info_count, infos, list.as_slice());
+        if utilization.is_null() {
+            put!(process_samples_count, list.len() as c_uint);
+            return Err(rc::INSUFFICIENT_SIZE);
+        }
+        put_counted!(process_samples_count, utilization, list.as_slice());
+        Ok(())
+    }
+}
+
+export! {
+    /// Per-process utilisation, versioned (`nvmlProcessesUtilizationInfo_v1`): the samples of
+    /// `nvmlDeviceGetProcessUtilization` with JPEG and OFA at 0. `procUtilArray` NULL or too
+    /// small: `processSamplesCount` is set and the answer is `NVML_ERROR_INSUFFICIENT_SIZE`.
+    fn nvmlDeviceGetProcessesUtilizationInfo(
+        device: nvmlDevice_t,
+        processes_util_info: *mut nvmlProcessesUtilizationInfo_t,
+    ) {
+        let version = get_version!(processes_util_info);
+        if version != struct_version::<nvmlProcessesUtilizationInfo_v1_t>(1) {
+            return Err(rc::ARGUMENT_VERSION_MISMATCH);
+        }
+        let mut info = get!(processes_util_info);
+        let samples = process_samples(device, info.lastSeenTimeStamp)?;
+        let list: Vec<nvmlProcessUtilizationInfo_v1_t> = samples
+            .into_iter()
+            .map(|(pid, t, u)| nvmlProcessUtilizationInfo_v1_t {
+                timeStamp: t,
+                pid,
+                smUtil: u.sm,
+                memUtil: u.mem,
+                encUtil: u.enc,
+                decUtil: u.dec,
+                jpgUtil: 0,
+                ofaUtil: 0,
+            })
+            .collect();
+        let capacity = info.processSamplesCount as usize;
+        info.processSamplesCount = list.len() as c_uint;
+        if info.procUtilArray.is_null() || capacity < list.len() {
+            put!(processes_util_info, info);
+            return Err(rc::INSUFFICIENT_SIZE);
+        }
+        put_slice!(info.procUtilArray, list.as_slice());
+        put!(processes_util_info, info);
         Ok(())
     }
 }

@@ -48,6 +48,20 @@ pub fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
+/// A config for a built-in fixture with a control file holding `initial`, and its path.
+pub fn with_control(name: &str, tag: &str, initial: &str) -> (Config, PathBuf) {
+    let dir = scratch(tag);
+    let control = dir.join("control");
+    std::fs::write(&control, initial).unwrap();
+    (
+        Config {
+            control: Some(control.clone()),
+            ..fixture(name)
+        },
+        control,
+    )
+}
+
 /// The handle of GPU `index`.
 pub fn gpu(index: u32) -> nvmlDevice_t {
     let mut h: nvmlDevice_t = std::ptr::null_mut();

@@ -6,19 +6,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
-fn with_control(name: &str, tag: &str, initial: &str) -> (Config, std::path::PathBuf) {
-    let dir = scratch(tag);
-    let control = dir.join("control");
-    std::fs::write(&control, initial).unwrap();
-    (
-        Config {
-            control: Some(control.clone()),
-            ..fixture(name)
-        },
-        control,
-    )
-}
-
 fn event_set(gpu_handle: nvmlDevice_t, types: u32) -> nvmlEventSet_t {
     let mut set: nvmlEventSet_t = null_mut();
     assert_eq!(call!(nvmlEventSetCreate(&mut set)), rc::SUCCESS);

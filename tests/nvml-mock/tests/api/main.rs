@@ -11,4 +11,5 @@ mod faults;
 mod gpm;
 mod inventory;
 mod mig;
+mod processes;
 mod telemetry;

@@ -1,0 +1,280 @@
+//! Per-pod usage (`--pod-usage`): each container's own GPU memory and engine shares, from the
+//! simulated driver's per-process data, a fake `/proc` tree (cgroup files in the shapes of
+//! both cgroup versions and drivers) and this node's pods from the stand-in API server.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::common::Node;
+use crate::fake_api::FakeApi;
+use crate::harness::{Exporter, family, value};
+
+const MEMORY: &str = "gpud_container_gpu_memory_used_bytes";
+const SM: &str = "gpud_container_gpu_sm_utilization_ratio";
+const PROCESSES: &str = "gpud_container_gpu_processes";
+
+const UID_A: &str = "aaaaaaaa-1111-4111-8111-000000000001";
+const UID_B: &str = "bbbbbbbb-2222-4222-8222-000000000002";
+const ID_A: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+const ID_B: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+
+/// A process in the fake `/proc`: its start time (clock ticks after boot) and cgroup file.
+fn process(proc: &Path, pid: u32, started: u64, cgroup: &str) {
+    let dir = proc.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    // Fields 3 (state) to 21, then the start time (22).
+    let middle = vec!["0"; 18].join(" ");
+    std::fs::write(
+        dir.join("stat"),
+        format!("{pid} (python3) S {middle} {started} 0 0\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+}
+
+fn pod(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+    containers: &[(&str, &str)],
+) -> serde_json::Value {
+    let statuses: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|(name, id)| {
+            json!({"name": name, "containerID": format!("containerd://{id}"), "image": "i",
+                   "imageID": "", "ready": true, "restartCount": 0})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"namespace": namespace, "name": name, "uid": uid},
+           "spec": {"nodeName": node, "containers": []},
+           "status": {"containerStatuses": statuses}})
+}
+
+/// A node whose `/proc` has two pods' processes and a host process, and the API server that
+/// knows the pods.
+struct Setup {
+    node: Node,
+    api: FakeApi,
+    proc: tempfile::TempDir,
+}
+
+fn setup(fixture: &str) -> Setup {
+    let node = Node::new(fixture);
+    let api = FakeApi::start(json!({}));
+    api.put_pod(pod(
+        "ml",
+        "train-a",
+        UID_A,
+        "test-node",
+        &[("trainer", ID_A)],
+    ));
+    api.put_pod(pod(
+        "ml",
+        "infer-b",
+        UID_B,
+        "test-node",
+        &[("server", ID_B)],
+    ));
+    // Another node's pod: not this node's business (the list is by spec.nodeName).
+    api.put_pod(pod(
+        "ml",
+        "elsewhere",
+        "cccccccc-3333-4333-8333-000000000003",
+        "other-node",
+        &[],
+    ));
+    let proc = tempfile::tempdir().unwrap();
+    std::fs::write(proc.path().join("uptime"), "5000.00 9000.00\n").unwrap();
+    // cgroup v2, cgroupfs driver.
+    process(
+        proc.path(),
+        101,
+        1000,
+        &format!("0::/kubepods/burstable/pod{UID_A}/{ID_A}\n"),
+    );
+    // cgroup v1, systemd driver, containerd.
+    let b = UID_B.replace('-', "_");
+    process(
+        proc.path(),
+        102,
+        2000,
+        &format!(
+            "12:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n\
+             4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n"
+        ),
+    );
+    // A host process.
+    process(proc.path(), 103, 3000, "0::/system.slice/render.service\n");
+    Setup { node, api, proc }
+}
+
+fn start(setup: &Setup) -> Exporter {
+    let kubeconfig = setup.api.kubeconfig(setup.node.dir.path());
+    // The real clock: on a pinned one NVML would have no per-process sample newer than the
+    // last one read, as on a GPU whose processes are idle.
+    Exporter::start_with(
+        &setup.node,
+        &[
+            "--pod-usage",
+            "--pod-usage-proc-root",
+            setup.proc.path().to_str().unwrap(),
+            "--node-name",
+            "test-node",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &[("NVML_MOCK_CLOCK", "")],
+    )
+}
+
+/// `(pod, value)` of every sample of `metric`, in body order.
+fn by_pod(body: &str, metric: &str) -> Vec<(String, String)> {
+    family(body, metric)
+        .into_iter()
+        .map(|line| {
+            let pod = line
+                .split("pod=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("?")
+                .to_owned();
+            (pod, line.rsplit_once(' ').unwrap().1.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn each_container_on_a_shared_gpu_gets_its_own_memory_and_sm_share() {
+    let setup = setup("dgx-h100");
+    // Three processes share GPU 0 (time-slicing): MiB, SM %, memory-copy %.
+    setup.node.inject("process 0 101 2048 35 10");
+    setup.node.inject("process 0 102 1024 20 5");
+    setup.node.inject("process 0 103 512 5");
+    let exporter = start(&setup);
+    let body = exporter.metrics_until(20, |b| {
+        value(b, MEMORY, &[("pod", "infer-b")]).is_some()
+            && value(b, SM, &[("pod", "train-a")]).is_some()
+    });
+
+    let memory = family(&body, MEMORY);
+    let gpu0 = memory[0].split(",container=").next().unwrap();
+    assert!(
+        gpu0.starts_with("gpud_container_gpu_memory_used_bytes{gpu=\"0\",UUID=\"GPU-"),
+        "{gpu0}"
+    );
+    assert!(
+        gpu0.contains(",device=\"nvidia0\",") && !gpu0.contains("modelName"),
+        "{gpu0}"
+    );
+    // Sorted by labels: the host's series (no pod) first.
+    assert_eq!(
+        memory
+            .iter()
+            .map(|l| l.split_once(",container=").unwrap().1)
+            .collect::<Vec<_>>(),
+        [
+            "\"\",namespace=\"\",pod=\"\"} 536870912",
+            "\"server\",namespace=\"ml\",pod=\"infer-b\"} 1073741824",
+            "\"trainer\",namespace=\"ml\",pod=\"train-a\"} 2147483648",
+        ]
+    );
+    assert_eq!(
+        by_pod(&body, SM),
+        [
+            ("".into(), "0.050000".into()),
+            ("infer-b".into(), "0.200000".into()),
+            ("train-a".into(), "0.350000".into())
+        ]
+    );
+    assert_eq!(
+        value(
+            &body,
+            "gpud_container_gpu_mem_copy_utilization_ratio",
+            &[("pod", "train-a")]
+        )
+        .as_deref(),
+        Some("0.100000")
+    );
+    assert_eq!(
+        value(&body, PROCESSES, &[("pod", "infer-b")]).as_deref(),
+        Some("1")
+    );
+    // Only GPU 0 has processes.
+    assert!(
+        family(&body, PROCESSES)
+            .iter()
+            .all(|l| l.contains("{gpu=\"0\",")),
+        "{body}"
+    );
+
+    // The pod ends: its process goes, the API server deletes it, its series goes with them.
+    setup.node.inject("process-end 0 101");
+    setup.api.delete_pod("ml", "train-a");
+    let body = exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "train-a")]).is_none());
+    assert_eq!(
+        by_pod(&body, MEMORY)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect::<Vec<_>>(),
+        ["", "infer-b"]
+    );
+
+    // PID 102 is reused by a process started after NVML's read: it is not the process NVML
+    // reported, so its use is no pod's rather than the new process's pod's.
+    process(
+        setup.proc.path(),
+        102,
+        900_000,
+        &format!("0::/kubepods/besteffort/pod{UID_A}/{ID_A}\n"),
+    );
+    let body = exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "infer-b")]).is_none());
+    assert_eq!(by_pod(&body, MEMORY), [("".into(), "1610612736".into())]);
+    assert_eq!(
+        value(&body, PROCESSES, &[("pod", "")]).as_deref(),
+        Some("2")
+    );
+    let reads = setup.api.state.lock().unwrap().pod_reads.clone();
+    assert!(
+        reads
+            .iter()
+            .all(|(_, q)| q.contains("fieldSelector=spec.nodeName%3Dtest-node")),
+        "{reads:?}"
+    );
+    assert_eq!(
+        reads.iter().filter(|(watch, _)| !watch).count(),
+        1,
+        "one list, then watches: {reads:?}"
+    );
+}
+
+#[test]
+fn mig_instances_get_their_processes_memory_and_no_utilisation_nvml_does_not_sample() {
+    let setup = setup("a100-mig");
+    setup.node.inject("process 0/gi1 101 1024 30");
+    let exporter = start(&setup);
+    let body = exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    let line = family(&body, MEMORY)[0];
+    assert!(line.contains(",GPU_I_ID=\"1\","), "{line}");
+    assert!(line.contains(",GPU_I_PROFILE=\""), "{line}");
+    assert!(
+        line.ends_with(",container=\"trainer\",namespace=\"ml\",pod=\"train-a\"} 1073741824"),
+        "{line}"
+    );
+    // NVML has no per-process utilisation in MIG mode: the family is left out, not zero.
+    assert!(family(&body, SM).is_empty(), "{body}");
+}
+
+#[test]
+fn pod_usage_without_the_node_name_is_refused_at_start() {
+    let node = Node::new("dgx-h100");
+    let out = node.run(&["exporter", "--pod-usage", "--node-name", ""]);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--pod-usage") && err.contains("NODE_NAME"),
+        "{err}"
+    );
+}
