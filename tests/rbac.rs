@@ -193,6 +193,7 @@ impl Container {
             dra: self.applet() == "dra" || (run && self.on("GPUD_DRA")),
             mig: self.argv.starts_with(&["mig".into(), "reconcile".into()])
                 || (run && self.env.contains_key("GPUD_MIG_CONFIG_FILE")),
+            pods: (self.applet() == "exporter" || run) && self.on("GPUD_POD_USAGE"),
         }
     }
 }
@@ -206,6 +207,8 @@ struct Uses {
     taints: bool,
     dra: bool,
     mig: bool,
+    /// This node's pods, for per-pod usage.
+    pods: bool,
 }
 
 impl Uses {
@@ -512,6 +515,10 @@ async fn exercise(running: &Running, uses: &Uses) {
         running.answered(1, "POST", SLICES, || {});
         running.answered(1, "GET", &format!("{SLICES}?"), || {});
     }
+    if uses.pods {
+        // One list of this node's pods, then a watch.
+        running.answered(2, "GET", "/api/v1/pods?", || {});
+    }
     // A fatal XID: the health label, a condition and an event, a taint, the slices' device
     // taint.
     let xid = || running.node.inject("xid 3 79");
@@ -641,6 +648,11 @@ async fn the_dra_plugin_needs_nothing_its_role_does_not_grant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_pod_usage_needs_nothing_its_role_does_not_grant() {
+    check_component("pod-usage", "pod-usage", &["exporter"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mig_reconciler_needs_nothing_its_role_does_not_grant() {
     check_component("mig-manager", "mig-manager-run", &["mig-manager"]).await;
 }
@@ -658,6 +670,7 @@ async fn gpud_run_with_every_api_client_needs_nothing_the_roles_do_not_grant() {
         "node-status-taints",
         "dra",
         "mig-manager-run",
+        "pod-usage",
     ];
     let ran = check("all-in-one", &components).await;
     assert_eq!(ran.len(), 1, "{ran:?}");

@@ -1,9 +1,9 @@
 //! Per-process GPU use: which processes run on a GPU, the memory each holds, and each one's
 //! share of the GPU's SM, memory-copy, encoder and decoder time since the last read.
 //!
-//! Two calls per GPU and cycle, whatever the number of processes: the running compute
-//! processes (with their memory and, on a MIG-enabled GPU, their GPU instance) and the
-//! per-process utilisation samples newer than the last one seen on that GPU. NVML keeps a
+//! A few calls per GPU and cycle, whatever the number of processes: the running compute,
+//! graphics and MPS-client processes (with their memory and, on a MIG-enabled GPU, their GPU
+//! instance) and the per-process utilisation samples newer than the last one seen on that GPU. NVML keeps a
 //! short ring of samples per GPU, so utilisation is the latest sample of each process within
 //! the window since the previous read; a process with no sample in it was idle. A driver (or
 //! a MIG-enabled GPU) that has no per-process utilisation still reports memory.
@@ -50,7 +50,7 @@ pub enum ProcessesRead {
 /// Reads the processes on `device`. `last_seen` is the timestamp of the newest utilisation
 /// sample already read on this GPU (0 at first), moved on to the newest read now.
 pub fn read(device: &Device<'_>, last_seen: &mut u64) -> ProcessesRead {
-    let listed = match device.running_compute_processes() {
+    let mut listed = match device.running_compute_processes() {
         Ok(listed) => listed,
         Err(E::GpuLost) => return ProcessesRead::Lost,
         Err(err) => {
@@ -59,6 +59,25 @@ pub fn read(device: &Device<'_>, last_seen: &mut u64) -> ProcessesRead {
             ));
         }
     };
+    // Graphics processes, and the clients of an MPS server (the compute list shows the
+    // server itself): a process in two lists counts once. Optional: a driver or GPU without
+    // them leaves them out.
+    for more in [
+        device.running_graphics_processes(),
+        device.mps_running_compute_processes(),
+    ] {
+        match more {
+            Ok(more) => {
+                for process in more {
+                    if !listed.iter().any(|p| p.pid == process.pid) {
+                        listed.push(process);
+                    }
+                }
+            }
+            Err(E::GpuLost) => return ProcessesRead::Lost,
+            Err(_) => {}
+        }
+    }
     let samples = if listed.is_empty() {
         HashMap::new()
     } else {

@@ -156,7 +156,7 @@ fn probe_endpoints_answer() {
 }
 
 /// promtool's lint findings for a body.
-fn promtool_findings(body: &str) -> Option<Vec<String>> {
+pub fn promtool_findings(body: &str) -> Option<Vec<String>> {
     let mut child = match Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

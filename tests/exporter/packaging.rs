@@ -44,7 +44,7 @@ fn alert_rules_pass_promtool_check_and_their_unit_tests() {
         return;
     };
     assert!(ok, "{out}");
-    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 11 rules found"), "{out}");
     let (ok, out) = promtool(&["test", "rules", "gpud-alerts.test.yaml"], &dir).unwrap();
     assert!(ok, "{out}");
 }
@@ -64,6 +64,14 @@ fn served_families() -> BTreeSet<String> {
         .map(str::to_owned)
         .collect();
     names.insert("gpud_xid_errors_total".into());
+    // Served with --pod-usage (the usage tests assert them).
+    for usage in [
+        "gpud_container_gpu_processes",
+        "gpud_container_gpu_memory_used_bytes",
+        "gpud_container_gpu_sm_utilization_ratio",
+    ] {
+        names.insert(usage.into());
+    }
     names.insert("gpud_samples_total".into());
     names
 }

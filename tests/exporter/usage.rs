@@ -209,6 +209,15 @@ fn each_container_on_a_shared_gpu_gets_its_own_memory_and_sm_share() {
             .all(|l| l.contains("{gpu=\"0\",")),
         "{body}"
     );
+    // Prometheus' own lint finds nothing in the new families.
+    let usage: String = body
+        .lines()
+        .filter(|l| l.contains("gpud_container_gpu_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if let Some(findings) = crate::metrics::promtool_findings(&usage) {
+        assert!(findings.is_empty(), "{findings:?}\n{usage}");
+    }
 
     // The pod ends: its process goes, the API server deletes it, its series goes with them.
     setup.node.inject("process-end 0 101");

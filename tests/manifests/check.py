@@ -87,6 +87,10 @@ def combinations():
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
                         [sink] if sink else []
                     ) + [MIG[overlay]] + extra
+                # Per-pod usage (the exporter's), alone and next to the node status.
+                if not no_exporter:
+                    for extra in [[], ["node-status"]]:
+                        yield overlay, ([sink] if sink else []) + ["pod-usage"] + extra
                 # MPS sharing, alone, next to the node status and next to the MIG reconciler
                 # (one DaemonSet, distinct ports, one config).
                 for extra in [[], ["node-status"], [MIG[overlay]]]:
