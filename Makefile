@@ -101,6 +101,7 @@ bench:
 	$(CARGO) bench --bench labeller
 	$(CARGO) bench --bench daemon
 	$(CARGO) bench --bench upgrade
+	$(CARGO) bench --bench pod_usage
 	CARGO=$(CARGO) benches/exporter.sh
 
 ## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must

@@ -1,0 +1,296 @@
+//! Per-pod usage (`gpud exporter --pod-usage`) on the simulated dgx-h100 with 8 GPUs × 16
+//! processes, each in a pod of its own (the cgroup files in the four shapes gpud reads), against
+//! the stand-in API server:
+//! - CPU of gpud's threads per sample cycle, with and without per-pod usage;
+//! - the scrape: body size and sequential scrapes per second, with and without;
+//! - resident memory before and after 10 000 PIDs came and went (goal: flat).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/common/fake_api.rs"]
+mod fake_api;
+#[path = "support/proc.rs"]
+mod proc;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_api::FakeApi;
+use serde_json::json;
+
+const GPUS: u32 = 8;
+const PER_GPU: u32 = 16;
+const CHURNED: u32 = 10_000;
+const CPU_WINDOW: Duration = Duration::from_secs(10);
+const SCRAPES: u32 = 2_000;
+
+struct Exporter {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn get(port: u16) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body
+}
+
+/// A metric's value in a body, summed over its series.
+fn total(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+fn uid(n: u32) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+fn container_id(n: u32) -> String {
+    format!("{n:064x}")
+}
+
+/// Process `pid` in pod number `n`'s container, in one of the four cgroup shapes.
+fn write_process(proc: &Path, pid: u32, n: u32) {
+    let (uid, id) = (uid(n), container_id(n));
+    let systemd = uid.replace('-', "_");
+    let cgroup = match n % 4 {
+        0 => format!("0::/kubepods/burstable/pod{uid}/{id}\n"),
+        1 => format!(
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{systemd}.slice/cri-containerd-{id}.scope\n"
+        ),
+        2 => format!("11:memory:/kubepods/pod{uid}/{id}\n1:name=systemd:/kubepods/pod{uid}/{id}\n"),
+        _ => format!("4:pids:/kubepods.slice/kubepods-pod{systemd}.slice/crio-{id}.scope\n"),
+    };
+    let dir = proc.join(pid.to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let fields = vec!["0"; 18].join(" ");
+    std::fs::write(
+        dir.join("stat"),
+        format!("{pid} (worker) S {fields} 100 0 0\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+}
+
+fn pod(n: u32) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"namespace": "bench", "name": format!("job-{n}"), "uid": uid(n)},
+           "spec": {"nodeName": "test-node"},
+           "status": {"containerStatuses": [{"name": "main",
+               "containerID": format!("containerd://{}", container_id(n)),
+               "image": "i", "imageID": "", "ready": true, "restartCount": 0}]}})
+}
+
+/// Starts one batch of processes (`first_pid..`), pod number = pid, 16 per GPU.
+fn start_batch(control: &Path, proc: &Path, api: &FakeApi, first_pid: u32) -> Vec<(u32, u32)> {
+    let mut lines = String::new();
+    let mut started = Vec::new();
+    for i in 0..GPUS * PER_GPU {
+        let (gpu, pid) = (i / PER_GPU, first_pid + i);
+        write_process(proc, pid, pid);
+        api.put_pod(pod(pid));
+        lines.push_str(&format!("process {gpu} {pid} {} {}\n", 256 + i, i % 7));
+        started.push((gpu, pid));
+    }
+    append(control, &lines);
+    started
+}
+
+fn end_batch(control: &Path, proc: &Path, api: &FakeApi, batch: &[(u32, u32)]) {
+    let mut lines = String::new();
+    for &(gpu, pid) in batch {
+        lines.push_str(&format!("process-end {gpu} {pid}\n"));
+        let _ = std::fs::remove_dir_all(proc.join(pid.to_string()));
+        api.delete_pod("bench", &format!("job-{pid}"));
+    }
+    append(control, &lines);
+}
+
+fn append(file: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(file)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// `gpud exporter` sampling every `interval_ms`, with per-pod usage when `usage`.
+fn spawn(mock: &Path, dir: &Path, api: &FakeApi, usage: bool, interval_ms: &str) -> Exporter {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = api.kubeconfig(dir);
+    let address = format!("127.0.0.1:{port}");
+    let proc = dir.join("proc");
+    let mut args = vec!["exporter", "-a", &address, "-c", interval_ms, "--kmsg", ""];
+    let usage_args = [
+        "--pod-usage",
+        "--pod-usage-proc-root",
+        proc.to_str().unwrap(),
+        "--node-name",
+        "test-node",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ];
+    if usage {
+        args.extend_from_slice(&usage_args);
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_gpud"))
+        .args(&args)
+        .env("GPUD_NVML_LIB", mock)
+        .env("NVML_MOCK_FIXTURE", "dgx-h100")
+        .env("NVML_MOCK_CONTROL", dir.join("control"))
+        .env("GPUD_STATE_DIR", "")
+        .env("GPUD_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    Exporter { child, port }
+}
+
+/// Waits until a body satisfies `done`; returns it.
+fn body_when(port: u16, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
+            let request = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+            if stream.write_all(request.as_bytes()).is_ok() {
+                let mut body = String::new();
+                let _ = stream.read_to_string(&mut body);
+                if body.starts_with("HTTP/1.1 200") && done(&body) {
+                    return body;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            let last = get(port);
+            let usage: Vec<&str> = last
+                .lines()
+                .filter(|l| l.contains("gpud_container"))
+                .take(12)
+                .collect();
+            panic!("the exporter never got there:\n{}", usage.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// CPU ms per sample cycle over CPU_WINDOW, and the last sample's wall time.
+fn cpu_per_cycle(exporter: &Exporter) -> (f64, f64) {
+    let pid = exporter.child.id();
+    let samples = |b: &str| total(b, "gpud_samples_total");
+    let before_body = get(exporter.port);
+    let cpu_before = proc::gpud_cpu_ns(pid);
+    std::thread::sleep(CPU_WINDOW);
+    let cpu = proc::gpud_cpu_ns(pid) - cpu_before;
+    let after_body = get(exporter.port);
+    let cycles = (samples(&after_body) - samples(&before_body)).max(1.0);
+    (
+        cpu as f64 / 1e6 / cycles,
+        total(&after_body, "gpud_sample_duration_seconds") * 1000.0,
+    )
+}
+
+/// Sequential scrapes per second and the body's size.
+fn scrapes(port: u16) -> (f64, usize) {
+    let size = get(port).len();
+    let began = Instant::now();
+    for _ in 0..SCRAPES {
+        get(port);
+    }
+    (f64::from(SCRAPES) / began.elapsed().as_secs_f64(), size)
+}
+
+fn main() {
+    let exe = std::env::current_exe().unwrap();
+    let mock = exe.parent().unwrap().join("libnvidia_ml_mock.so");
+    let processes = f64::from(GPUS * PER_GPU);
+    println!(
+        "per-pod usage on the simulated dgx-h100: {GPUS} GPUs x {PER_GPU} processes, each in a pod of its own"
+    );
+
+    let mut rows = Vec::new();
+    for usage in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+        std::fs::write(dir.path().join("proc/uptime"), "100000.00 0\n").unwrap();
+        let api = FakeApi::start(json!({}));
+        let control = dir.path().join("control");
+        start_batch(&control, &dir.path().join("proc"), &api, 1_000_000);
+        let exporter = spawn(&mock, dir.path(), &api, usage, "1000");
+        body_when(exporter.port, |b| {
+            !usage
+                || total(b, "gpud_container_gpu_processes") == processes
+                    && !b.contains(",pod=\"\"}")
+        });
+        let (cpu, wall) = cpu_per_cycle(&exporter);
+        let (rate, size) = scrapes(exporter.port);
+        rows.push((usage, cpu, wall, rate, size));
+    }
+    for (usage, cpu, wall, rate, size) in &rows {
+        println!(
+            "  {:<18} CPU {cpu:>6.2} ms per sample cycle (wall {wall:>5.1} ms)   body {:>6.1} KiB   {rate:>6.0} scrapes/s (sequential, {SCRAPES})",
+            if *usage {
+                "with --pod-usage"
+            } else {
+                "without"
+            },
+            *size as f64 / 1024.0
+        );
+    }
+
+    // Churn: batches of 128 new processes in new pods replace the last batch, until 10 000
+    // PIDs have come and gone; each batch is waited for in the body.
+    let dir = tempfile::tempdir().unwrap();
+    let proc_dir = dir.path().join("proc");
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    std::fs::write(proc_dir.join("uptime"), "100000.00 0\n").unwrap();
+    let api = FakeApi::start(json!({}));
+    let control = dir.path().join("control");
+    let mut batch = start_batch(&control, &proc_dir, &api, 2_000_000);
+    let exporter = spawn(&mock, dir.path(), &api, true, "100");
+    let seen = |first: u32| {
+        move |b: &str| {
+            total(b, "gpud_container_gpu_processes") == processes
+                && b.contains(&format!("pod=\"job-{first}\""))
+        }
+    };
+    body_when(exporter.port, seen(2_000_000));
+    let pid = exporter.child.id();
+    let rss_before = proc::rss_kib(pid);
+    let began = Instant::now();
+    let mut churned = 0;
+    let mut next = 2_000_000 + GPUS * PER_GPU;
+    while churned < CHURNED {
+        end_batch(&control, &proc_dir, &api, &batch);
+        batch = start_batch(&control, &proc_dir, &api, next);
+        body_when(exporter.port, seen(next));
+        churned += GPUS * PER_GPU;
+        next += GPUS * PER_GPU;
+    }
+    println!(
+        "  churn: {churned} PIDs in {} pods came and went in {:.1} s; resident memory {:.1} MiB before, {:.1} MiB after (goal: flat)",
+        churned,
+        began.elapsed().as_secs_f64(),
+        rss_before as f64 / 1024.0,
+        proc::rss_kib(pid) as f64 / 1024.0
+    );
+}
