@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use client::{Error, Response, get_once, ms};
 use load::{Budget, Run, flat_out};
-use proc::{gpud_cpu_ns, rss_kib, threads_cpu_ns};
+use proc::{gpud_cpu_ns, rss_kib, tree_cpu_ns};
 use servers::{Node, find_program, samples_total, start_exporter, start_nginx};
 
 /// Concurrent keep-alive connections of the throughput runs.
@@ -221,30 +221,6 @@ fn throughput(
 /// A server that takes its turns in the throughput rounds: name, port, and how to read its CPU
 /// time in ns.
 type Contender = (&'static str, u16, Box<dyn Fn() -> u64>);
-
-/// CPU time of process `pid` and its children (nginx's master and workers), in ns.
-fn tree_cpu_ns(pid: u32) -> u64 {
-    let children = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            // The parent pid is the second field after the parenthesised command name.
-            std::fs::read_to_string(format!("/proc/{child}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let (_, rest) = stat.rsplit_once(')')?;
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(pid)
-        });
-    let all = |_: &str| true;
-    threads_cpu_ns(pid, all)
-        + children
-            .map(|child| threads_cpu_ns(child, all))
-            .sum::<u64>()
-}
 
 /// The median of the rounds' server CPU time per request, in µs.
 fn median_cpu(rounds: &[Run]) -> f64 {

@@ -2,15 +2,28 @@
 //! processes, each in a pod of its own (the cgroup files in the four shapes gpud reads), against
 //! the stand-in API server:
 //! - CPU of gpud's threads per sample cycle, with and without per-pod usage;
-//! - the scrape: body size and sequential scrapes per second, with and without;
+//! - the scrape of the body with per-pod usage beside nginx serving the same bytes (the
+//!   exporter's goal: at least 80 % of nginx's throughput);
 //! - resident memory before and after 10 000 PIDs came and went (goal: flat).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// A benchmark reads its tools' locations from the environment (nginx on PATH).
+#![allow(clippy::disallowed_methods)]
 
+// Shared with the exporter bench, which uses all of it.
+#[allow(dead_code)]
+#[path = "exporter/client.rs"]
+mod client;
 #[path = "../tests/common/fake_api.rs"]
 mod fake_api;
+#[allow(dead_code)]
+#[path = "exporter/load.rs"]
+mod load;
 #[path = "support/proc.rs"]
 mod proc;
+#[allow(dead_code)]
+#[path = "exporter/servers.rs"]
+mod servers;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -25,7 +38,8 @@ const GPUS: u32 = 8;
 const PER_GPU: u32 = 16;
 const CHURNED: u32 = 10_000;
 const CPU_WINDOW: Duration = Duration::from_secs(10);
-const SCRAPES: u32 = 2_000;
+const SCRAPES: usize = 2_000;
+const ROUNDS: usize = 3;
 
 struct Exporter {
     child: Child,
@@ -209,14 +223,48 @@ fn cpu_per_cycle(exporter: &Exporter) -> (f64, f64) {
     )
 }
 
-/// Sequential scrapes per second and the body's size.
-fn scrapes(port: u16) -> (f64, usize) {
-    let size = get(port).len();
-    let began = Instant::now();
-    for _ in 0..SCRAPES {
-        get(port);
+/// The exporter's throughput on its body, beside nginx serving the same bytes: alternating
+/// rounds of keep-alive load from 4 connections, the median round of each.
+fn beside_nginx(exporter: &Exporter, dir: &Path) {
+    let Some(nginx) = servers::find_program("nginx", &["/usr/sbin"]) else {
+        println!("  nginx is missing (benches/exporter.sh installs it): no comparison");
+        return;
+    };
+    let body = client::get_once(exporter.port, "/metrics").unwrap().body;
+    let nginx = servers::start_nginx(&nginx, &dir.join("nginx"), &body).unwrap();
+    let expected = body.len();
+    let accept = move |r: &client::Response| {
+        if r.status == 200 && r.body.len().abs_diff(expected) <= 4096 {
+            Ok(())
+        } else {
+            Err(format!("status {}, {} bytes", r.status, r.body.len()))
+        }
+    };
+    let gpud_pid = exporter.child.id();
+    let nginx_pid = nginx.proc.pid();
+    let mut gpud = Vec::new();
+    let mut static_file = Vec::new();
+    for _ in 0..ROUNDS {
+        let budget = load::Budget::Requests(SCRAPES);
+        let run = load::flat_out(exporter.port, 4, budget, &accept, || {
+            proc::gpud_cpu_ns(gpud_pid)
+        });
+        gpud.push(run.unwrap().per_second());
+        let run = load::flat_out(nginx.port, 4, budget, &accept, || {
+            proc::tree_cpu_ns(nginx_pid)
+        });
+        static_file.push(run.unwrap().per_second());
     }
-    (f64::from(SCRAPES) / began.elapsed().as_secs_f64(), size)
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (gpud, static_file) = (median(gpud), median(static_file));
+    println!(
+        "  body {:.1} KiB: gpud {gpud:.0} scrapes/s, nginx {static_file:.0} scrapes/s: {:.0} % (goal >= 80 %)",
+        expected as f64 / 1024.0,
+        100.0 * gpud / static_file
+    );
 }
 
 fn main() {
@@ -227,7 +275,6 @@ fn main() {
         "per-pod usage on the simulated dgx-h100: {GPUS} GPUs x {PER_GPU} processes, each in a pod of its own"
     );
 
-    let mut rows = Vec::new();
     for usage in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
@@ -242,19 +289,13 @@ fn main() {
                     && !b.contains(",pod=\"\"}")
         });
         let (cpu, wall) = cpu_per_cycle(&exporter);
-        let (rate, size) = scrapes(exporter.port);
-        rows.push((usage, cpu, wall, rate, size));
-    }
-    for (usage, cpu, wall, rate, size) in &rows {
         println!(
-            "  {:<18} CPU {cpu:>6.2} ms per sample cycle (wall {wall:>5.1} ms)   body {:>6.1} KiB   {rate:>6.0} scrapes/s (sequential, {SCRAPES})",
-            if *usage {
-                "with --pod-usage"
-            } else {
-                "without"
-            },
-            *size as f64 / 1024.0
+            "  {:<18} CPU {cpu:>6.2} ms per sample cycle (wall {wall:>5.1} ms)",
+            if usage { "with --pod-usage" } else { "without" },
         );
+        if usage {
+            beside_nginx(&exporter, dir.path());
+        }
     }
 
     // Churn: batches of 128 new processes in new pods replace the last batch, until 10 000

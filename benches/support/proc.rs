@@ -43,3 +43,27 @@ pub fn threads_cpu_ns(pid: u32, counted: impl Fn(&str) -> bool) -> u64 {
         })
         .sum()
 }
+
+/// CPU time of process `pid` and its children (nginx's master and workers), in ns.
+pub fn tree_cpu_ns(pid: u32) -> u64 {
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            // The parent pid is the second field after the parenthesised command name.
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        });
+    let all = |_: &str| true;
+    threads_cpu_ns(pid, all)
+        + children
+            .map(|child| threads_cpu_ns(child, all))
+            .sum::<u64>()
+}
