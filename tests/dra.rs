@@ -2096,3 +2096,69 @@ async fn a_new_gpud_serves_the_plugin_socket_it_took_over_and_registers_under_it
     let claims: Vec<&String> = checkpoint["claims"].as_object().unwrap().keys().collect();
     assert_eq!(claims, ["uid-1", "uid-2"]);
 }
+
+/// Lays out `<node>/sys` as sysfs does: each bus id under its root complex.
+fn pcie_tree(dra: &Dra, devices: &[(&str, &str)]) {
+    let links = dra.path("sys/bus/pci/devices");
+    std::fs::create_dir_all(&links).unwrap();
+    for (bdf, root) in devices {
+        let target = format!("../../../devices/{root}/0000:00:01.0/{bdf}");
+        std::os::unix::fs::symlink(target, links.join(bdf)).unwrap();
+    }
+}
+
+/// The topology attributes of device `name`: (pcieRoot, numaNode, nvlinkDomain).
+fn placement(slices: &[Value], name: &str) -> (Value, Value, Value) {
+    let attributes = &device(slices, name)["attributes"];
+    (
+        attributes["resource.kubernetes.io/pcieRoot"]["string"].clone(),
+        attributes["resource.kubernetes.io/numaNode"]["int"].clone(),
+        attributes["nvlinkDomain"]["string"].clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_carry_their_pcie_root_numa_node_and_nvlink_domain() {
+    // Two NVLink-bridged pairs, one per socket.
+    let mut dra = Dra::new("pcie-4gpu");
+    pcie_tree(
+        &dra,
+        &[
+            ("0000:1b:00.0", "pci0000:17"),
+            ("0000:1c:00.0", "pci0000:17"),
+            ("0000:ae:00.0", "pci0000:ad"),
+            ("0000:af:00.0", "pci0000:ad"),
+        ],
+    );
+    dra.start();
+    dra.register().await;
+    let slices = dra.slices_when("slices", |_| true);
+    let uuid = |name: &str| device(&slices, name)["attributes"]["uuid"]["string"].clone();
+    let (first, third) = (uuid("gpu-0"), uuid("gpu-2"));
+    assert_eq!(
+        (0..4)
+            .map(|i| placement(&slices, &format!("gpu-{i}")))
+            .collect::<Vec<_>>(),
+        [
+            (json!("pci0000:17"), json!(0), first.clone()),
+            (json!("pci0000:17"), json!(0), first),
+            (json!("pci0000:ad"), json!(1), third.clone()),
+            (json!("pci0000:ad"), json!(1), third),
+        ]
+    );
+    dra.stop();
+
+    // A multi-node NVLink rack: the fabric's clique is the domain, across nodes.
+    let mut dra = Dra::new("gb200-nvl");
+    pcie_tree(&dra, &[("0008:01:00.0", "pci0008:00")]);
+    dra.start();
+    dra.register().await;
+    let slices = dra.slices_when("slices", |_| true);
+    let clique = json!("3f5a0c2e-9b1d-4e7a-8c63-1d2e4f5a6b7c.32766");
+    assert_eq!(
+        placement(&slices, "gpu-0"),
+        (json!("pci0008:00"), json!(0), clique.clone())
+    );
+    // No sysfs link for GPU 3: no root complex rather than a wrong one.
+    assert_eq!(placement(&slices, "gpu-3"), (Value::Null, json!(1), clique));
+}

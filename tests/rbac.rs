@@ -248,6 +248,7 @@ fn host_flags(root: &Path, kubeconfig: &Path) -> Vec<(&'static str, String)> {
         ("--dra-cdi-root", under("/var/run/cdi")),
         ("--dra-driver-root", under("/run/nvidia/driver")),
         ("--dra-proc-root", under("/run/nvidia/driver")),
+        ("--dra-sysfs-root", under("/sys")),
         (
             "--dra-pod-resources-socket",
             under("/var/lib/kubelet/pod-resources/kubelet.sock"),

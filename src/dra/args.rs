@@ -69,6 +69,16 @@ pub struct DraArgs {
     )]
     pub dra_proc_root: PathBuf,
 
+    /// The sysfs where each GPU's PCIe root complex is read (the
+    /// resource.kubernetes.io/pcieRoot attribute).
+    #[arg(
+        long = "dra-sysfs-root",
+        value_name = "PATH",
+        env = "GPUD_DRA_SYSFS_ROOT",
+        default_value = "/sys"
+    )]
+    pub dra_sysfs_root: PathBuf,
+
     /// The nvidia-cdi-hook executable the CDI specs name.
     #[arg(long = "dra-nvidia-cdi-hook-path", value_name = "PATH",
           env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH", default_value = crate::cdi::discover::DEFAULT_HOOK_PATH)]
@@ -99,6 +109,8 @@ pub struct DraConfig {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub cdi_root: PathBuf,
+    /// Where the GPUs' PCIe root complexes are read.
+    pub sysfs_root: PathBuf,
     pub host: HostPaths,
     pub pod_resources: Option<PathBuf>,
     pub kubeconfig: Option<PathBuf>,
@@ -129,6 +141,7 @@ impl DraArgs {
             registry_dir: self.dra_registry_dir.clone(),
             plugins_dir: self.dra_plugins_dir.clone(),
             cdi_root: self.dra_cdi_root.clone(),
+            sysfs_root: self.dra_sysfs_root.clone(),
             host: HostPaths {
                 driver_root: self.dra_driver_root.clone(),
                 dev_root: self

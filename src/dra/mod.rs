@@ -27,6 +27,7 @@ pub mod slices;
 pub mod sockets;
 pub mod taints;
 pub mod timeslice;
+pub mod topology;
 
 pub use args::{DraArgs, DraConfig};
 pub use service::Dra;

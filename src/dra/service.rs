@@ -25,6 +25,7 @@ use super::checkpoint::Checkpoint;
 use super::prepare::Preparer;
 use super::publish::Publisher;
 use super::slices;
+use super::topology;
 use super::sockets::Sockets;
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
@@ -163,6 +164,7 @@ impl Subsystem for Dra {
         publish_loop(
             publisher,
             &config.driver,
+            &config.sysfs_root,
             seed,
             &inventory,
             &registered,
@@ -231,9 +233,11 @@ async fn watch_slices(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn publish_loop(
     mut publisher: Publisher,
     driver: &str,
+    sysfs_root: &std::path::Path,
     seed: u64,
     inventory: &Inventory,
     registered: &Notify,
@@ -245,7 +249,11 @@ async fn publish_loop(
     let mut last_error: Option<String> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
-        let wait = match publisher.sync(slices::devices(&snapshot, driver)).await {
+        // A few symlinks per GPU, read again with each inventory change (a GPU back after a
+        // reset may sit elsewhere).
+        let topology = topology::read(sysfs_root, &snapshot);
+        let devices = slices::devices(&snapshot, driver, &topology);
+        let wait = match publisher.sync(devices).await {
             Ok(_) => {
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");

@@ -5,8 +5,8 @@
 //!
 //! | device | attributes | capacity |
 //! |---|---|---|
-//! | GPU | `type`=`gpu`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `resource.kubernetes.io/pciBusID` | `memory` |
-//! | MIG | `type`=`mig`, `uuid`, `parentUUID`, `profile`, the parent's product, brand, architecture, versions and PCI bus id | `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`, `memory`, `memorySlice<N>` per slice of the placement |
+//! | GPU | `type`=`gpu`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `resource.kubernetes.io/pciBusID`, and the topology's ([`super::topology`]): `resource.kubernetes.io/pcieRoot`, `resource.kubernetes.io/numaNode`, `nvlinkDomain` | `memory` |
+//! | MIG | `type`=`mig`, `uuid`, `parentUUID`, `profile`, the parent's product, brand, architecture, versions, PCI bus id and topology | `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`, `memory`, `memorySlice<N>` per slice of the placement |
 //!
 //! Versions are semantic versions (`9.0` → `9.0.0`, `535.54.03` → `535.54.3`), so CEL's
 //! `semver()` comparisons work. Attributes the inventory does not know are left out rather
@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use super::objects::{Attribute, Capacity, Device, Pool, SliceSpec};
 use super::taints;
+use super::topology::Topology;
 use crate::dra_names::{self, DraDevice};
 use crate::inventory::Snapshot;
 
@@ -28,11 +29,11 @@ pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 
 const MIB: u64 = 1024 * 1024;
 
-/// The devices of the node, in inventory order.
-pub fn devices(snapshot: &Snapshot, driver: &str) -> Vec<Device> {
+/// The devices of the node, in inventory order, with the topology attributes of their GPUs.
+pub fn devices(snapshot: &Snapshot, driver: &str, topology: &Topology) -> Vec<Device> {
     dra_names::devices(snapshot)
         .map(|(name, device)| Device {
-            attributes: attributes(snapshot, &device),
+            attributes: attributes(snapshot, &device, topology),
             capacity: capacity(&device),
             taints: taints::taints(driver, &device),
             name,
@@ -77,7 +78,11 @@ pub fn specs(driver: &str, node: &str, devices: Vec<Device>, generation: i64) ->
         .collect()
 }
 
-fn attributes(snapshot: &Snapshot, device: &DraDevice<'_>) -> BTreeMap<String, Attribute> {
+fn attributes(
+    snapshot: &Snapshot,
+    device: &DraDevice<'_>,
+    topology: &Topology,
+) -> BTreeMap<String, Attribute> {
     let gpu = device.gpu();
     let mut out = BTreeMap::new();
     let mut string = |key: &str, value: Option<&str>| {
@@ -116,6 +121,9 @@ fn attributes(snapshot: &Snapshot, device: &DraDevice<'_>) -> BTreeMap<String, A
         if let Some(version) = value.and_then(semver) {
             out.insert(key.to_owned(), Attribute::Version(version));
         }
+    }
+    for (key, value) in topology.of(gpu.index) {
+        out.insert(key.clone(), value.clone());
     }
     out
 }
@@ -255,7 +263,7 @@ mod tests {
 
     #[test]
     fn slices_split_at_the_limits_and_say_how_many_there_are() {
-        let built = specs("d", "n", devices(&node_of(130), "d"), 4);
+        let built = specs("d", "n", devices(&node_of(130), "d", &Topology::default()), 4);
         let sizes: Vec<usize> = built.iter().map(|s| s.devices.len()).collect();
         assert_eq!(sizes, [128, 2]);
         assert!(built.iter().all(|s| s.pool.resource_slice_count == 2));
@@ -272,7 +280,7 @@ mod tests {
     }
 
     fn specs_sizes(snapshot: &Snapshot) -> Vec<usize> {
-        specs("d", "n", devices(snapshot, "d"), 1)
+        specs("d", "n", devices(snapshot, "d", &Topology::default()), 1)
             .iter()
             .map(|s| s.devices.len())
             .collect()

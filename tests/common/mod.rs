@@ -88,7 +88,8 @@ impl Node {
     /// kubelet's registry and plugins folders, the CDI root, the driver and proc roots, the
     /// pod-resources socket.
     pub fn dra_flags(&self) -> Vec<String> {
-        for dir in ["plugins_registry", "plugins", "cdi", "driver"] {
+        // `sys`: the PCIe roots a test lays out (none by default, never the machine's own).
+        for dir in ["plugins_registry", "plugins", "cdi", "driver", "sys"] {
             std::fs::create_dir_all(self.dir.path().join(dir)).expect("DRA folder");
         }
         let path = |rel: &str| self.dir.path().join(rel).display().to_string();
@@ -99,6 +100,7 @@ impl Node {
             ("--dra-driver-root", "driver"),
             ("--dra-proc-root", "driver"),
             ("--dra-pod-resources-socket", "pod-resources.sock"),
+            ("--dra-sysfs-root", "sys"),
         ]
         .into_iter()
         .flat_map(|(flag, rel)| [flag.to_owned(), path(rel)])
