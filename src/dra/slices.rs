@@ -261,9 +261,47 @@ mod tests {
         }
     }
 
+    /// The API allows 32 attributes and capacities per device: the largest MIG device (all 8
+    /// memory slices) with every attribute, topology included, must fit.
+    #[test]
+    fn the_largest_mig_device_with_its_topology_fits_the_per_device_limit() {
+        use crate::inventory::model::Placement;
+        use crate::inventory::test_support::{mig, with_migs};
+        let mut whole = mig(0, "MIG-0", 0, 0);
+        whole.profile = "7g.80gb".into();
+        whole.placement = Some(Placement { start: 0, size: 8 });
+        whole.gpu_instance_profile_id = Some(0);
+        let mut snapshot = node_of(1);
+        let mut g = snapshot.gpus.remove(0);
+        g.numa_node = Some(0);
+        g.brand = Some("Tesla".into());
+        g.architecture = Some("Hopper".into());
+        g.compute_capability = Some("9.0".into());
+        snapshot.gpus.push(with_migs(g, vec![whole]));
+        snapshot.node.cuda_driver_version = Some("12.8".into());
+        let roots = [(0, "pci0000:15".to_owned())].into_iter().collect();
+        let mut topology = crate::dra::topology::topology(&snapshot, &roots);
+        // An NVLink domain too, as on an HGX board.
+        topology.insert_for_test(0, "nvlinkDomain", "GPU-0");
+        let built = devices(&snapshot, "d", &topology);
+        let entries = built[0].attributes.len() + built[0].capacity.len();
+        assert_eq!(
+            built[0].attributes.len(),
+            14,
+            "{:?}",
+            built[0].attributes.keys()
+        );
+        assert!(entries <= 32, "{entries} attributes and capacities");
+    }
+
     #[test]
     fn slices_split_at_the_limits_and_say_how_many_there_are() {
-        let built = specs("d", "n", devices(&node_of(130), "d", &Topology::default()), 4);
+        let built = specs(
+            "d",
+            "n",
+            devices(&node_of(130), "d", &Topology::default()),
+            4,
+        );
         let sizes: Vec<usize> = built.iter().map(|s| s.devices.len()).collect();
         assert_eq!(sizes, [128, 2]);
         assert!(built.iter().all(|s| s.pool.resource_slice_count == 2));

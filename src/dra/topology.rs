@@ -38,6 +38,17 @@ impl Topology {
     }
 }
 
+#[cfg(test)]
+impl Topology {
+    /// Adds one attribute to GPU `index` (for tests of what carries it).
+    pub fn insert_for_test(&mut self, index: u32, key: &str, value: &str) {
+        self.by_gpu
+            .entry(index)
+            .or_default()
+            .insert(key.to_owned(), Attribute::String(value.to_owned()));
+    }
+}
+
 /// The node's topology: PCIe roots read under `sysfs_root` (`/sys`), the rest from `snapshot`.
 pub fn read(sysfs_root: &Path, snapshot: &Snapshot) -> Topology {
     let roots = snapshot
@@ -169,22 +180,32 @@ mod tests {
     }
 
     fn string(topology: &Topology, index: u32, key: &str) -> Option<String> {
-        topology.of(index).find(|(k, _)| *k == key).map(|(_, v)| match v {
-            Attribute::String(s) => s.clone(),
-            other => format!("{other:?}"),
-        })
+        topology
+            .of(index)
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| match v {
+                Attribute::String(s) => s.clone(),
+                other => format!("{other:?}"),
+            })
     }
 
     #[test]
     fn gpus_joined_by_nvlink_share_a_domain_named_after_the_first() {
-        let gpus = (0..4).map(|i| gpu(i, &format!("GPU-{i}"), "H100", 81559)).collect();
+        let gpus = (0..4)
+            .map(|i| gpu(i, &format!("GPU-{i}"), "H100", 81559))
+            .collect();
         // 0-1 and 1-2 are joined, 3 is alone (PCIe only).
         let s = snapshot(gpus, &[(0, 1, 18), (1, 2, 18), (0, 3, 0), (2, 3, 0)]);
         let t = topology(&s, &BTreeMap::new());
         let domains: Vec<Option<String>> = (0..4).map(|i| string(&t, i, NVLINK_DOMAIN)).collect();
         assert_eq!(
             domains,
-            [Some("GPU-0".into()), Some("GPU-0".into()), Some("GPU-0".into()), None]
+            [
+                Some("GPU-0".into()),
+                Some("GPU-0".into()),
+                Some("GPU-0".into()),
+                None
+            ]
         );
     }
 
@@ -205,7 +226,9 @@ mod tests {
         let t = read(dir.path(), &snapshot(vec![g, missing], &[]));
         assert_eq!(string(&t, 0, PCIE_ROOT).as_deref(), Some("pci0000:15"));
         assert_eq!(
-            t.of(0).find(|(k, _)| *k == NUMA_NODE).map(|(_, v)| v.clone()),
+            t.of(0)
+                .find(|(k, _)| *k == NUMA_NODE)
+                .map(|(_, v)| v.clone()),
             Some(Attribute::Int(1))
         );
         assert_eq!(t.of(1).count(), 0, "no sysfs link, no NUMA node: nothing");
