@@ -287,3 +287,44 @@ fn pod_usage_without_the_node_name_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// The pods' watch ended by 410 Gone (its resourceVersion compacted away) lists again, with
+/// backoff, and watches on from the new list: a pod started later is named.
+#[test]
+fn a_pod_watch_ended_by_410_gone_lists_again_and_names_the_new_pod() {
+    use crate::fake_api::{Fault, Rule};
+    let setup = setup("dgx-h100");
+    let gone = setup.api.refuse(
+        Rule::exact("GET", "/api/v1/pods", Fault::GoneEvent)
+            .query("watch=true")
+            .times(1),
+    );
+    setup.node.inject("process 0 101 2048 35");
+    let exporter = start(&setup);
+    exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    // A pod the node starts later is named through the watch opened after the new list.
+    let uid = "dddddddd-4444-4444-8444-000000000004";
+    let id = "d4".repeat(32);
+    setup
+        .api
+        .put_pod(pod("web", "late", uid, "test-node", &[("enc", &id)]));
+    process(
+        setup.proc.path(),
+        104,
+        4000,
+        &format!("0::/kubepods/besteffort/pod{uid}/{id}\n"),
+    );
+    setup.node.inject("process 1 104 512 5");
+    let body = exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "late")]).is_some());
+    assert_eq!(
+        value(&body, MEMORY, &[("pod", "late"), ("gpu", "1")]).as_deref(),
+        Some("536870912")
+    );
+    assert_eq!(setup.api.refused_by(gone), 1);
+    let reads = setup.api.state.lock().unwrap().pod_reads.clone();
+    assert_eq!(
+        reads.iter().filter(|(watch, _)| !watch).count(),
+        2,
+        "one list at start, one after the 410: {reads:?}"
+    );
+}
