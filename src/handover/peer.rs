@@ -39,21 +39,37 @@ impl Peer {
     }
 }
 
-/// Whether process `pid` still runs (a zombie waiting for its parent does not).
+/// Whether process `pid` still runs (a zombie waiting for its parent does not). Every thread
+/// counts: the main thread of a killed process can be a zombie while others are still
+/// exiting, and the process's sockets close only when the last one has.
 pub fn alive(pid: i32) -> bool {
     if kill(Pid::from_raw(pid), None).is_err() {
         return false;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name, which is in parentheses and may hold spaces.
-    let state = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next());
-    state != Some('Z')
+    let running = |stat: &str| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        state.is_some_and(|s| s != 'Z' && s != 'X')
+    };
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| running(&stat))
+        }),
+        // No /proc to read (hidepid): the signal reached it, so it is there.
+        Err(_) => {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| running(&stat))
+        }
+    }
 }
 
+/// How long a SIGKILLed process may take to be gone: its exit closes its sockets, which the
+/// caller binds next, and on a loaded machine that exit can take more than a moment.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
 /// Stops process `pid`: SIGTERM, then SIGKILL if it is still there after `grace`. Returns
-/// once it is gone (or a moment after the SIGKILL).
+/// once it is gone (or [`KILL_WAIT`] after the SIGKILL: one stuck in the driver never goes).
 pub fn stop(pid: i32, grace: Duration) {
     let pid_t = Pid::from_raw(pid);
     if kill(pid_t, Signal::SIGTERM).is_err() {
@@ -63,7 +79,7 @@ pub fn stop(pid: i32, grace: Duration) {
         return;
     }
     let _ = kill(pid_t, Signal::SIGKILL);
-    wait_gone(pid, Duration::from_secs(1));
+    wait_gone(pid, KILL_WAIT);
 }
 
 /// Waits up to `limit` for `pid` to be gone; whether it is.

@@ -36,6 +36,12 @@ use super::stats::Stats;
 /// request line and a few headers, and this bounds what each connection buffers.
 const MAX_REQUEST_HEAD: usize = 16 * 1024;
 
+/// How long a connection waiting for a request head still gets once the server stops: a
+/// client that has just connected has its request on the way (in a takeover the kernel may
+/// have queued it on the old process a moment before it stopped), and closing with its bytes
+/// unread resets the connection under it. An idle keep-alive connection is closed at once.
+const HEAD_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Serves `stream` until the client closes it, a phase times out, the table evicts it, or the
 /// server stops (then the request in progress, if any, is answered first). Frees its place in
 /// the table when it ends, after the socket is closed.
@@ -65,6 +71,8 @@ pub async fn serve(
     tokio::pin!(conn);
     let mut watchdog = Watchdog::new(Arc::clone(&activity), limits);
     let mut stopping = false;
+    // Set while a connection waiting for its head gets [`HEAD_GRACE`] before it is closed.
+    let mut close_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             // The connection first: it moves the phase, which the watchdog then reads.
@@ -82,7 +90,15 @@ pub async fn serve(
             () = activity.evicted() => return,
             () = cancel.cancelled(), if !stopping => {
                 stopping = true;
-                // Closes an idle connection now, a busy one once its answer is written.
+                if activity.phase().0 == Phase::Head {
+                    close_at = Some(tokio::time::Instant::now() + HEAD_GRACE);
+                } else {
+                    // Closes an idle connection now, a busy one once its answer is written.
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            () = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)), if close_at.is_some() => {
+                close_at = None;
                 conn.as_mut().graceful_shutdown();
             }
         }

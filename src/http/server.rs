@@ -350,6 +350,23 @@ mod tests {
         assert!(answer.ends_with("done"), "{answer:?}");
     }
 
+    /// A connection accepted just before the stop whose request arrives just after it is
+    /// answered, not reset: in a takeover the kernel may queue a scrape on the old process a
+    /// moment before it stops.
+    #[tokio::test]
+    async fn a_request_arriving_on_a_fresh_connection_as_the_server_stops_is_answered() {
+        let release = Arc::new(Notify::new());
+        let server = start(slow_router(&release), limits(5_000, 5_000, 16)).await;
+        let mut fresh = TcpStream::connect(server.address).await.unwrap();
+        wait_for(&server.stats, |s| s.open == 1).await;
+        server.cancel.cancel();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (status, _) = request(&mut fresh, "/").await;
+        assert_eq!(status, 200);
+        let served = tokio::time::timeout(Duration::from_secs(2), server.server).await;
+        assert!(matches!(served, Ok(Ok(Ok(())))), "{served:?}");
+    }
+
     #[tokio::test]
     async fn cancelling_finishes_the_answer_in_progress_and_closes_the_rest() {
         let release = Arc::new(Notify::new());
