@@ -25,14 +25,15 @@ mod proc;
 #[path = "exporter/servers.rs"]
 mod servers;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_api::FakeApi;
+// A gpud exporter: stopped with SIGTERM, then SIGKILL, when dropped.
 use serde_json::json;
+use servers::Server as Exporter;
 
 const GPUS: u32 = 8;
 const PER_GPU: u32 = 16;
@@ -41,25 +42,13 @@ const CPU_WINDOW: Duration = Duration::from_secs(10);
 const SCRAPES: usize = 2_000;
 const ROUNDS: usize = 3;
 
-struct Exporter {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// The `/metrics` body, "" when it does not answer 200.
 fn get(port: u16) -> String {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let request = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut body = String::new();
-    let _ = stream.read_to_string(&mut body);
-    body
+    client::get_once(port, "/metrics")
+        .ok()
+        .filter(|r| r.status == 200)
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .unwrap_or_default()
 }
 
 /// A metric's value in a body, summed over its series.
@@ -146,11 +135,7 @@ fn append(file: &Path, text: &str) {
 
 /// `gpud exporter` sampling every `interval_ms`, with per-pod usage when `usage`.
 fn spawn(mock: &Path, dir: &Path, api: &FakeApi, usage: bool, interval_ms: &str) -> Exporter {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = servers::free_port().unwrap();
     let kubeconfig = api.kubeconfig(dir);
     let address = format!("127.0.0.1:{port}");
     let proc = dir.join("proc");
@@ -177,26 +162,22 @@ fn spawn(mock: &Path, dir: &Path, api: &FakeApi, usage: bool, interval_ms: &str)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    Exporter { child, port }
+    Exporter {
+        proc: servers::Proc(child),
+        port,
+    }
 }
 
 /// Waits until a body satisfies `done`; returns it.
 fn body_when(port: u16, done: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
-            let request = "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
-            if stream.write_all(request.as_bytes()).is_ok() {
-                let mut body = String::new();
-                let _ = stream.read_to_string(&mut body);
-                if body.starts_with("HTTP/1.1 200") && done(&body) {
-                    return body;
-                }
-            }
+        let body = get(port);
+        if !body.is_empty() && done(&body) {
+            return body;
         }
         if Instant::now() > deadline {
-            let last = get(port);
-            let usage: Vec<&str> = last
+            let usage: Vec<&str> = body
                 .lines()
                 .filter(|l| l.contains("gpud_container"))
                 .take(12)
@@ -209,7 +190,7 @@ fn body_when(port: u16, done: impl Fn(&str) -> bool) -> String {
 
 /// CPU ms per sample cycle over CPU_WINDOW, and the last sample's wall time.
 fn cpu_per_cycle(exporter: &Exporter) -> (f64, f64) {
-    let pid = exporter.child.id();
+    let pid = exporter.proc.pid();
     let samples = |b: &str| total(b, "gpud_samples_total");
     let before_body = get(exporter.port);
     let cpu_before = proc::gpud_cpu_ns(pid);
@@ -240,7 +221,7 @@ fn beside_nginx(exporter: &Exporter, dir: &Path) {
             Err(format!("status {}, {} bytes", r.status, r.body.len()))
         }
     };
-    let gpud_pid = exporter.child.id();
+    let gpud_pid = exporter.proc.pid();
     let nginx_pid = nginx.proc.pid();
     let mut gpud = Vec::new();
     let mut static_file = Vec::new();
@@ -322,7 +303,7 @@ fn main() {
         }
     };
     body_when(exporter.port, seen(2_000_000));
-    let pid = exporter.child.id();
+    let pid = exporter.proc.pid();
     let rss_before = proc::rss_kib(pid);
     let began = Instant::now();
     let mut churned = 0;
