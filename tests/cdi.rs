@@ -467,7 +467,8 @@ fn generate_on_an_empty_node_prints_the_golden_spec_to_stdout() {
     assert_golden("cdi/empty.yaml", &text);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("The CDI hook is not an executable file"),
+        stderr.contains("No CDI hook is an executable file")
+            && stderr.contains(&format!("tried={missing_hook}")),
         "{stderr}"
     );
 }
@@ -701,4 +702,88 @@ fn missing_nvml_exits_69() {
     ]);
     assert_eq!(out.status.code(), Some(69));
     assert!(out.stdout.is_empty());
+}
+
+/// The device names of the spec file at `out` once it exists and `done` holds for them.
+fn spec_names_when(out: &Path, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let names: Vec<String> = fs::read_to_string(out)
+            .ok()
+            .and_then(|text| serde_yaml_ng::from_str::<Spec>(&text).ok())
+            .map(|spec| spec.devices.into_iter().map(|d| d.name).collect())
+            .unwrap_or_default();
+        if done(&names) {
+            return names;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: the spec names {names:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn watch_writes_the_spec_again_on_a_mig_change_and_ends_on_a_new_driver() {
+    let fake = FakeHost::new(true);
+    let node = Node::new("a100-mig");
+    let uuid = snapshot("a100-mig").gpus[0].uuid.clone();
+    let out = fake.out("nvidia.yaml");
+    let mut args = fake.args();
+    args.extend(["--output".into(), path(&out), "--watch".into()]);
+    args.extend(["--interval".into(), "100ms".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut gpud = common::Running::spawn(node.gpud(&args));
+
+    let first = spec_names_when(&out, "the first spec", |names| !names.is_empty());
+    assert_eq!(
+        first.iter().filter(|n| n.starts_with("0:")).count(),
+        3,
+        "{first:?}"
+    );
+
+    // MIG repartitioned to one 3g instance (GPU instance 1): the spec follows.
+    node.write_mig_state(
+        &uuid,
+        serde_json::json!([{"id": 1, "profile_id": 9, "placement": {"start": 4, "size": 4},
+            "compute_instances": [{"id": 0, "profile_id": 2, "placement": {"start": 0, "size": 3}}]}]),
+    );
+    let after = spec_names_when(&out, "the repartitioned spec", |names| {
+        names.iter().filter(|n| n.starts_with("0:")).count() == 1
+    });
+    assert_eq!(after.len(), 5, "GPU twice, one MIG device twice, all: {after:?}");
+    assert_eq!(after[2], "0:0");
+    assert!(after[3].starts_with("MIG-") && after[4] == "all", "{after:?}");
+
+    // The kernel module is replaced by another driver's: the process ends with an error so
+    // that its restart loads the new library; the last spec stays.
+    let written = fs::read(&out).unwrap();
+    write(
+        &fake.driver_root(),
+        "/proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:04 UTC 2025\n",
+        0o444,
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = gpud.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running after the driver changed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
+    // The pipe's reader thread may still be taking the last lines in.
+    let said = "the kernel module is now driver 580.65.06, NVML here is 570.133.20";
+    while !gpud.stderr().contains(said) {
+        assert!(std::time::Instant::now() < deadline, "{}", gpud.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(fs::read(&out).unwrap(), written, "the spec is left as it was");
+}
+
+#[test]
+fn watch_needs_a_file() {
+    let node = Node::new("dgx-h100");
+    let result = node.run(&["cdi", "generate", "--output", "-", "--watch"]);
+    assert_eq!(result.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&result.stderr).contains("give --output a path"));
 }

@@ -8,21 +8,24 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
 
 use crate::cdi::discover::{self, HostPaths};
 use crate::cdi::kind::{DEFAULT_CLASS, DEFAULT_VENDOR, check_class, check_vendor};
 use crate::cdi::{self, Format, HookName, Kind, NameStrategy, Options};
 use crate::cli::{self, CommonArgs};
-use crate::daemon::Error;
-use crate::nvml::NodeFacts;
+use crate::daemon::{Error, signals};
+use crate::nvml::library::nvrm_version;
+use crate::inventory::{Inventory, Snapshot};
+use crate::nvml::{NodeFacts, Rescanner};
 
 /// Where the spec goes by default: the folder runtimes scan for generated specs, under the
 /// name the toolkit's refresh service uses.
 pub const DEFAULT_OUTPUT: &str = "/var/run/cdi/nvidia.yaml";
 
-pub use crate::cdi::discover::DEFAULT_HOOK_PATH;
 
 /// Generate and manage CDI specs for the node's GPUs.
 #[derive(Debug, Parser)]
@@ -91,9 +94,10 @@ struct GenerateArgs {
     proc_root: Option<PathBuf>,
 
     /// nvidia-cdi-hook executable the spec's hooks run; hooks are left out when it does not
-    /// exist.
-    #[arg(long, value_name = "PATH", visible_alias = "nvidia-ctk-path", default_value = DEFAULT_HOOK_PATH)]
-    nvidia_cdi_hook_path: PathBuf,
+    /// exist [default: gpud's hook, /usr/local/nvidia/toolkit/nvidia-cdi-hook, when
+    /// installed, else /usr/bin/nvidia-cdi-hook].
+    #[arg(long, value_name = "PATH", visible_alias = "nvidia-ctk-path")]
+    nvidia_cdi_hook_path: Option<PathBuf>,
 
     /// Hook to leave out ("all" for every hook); repeat or comma-separate for several.
     #[arg(long, value_name = "HOOK", value_enum, value_delimiter = ',', action = ArgAction::Append)]
@@ -106,6 +110,17 @@ struct GenerateArgs {
     /// Do not add the "all" device.
     #[arg(long)]
     no_all_device: bool,
+
+    /// Keep running: rescan the node every --interval and write the spec again whenever it
+    /// changes (a GPU lost or back, MIG repartitioned, a new driver). The toolkit step's way
+    /// of keeping the spec runtimes read current.
+    #[arg(long)]
+    watch: bool,
+
+    /// Rescan interval for --watch, e.g. "30s", "500ms".
+    #[arg(long, value_name = "DURATION", default_value = "30s",
+          value_parser = crate::values::positive_duration)]
+    interval: Duration,
 }
 
 /// Entry point.
@@ -124,18 +139,112 @@ fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
         node_name: None,
         machine_type_file: None,
     };
-    let snapshot = nvml.discover(&facts)?;
+    let to_stdout = args.output.as_os_str() == "-";
+    if args.watch && to_stdout {
+        return Err(Error::Usage(
+            "--watch writes the spec file again on every change; give --output a path, not -"
+                .to_owned(),
+        ));
+    }
+    let rescanner = Rescanner::new(nvml, facts, args.interval);
+    let inventory = rescanner.discover()?;
+    let first = generate(args, &inventory.current())?;
+    if to_stdout {
+        return cli::print_stdout(&first, "the spec");
+    }
+    write_if_changed(&args.output, &first)?;
+    if !args.watch {
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| Error::Failure(format!("cannot start the runtime: {err}")))?
+        .block_on(watch(args, rescanner, inventory))
+}
+
+/// Writes the spec again on every inventory change, until SIGINT/SIGTERM. A spec that cannot
+/// be built or written is logged and the old file kept: the next change tries again.
+async fn watch(args: &GenerateArgs, rescanner: Rescanner, inventory: Inventory) -> Result<(), Error> {
+    let mut updates = inventory.subscribe();
+    updates.borrow_and_update();
+    let stop = CancellationToken::new();
+    let rescans = crate::logging::spawn({
+        let (stop, inventory) = (stop.clone(), inventory.clone());
+        async move { rescanner.run_until(stop, &inventory).await }
+    });
+    let stop_signal = signals::shutdown();
+    tokio::pin!(stop_signal);
+    let mut driver_check = tokio::time::interval(args.interval);
+    let outcome = loop {
+        tokio::select! {
+            () = &mut stop_signal => break Ok(()),
+            _ = driver_check.tick() => {
+                if let Err(err) = same_driver(args, &inventory.current()) {
+                    break Err(err);
+                }
+            }
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    break Ok(());
+                }
+                let snapshot = updates.borrow_and_update().clone();
+                if let Err(err) = generate(args, &snapshot)
+                    .and_then(|text| write_if_changed(&args.output, &text))
+                {
+                    tracing::error!(
+                        path = %args.output.display(),
+                        error = %err,
+                        "Cannot bring the CDI spec up to date; the file on disk is kept"
+                    );
+                }
+            }
+        }
+    };
+    stop.cancel();
+    let _ = rescans.await;
+    outcome
+}
+
+/// Fails once the loaded kernel module is another driver than the one NVML was loaded for: a
+/// driver upgrade leaves this process with the old library, whose rescans fail from then on,
+/// so it ends and its restart (the kubelet's, systemd's) loads the new one and writes the new
+/// driver's spec.
+fn same_driver(args: &GenerateArgs, snapshot: &Snapshot) -> Result<(), Error> {
+    let path = proc_root(args).join("driver/nvidia/version");
+    let Some((module, _open)) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| nvrm_version(&text))
+    else {
+        return Ok(());
+    };
+    let loaded = &snapshot.node.driver_version;
+    if loaded.is_empty() || *loaded == module {
+        return Ok(());
+    }
+    Err(Error::Failure(format!(
+        "{}: the kernel module is now driver {module}, NVML here is {loaded}; exiting so that \
+         a restart loads the new driver's library and writes its spec",
+        path.display()
+    )))
+}
+
+fn proc_root(args: &GenerateArgs) -> PathBuf {
+    args.proc_root
+        .clone()
+        .unwrap_or_else(|| args.driver_root.join("proc"))
+}
+
+/// The spec for `snapshot`, rendered in the format asked for.
+fn generate(args: &GenerateArgs, snapshot: &Snapshot) -> Result<String, Error> {
     let paths = HostPaths {
         driver_root: args.driver_root.clone(),
         dev_root: args
             .dev_root
             .clone()
             .unwrap_or_else(|| args.driver_root.clone()),
-        proc_root: args
-            .proc_root
-            .clone()
-            .unwrap_or_else(|| args.driver_root.join("proc")),
-        hook: args.nvidia_cdi_hook_path.clone(),
+        proc_root: proc_root(args),
+        hooks: discover::hook_candidates(args.nvidia_cdi_hook_path.as_deref()),
         nvml_dir: crate::nvml::library::loaded_dir(),
     };
     let driver_version = snapshot.node.driver_version.as_str();
@@ -144,7 +253,7 @@ fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
     let options = options(args);
     warn_about_host(&paths, &host, &options, driver_version);
 
-    let generated = cdi::build(&snapshot, &host, &options).map_err(|err| {
+    let generated = cdi::build(snapshot, &host, &options).map_err(|err| {
         Error::Failure(format!(
             "cannot build the CDI spec: {err} (--proc-root names the procfs to read)"
         ))
@@ -152,21 +261,27 @@ fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
     for line in &generated.skipped {
         tracing::warn!(device = %line, "Device left out of the CDI spec");
     }
-
-    let to_stdout = args.output.as_os_str() == "-";
-    let format = output_format(args.format, (!to_stdout).then_some(args.output.as_path()));
+    let to_file = (args.output.as_os_str() != "-").then_some(args.output.as_path());
+    let format = output_format(args.format, to_file);
     let text = cdi::render::render(&generated.spec, format)
         .map_err(|err| Error::Failure(err.to_string()))?;
-    if to_stdout {
-        return cli::print_stdout(&text, "the spec");
-    }
-    cdi::write::write_atomic(&args.output, &text).map_err(|err| Error::Failure(err.to_string()))?;
-    tracing::info!(
-        path = %args.output.display(),
+    tracing::debug!(
         kind = %generated.spec.kind,
         devices = generated.spec.devices.len(),
-        "Wrote the CDI spec"
+        "Built the CDI spec"
     );
+    Ok(text)
+}
+
+/// Writes `text` atomically unless the file already holds exactly it: a rescan that finds
+/// nothing new leaves the file (and its mtime, which runtimes may watch) alone.
+fn write_if_changed(path: &Path, text: &str) -> Result<(), Error> {
+    if std::fs::read(path).is_ok_and(|on_disk| on_disk == text.as_bytes()) {
+        tracing::debug!(path = %path.display(), "The CDI spec is unchanged");
+        return Ok(());
+    }
+    cdi::write::write_atomic(path, text).map_err(|err| Error::Failure(err.to_string()))?;
+    tracing::info!(path = %path.display(), "Wrote the CDI spec");
     Ok(())
 }
 
@@ -191,9 +306,10 @@ fn warn_about_host(paths: &HostPaths, host: &cdi::HostFiles, options: &Options, 
         );
     }
     if host.hook.is_none() && !options.disabled_hooks.contains(&HookName::All) {
+        let tried: Vec<String> = paths.hooks.iter().map(|p| p.display().to_string()).collect();
         tracing::warn!(
-            path = %paths.hook.display(),
-            "The CDI hook is not an executable file; the spec has no hooks"
+            tried = %tried.join(", "),
+            "No CDI hook is an executable file; the spec has no hooks (gpud runtime install puts gpud's)"
         );
     }
 }

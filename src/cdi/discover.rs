@@ -80,8 +80,24 @@ pub const CONTROL_DEVICES: &[&str] = &[
     "/dev/nvidia-modeset",
 ];
 
-/// The hook executable a spec names by default.
-pub const DEFAULT_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
+/// gpud's own hook: the `nvidia-cdi-hook` link to gpud that `gpud runtime install` (the
+/// toolkit step) puts on the host. Preferred when it exists.
+pub const GPUD_HOOK_PATH: &str = "/usr/local/nvidia/toolkit/nvidia-cdi-hook";
+
+/// NVIDIA's toolkit's hook, named when gpud's is not installed, so nodes that still have the
+/// toolkit keep getting hooks.
+pub const NVIDIA_HOOK_PATH: &str = "/usr/bin/nvidia-cdi-hook";
+
+/// The hooks a spec names when no path is given, in order of preference.
+pub const DEFAULT_HOOK_PATHS: [&str; 2] = [GPUD_HOOK_PATH, NVIDIA_HOOK_PATH];
+
+/// The hook executables to try: the one asked for, else [`DEFAULT_HOOK_PATHS`].
+pub fn hook_candidates(asked: Option<&Path>) -> Vec<PathBuf> {
+    match asked {
+        Some(path) => vec![path.to_path_buf()],
+        None => DEFAULT_HOOK_PATHS.iter().map(PathBuf::from).collect(),
+    }
+}
 
 /// Where the MIG capability tree lives under the proc root.
 pub const CAPABILITIES_DIR: &str = "driver/nvidia/capabilities";
@@ -95,8 +111,9 @@ pub struct HostPaths {
     pub dev_root: PathBuf,
     /// The procfs to read MIG capabilities from (normally `/proc`).
     pub proc_root: PathBuf,
-    /// The `nvidia-cdi-hook` executable the spec should name.
-    pub hook: PathBuf,
+    /// The `nvidia-cdi-hook` executables the spec may name, in order of preference: the
+    /// first that is an executable file is named (see [`hook_candidates`]).
+    pub hooks: Vec<PathBuf>,
     /// The folder the running NVML library was loaded from, when known: driver images that
     /// keep their libraries outside the usual folders (`/usr/local/nvidia/lib64`,
     /// `/home/kubernetes/bin/nvidia/lib64`) are found through it. Searched after the usual
@@ -143,8 +160,11 @@ pub fn discover(paths: &HostPaths, driver_version: &str) -> Result<HostFiles, Di
             .collect(),
         firmware: firmware(&paths.driver_root, driver_root, driver_version)?,
         mig_caps: mig_caps(&caps_dir)?,
-        hook: executable(&paths.hook)
-            .then(|| utf8(&paths.hook).map(str::to_owned))
+        hook: paths
+            .hooks
+            .iter()
+            .find(|path| executable(path))
+            .map(|path| utf8(path).map(str::to_owned))
             .transpose()?,
     })
 }
@@ -357,7 +377,7 @@ mod tests {
             driver_root: root.to_path_buf(),
             dev_root: root.to_path_buf(),
             proc_root: root.join("proc"),
-            hook: root.join("hook/nvidia-cdi-hook"),
+            hooks: vec![root.join("hook/nvidia-cdi-hook")],
             nvml_dir: None,
         }
     }
@@ -508,6 +528,32 @@ mod tests {
                     .unwrap()
                     .to_owned()
             )
+        );
+    }
+
+    #[test]
+    fn the_first_hook_that_can_run_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let gpud = root.join("toolkit/nvidia-cdi-hook");
+        let nvidia = root.join("usr/bin/nvidia-cdi-hook");
+        let named = |hooks: Vec<PathBuf>| {
+            discover(&HostPaths { hooks, ..paths(root) }, "570.133.20").unwrap().hook
+        };
+        let both = vec![gpud.clone(), nvidia.clone()];
+        assert_eq!(named(both.clone()), None, "neither is installed");
+        touch_exe(root, "/usr/bin/nvidia-cdi-hook");
+        assert_eq!(named(both.clone()).as_deref(), nvidia.to_str(), "NVIDIA's, as the fallback");
+        touch_exe(root, "/toolkit/nvidia-cdi-hook");
+        assert_eq!(named(both).as_deref(), gpud.to_str(), "gpud's own wins once installed");
+        assert_eq!(
+            hook_candidates(None),
+            [PathBuf::from(GPUD_HOOK_PATH), PathBuf::from(NVIDIA_HOOK_PATH)]
+        );
+        assert_eq!(
+            hook_candidates(Some(Path::new("/opt/hook"))),
+            [PathBuf::from("/opt/hook")],
+            "a path asked for is the only one tried"
         );
     }
 

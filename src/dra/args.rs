@@ -79,10 +79,12 @@ pub struct DraArgs {
     )]
     pub dra_sysfs_root: PathBuf,
 
-    /// The nvidia-cdi-hook executable the CDI specs name.
+    /// The nvidia-cdi-hook executable the CDI specs name [default: gpud's hook,
+    /// /usr/local/nvidia/toolkit/nvidia-cdi-hook, when installed, else
+    /// /usr/bin/nvidia-cdi-hook].
     #[arg(long = "dra-nvidia-cdi-hook-path", value_name = "PATH",
-          env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH", default_value = crate::cdi::discover::DEFAULT_HOOK_PATH)]
-    pub dra_hook_path: PathBuf,
+          env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH")]
+    pub dra_hook_path: Option<PathBuf>,
 
     /// The kubelet's pod-resources socket: GPUs the device plugin gave to running pods are
     /// refused to claims. "" skips the check (only when no device plugin runs on the node).
@@ -149,7 +151,7 @@ impl DraArgs {
                     .clone()
                     .unwrap_or_else(|| self.dra_driver_root.clone()),
                 proc_root: self.dra_proc_root.clone(),
-                hook: self.dra_hook_path.clone(),
+                hooks: crate::cdi::discover::hook_candidates(self.dra_hook_path.as_deref()),
                 nvml_dir: crate::nvml::library::loaded_dir(),
             },
             pod_resources: (!self.dra_pod_resources_socket.is_empty())

@@ -114,6 +114,18 @@ fn describe(err: &nvml_wrapper::error::NvmlError, path: &Path) -> String {
     }
 }
 
+/// The version in the NVRM line of `/proc/driver/nvidia/version`'s text, and whether it is
+/// the open kernel module.
+pub fn nvrm_version(text: &str) -> Option<(String, bool)> {
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    let version = line.split_whitespace().find(|w| {
+        w.split('.').count() >= 2
+            && w.split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })?;
+    Some((version.to_owned(), line.contains("Open Kernel Module")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

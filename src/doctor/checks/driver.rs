@@ -52,14 +52,7 @@ pub fn nvml(env: &Env) -> Verdict {
 /// The version in `/proc/driver/nvidia/version`'s NVRM line, and whether it is the open
 /// kernel module.
 pub fn kernel_module(host: &HostRoot) -> Option<(String, bool)> {
-    let text = host.read("/proc/driver/nvidia/version")?;
-    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
-    let version = line.split_whitespace().find(|w| {
-        w.split('.').count() >= 2
-            && w.split('.')
-                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-    })?;
-    Some((version.to_owned(), line.contains("Open Kernel Module")))
+    crate::nvml::library::nvrm_version(&host.read("/proc/driver/nvidia/version")?)
 }
 
 /// `driver.version`
