@@ -787,3 +787,24 @@ fn watch_needs_a_file() {
     assert_eq!(result.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&result.stderr).contains("give --output a path"));
 }
+
+#[test]
+fn a_container_that_sees_the_host_under_host_root_writes_the_hosts_paths() {
+    let fake = FakeHost::new(false);
+    let node = Node::new("dgx-h100");
+    // The toolkit's view: the host's / (here the fake driver files) mounted at another path.
+    write(&fake.driver_root(), HOOK, "#!/bin/sh\n", 0o755);
+    let out = fake.out("nvidia.yaml");
+    let result = node.run(&[
+        "cdi",
+        "generate",
+        "--host-root",
+        &path(&fake.driver_root()),
+        "--nvidia-cdi-hook-path",
+        HOOK,
+        "--output",
+        &path(&out),
+    ]);
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    assert_golden("cdi/dgx-h100.yaml", &fs::read_to_string(&out).unwrap());
+}

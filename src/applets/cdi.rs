@@ -85,6 +85,11 @@ struct GenerateArgs {
     #[arg(long, value_name = "PATH", default_value = "/")]
     driver_root: PathBuf,
 
+    /// Where this process sees the host's root (a container with the host's / mounted at
+    /// /host): files are read under it, the spec names them as the host sees them.
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    host_root: PathBuf,
+
     /// Root under which /dev is found [default: the driver root].
     #[arg(long, value_name = "PATH")]
     dev_root: Option<PathBuf>,
@@ -211,7 +216,8 @@ async fn watch(args: &GenerateArgs, rescanner: Rescanner, inventory: Inventory) 
 /// so it ends and its restart (the kubelet's, systemd's) loads the new one and writes the new
 /// driver's spec.
 fn same_driver(args: &GenerateArgs, snapshot: &Snapshot) -> Result<(), Error> {
-    let path = proc_root(args).join("driver/nvidia/version");
+    let paths = host_paths(args);
+    let path = paths.seen(&paths.proc_root).join("driver/nvidia/version");
     let Some((module, _open)) = std::fs::read_to_string(&path)
         .ok()
         .and_then(|text| nvrm_version(&text))
@@ -229,24 +235,27 @@ fn same_driver(args: &GenerateArgs, snapshot: &Snapshot) -> Result<(), Error> {
     )))
 }
 
-fn proc_root(args: &GenerateArgs) -> PathBuf {
-    args.proc_root
-        .clone()
-        .unwrap_or_else(|| args.driver_root.join("proc"))
-}
-
-/// The spec for `snapshot`, rendered in the format asked for.
-fn generate(args: &GenerateArgs, snapshot: &Snapshot) -> Result<String, Error> {
-    let paths = HostPaths {
+/// The host's files the spec is made of, as the flags say.
+fn host_paths(args: &GenerateArgs) -> HostPaths {
+    HostPaths {
+        host_root: args.host_root.clone(),
         driver_root: args.driver_root.clone(),
         dev_root: args
             .dev_root
             .clone()
             .unwrap_or_else(|| args.driver_root.clone()),
-        proc_root: proc_root(args),
+        proc_root: args
+            .proc_root
+            .clone()
+            .unwrap_or_else(|| args.driver_root.join("proc")),
         hooks: discover::hook_candidates(args.nvidia_cdi_hook_path.as_deref()),
         nvml_dir: crate::nvml::library::loaded_dir(),
-    };
+    }
+}
+
+/// The spec for `snapshot`, rendered in the format asked for.
+fn generate(args: &GenerateArgs, snapshot: &Snapshot) -> Result<String, Error> {
+    let paths = host_paths(args);
     let driver_version = snapshot.node.driver_version.as_str();
     let host = discover::discover(&paths, driver_version)
         .map_err(|err| Error::Failure(format!("cannot read the host's driver files: {err}")))?;

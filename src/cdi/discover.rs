@@ -102,9 +102,15 @@ pub fn hook_candidates(asked: Option<&Path>) -> Vec<PathBuf> {
 /// Where the MIG capability tree lives under the proc root.
 pub const CAPABILITIES_DIR: &str = "driver/nvidia/capabilities";
 
-/// Where to look.
+/// Where to look. Every path is the host's; [`HostPaths::host_root`] says where this process
+/// sees the host's `/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPaths {
+    /// Where the host's `/` is in this process's view: `/` on the host itself, the mount of the
+    /// host's root in a container that sees it elsewhere (the toolkit's `/host`). Files are
+    /// read under it; the spec names them as the host sees them, since the runtime reads it
+    /// there.
+    pub host_root: PathBuf,
     /// Root of the driver installation (`/`, or `/run/nvidia/driver` for a driver container).
     pub driver_root: PathBuf,
     /// Root under which `/dev` is found.
@@ -143,30 +149,44 @@ pub enum DiscoverError {
 pub fn discover(paths: &HostPaths, driver_version: &str) -> Result<HostFiles, DiscoverError> {
     let driver_root = utf8(&paths.driver_root)?;
     let dev_root = utf8(&paths.dev_root)?;
-    let caps_dir = paths.proc_root.join(CAPABILITIES_DIR);
+    // What this process reads; the texts above are what the spec names.
+    let seen = |path: &Path| paths.seen(path);
+    let driver_dir = seen(&paths.driver_root);
+    let dev_dir = seen(&paths.dev_root);
+    let caps_dir = seen(&paths.proc_root).join(CAPABILITIES_DIR);
     Ok(HostFiles {
         dev_root: dev_root.to_owned(),
         control_devices: CONTROL_DEVICES
             .iter()
-            .filter(|dev| exists(&under(&paths.dev_root, dev)))
+            .filter(|dev| exists(&under(&dev_dir, dev)))
             .map(|dev| (*dev).to_owned())
             .collect(),
-        libraries: libraries(paths, driver_root, driver_version)?,
-        binaries: binaries(&paths.driver_root, driver_root),
+        libraries: libraries(&driver_dir, paths.nvml_dir.as_deref(), driver_root, driver_version)?,
+        binaries: binaries(&driver_dir, driver_root),
         ipc: IPC_PATHS
             .iter()
-            .filter(|p| exists(&under(&paths.driver_root, p)))
+            .filter(|p| exists(&under(&driver_dir, p)))
             .map(|p| HostPath::under(driver_root, p))
             .collect(),
-        firmware: firmware(&paths.driver_root, driver_root, driver_version)?,
+        firmware: firmware(&driver_dir, driver_root, driver_version)?,
         mig_caps: mig_caps(&caps_dir)?,
         hook: paths
             .hooks
             .iter()
-            .find(|path| executable(path))
+            .find(|path| executable(&seen(path)))
             .map(|path| utf8(path).map(str::to_owned))
             .transpose()?,
     })
+}
+
+impl HostPaths {
+    /// Where this process finds the host's absolute `path`.
+    pub fn seen(&self, path: &Path) -> PathBuf {
+        match path.strip_prefix("/") {
+            Ok(relative) if self.host_root != Path::new("/") => self.host_root.join(relative),
+            _ => path.to_path_buf(),
+        }
+    }
 }
 
 fn utf8(path: &Path) -> Result<&str, DiscoverError> {
@@ -236,8 +256,11 @@ fn files_in(
     Ok(out)
 }
 
+/// The driver's libraries under `root` (as read here; `root_text` as the spec names it), plus
+/// those in `nvml_dir` (this process's view) when it lies under `root`.
 fn libraries(
-    paths: &HostPaths,
+    root: &Path,
+    nvml_dir: Option<&Path>,
     root_text: &str,
     version: &str,
 ) -> Result<Vec<HostPath>, DiscoverError> {
@@ -245,15 +268,13 @@ fn libraries(
         return Ok(Vec::new());
     }
     let suffix = format!(".so.{version}");
-    let nvml_dir = paths
-        .nvml_dir
-        .as_deref()
-        .and_then(|dir| dir.strip_prefix(&paths.driver_root).ok())
+    let nvml_dir = nvml_dir
+        .and_then(|dir| dir.strip_prefix(root).ok())
         .and_then(Path::to_str)
         .map(|rel| format!("/{}", rel.trim_start_matches('/')))
         .filter(|dir| !LIBRARY_DIRS.contains(&dir.as_str()));
     files_in(
-        &paths.driver_root,
+        root,
         root_text,
         LIBRARY_DIRS.iter().map(|d| (*d).to_owned()).chain(nvml_dir),
         |name| name.starts_with("lib") && name.len() > suffix.len() + 3 && name.ends_with(&suffix),
@@ -374,6 +395,7 @@ mod tests {
 
     fn paths(root: &Path) -> HostPaths {
         HostPaths {
+            host_root: PathBuf::from("/"),
             driver_root: root.to_path_buf(),
             dev_root: root.to_path_buf(),
             proc_root: root.join("proc"),

@@ -145,6 +145,7 @@ impl DraArgs {
             cdi_root: self.dra_cdi_root.clone(),
             sysfs_root: self.dra_sysfs_root.clone(),
             host: HostPaths {
+                host_root: PathBuf::from("/"),
                 driver_root: self.dra_driver_root.clone(),
                 dev_root: self
                     .dra_dev_root
