@@ -91,6 +91,10 @@ def combinations():
                 if not no_exporter:
                     for extra in [[], ["node-status"]]:
                         yield overlay, ([sink] if sink else []) + ["pod-usage"] + extra
+                # The container toolkit step: its own DaemonSet, beside either layout.
+                if sink is None:
+                    for extra in [[], ["dra"]]:
+                        yield overlay, (["no-exporter"] if no_exporter else []) + ["toolkit"] + extra
                 # MPS sharing, alone, next to the node status and next to the MIG reconciler
                 # (one DaemonSet, distinct ports, one config).
                 for extra in [[], ["node-status"], [MIG[overlay]]]:
@@ -233,7 +237,11 @@ def check_security(container, privileged_ok):
 
 def check_objects(objects, gpud, cache, version, components):
     kinds = [o["kind"] for o in objects]
-    daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
+    toolkits = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == TOOLKIT]
+    assert len(toolkits) == ("toolkit" in components), f"DaemonSets {TOOLKIT}: {len(toolkits)}"
+    for toolkit in toolkits:
+        check_toolkit(toolkit, objects, gpud, cache, version)
+    daemonsets = [o for o in objects if o["kind"] == "DaemonSet" and o not in toolkits]
     assert len(daemonsets) == 1, kinds
     pod = daemonsets[0]["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
@@ -265,6 +273,45 @@ def check_objects(objects, gpud, cache, version, components):
                 "components/prometheus-rule/prometheusrule.yaml differs from "
                 "packaging/prometheus/gpud-alerts.yaml: copy the groups over"
             )
+
+
+# The toolkit step's DaemonSet (components/toolkit) and the containers in it that may run
+# privileged: the one that asks the host's systemd to restart the runtime (chroot) and the one
+# that reads the GPUs through NVML.
+TOOLKIT = "gpud-toolkit"
+TOOLKIT_PRIVILEGED = {"configure", "cdi"}
+
+
+def check_toolkit(daemonset, objects, gpud, cache, version):
+    """The toolkit DaemonSet: on GPU nodes, critical, rolling with a surge like gpud's own (its
+    steps are idempotent, so the surge pod changes nothing), no host port, no API access, each
+    container with the least it needs and a command line gpud accepts."""
+    spec = daemonset["spec"]
+    assert spec.get("updateStrategy", {}).get("rollingUpdate") == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = spec["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] and any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert pod.get("automountServiceAccountToken") is False, "the toolkit talks to no API server"
+    assert not pod.get("hostNetwork") and not pod.get("hostPID"), "no host network or PIDs"
+    containers = pod.get("initContainers", []) + pod["containers"]
+    assert [c["name"] for c in containers] == ["install", "configure", "cdi"], containers
+    for container in containers:
+        name = container["name"]
+        ctx = container.get("securityContext", {})
+        assert container["image"] == f"gpud:{version}", container["image"]
+        assert ctx.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem"
+        if name in TOOLKIT_PRIVILEGED:
+            assert ctx.get("privileged") is True, f"{name}: privileged"
+        else:
+            assert not ctx.get("privileged") and ctx.get("allowPrivilegeEscalation") is False, name
+            assert ctx.get("capabilities", {}).get("drop") == ["ALL"], f"{name}: capabilities.drop"
+            assert not ctx["capabilities"].get("add"), f"{name}: capabilities.add"
+        resources = container["resources"]
+        assert resources["requests"]["memory"] and resources["limits"]["memory"], f"{name}: memory"
+        assert not any("hostPort" in p for p in container.get("ports", [])), f"{name}: hostPort"
+        check_command(gpud, pod, container, objects, cache)
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/host"].get("readOnly") is True, "the host's root is mounted read-only"
 
 
 def check_upgrade(daemonset, objects):
@@ -313,7 +360,7 @@ def check_dra(overlay, components, objects):
     device plugin following its checkpoint) in base, `gpud run` with GPUD_DRA=true in
     all-in-one; its DeviceClasses and ClusterRole only with the dra component."""
     dra = "dra" in components
-    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    pod = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpud")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     envs = {name: container_env(c, objects, None) for name, c in containers.items()}
     if overlay == "all-in-one":
@@ -364,7 +411,7 @@ def check_node_status(overlay, components, objects):
     taints (and the permission they need) only with node-status-taints."""
     status = any(c in NODE_STATUS for c in components)
     taints = "node-status-taints" in components
-    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    pod = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpud")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     envs = {name: container_env(c, objects, None) for name, c in containers.items()}
     if overlay == "all-in-one":
