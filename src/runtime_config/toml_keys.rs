@@ -138,8 +138,24 @@ fn copy(path: &Path, from: &Item, to: &mut Item, key: &[String]) -> Result<(), E
     };
     match get(from, key) {
         Some(item) => {
+            // The key keeps its own formatting where it exists, else takes the source's.
+            let source_prefix = get(from, parents)
+                .and_then(Item::as_table_like)
+                .and_then(|t| t.get_key_value(last))
+                .and_then(|(k, _)| k.leaf_decor().prefix())
+                .and_then(|p| p.as_str())
+                .map(str::to_owned);
             let parent = descend(path, to, parents)?;
-            as_table(path, parent, parents)?.insert(last, item.clone());
+            let table = as_table(path, parent, parents)?;
+            match table.get_mut(last) {
+                Some(slot) => *slot = item.clone(),
+                None => {
+                    table.insert(last, item.clone());
+                    if let (Some(prefix), Some(mut new)) = (source_prefix, table.key_mut(last)) {
+                        new.leaf_decor_mut().set_prefix(prefix);
+                    }
+                }
+            }
         }
         None => {
             for depth in (0..key.len()).rev() {

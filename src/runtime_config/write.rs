@@ -31,7 +31,10 @@ pub fn read(path: &Path) -> Result<Option<String>, Error> {
             path: path.to_path_buf(),
             source: std::io::Error::new(ErrorKind::InvalidData, "not UTF-8 text"),
         }),
-        Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+        // A file under a non-folder cannot exist either; writing it says why.
+        Err(err) if matches!(err.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+            Ok(None)
+        }
         Err(source) => Err(Error::Read {
             path: path.to_path_buf(),
             source,
