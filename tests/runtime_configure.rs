@@ -124,7 +124,10 @@ fn dry_run_prints_the_file_and_writes_nothing() {
 fn bad_files_are_refused_naming_file_and_line_with_nothing_written() {
     for (text, needle) in [
         ("version = 2\n[plugins\nx = 1\n", ":2:"),
-        ("version = 4\n", "containerd config version 4 is not one gpud edits"),
+        (
+            "version = 4\n",
+            "containerd config version 4 is not one gpud edits",
+        ),
         ("root = \"/x\"\n", "version 1 (no `version` key)"),
     ] {
         let (dir, path) = file_in("config.toml", text);

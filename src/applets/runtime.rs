@@ -72,7 +72,12 @@ struct ConfigureArgs {
     cdi_spec_dirs: Vec<String>,
 
     /// Name of the NVIDIA runtime entry.
-    #[arg(long, value_name = "NAME", default_value = "nvidia", visible_alias = "runtime-name")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "nvidia",
+        visible_alias = "runtime-name"
+    )]
     nvidia_runtime_name: String,
 
     /// The NVIDIA runtime's executable; giving it adds the runtime entry [default:
@@ -188,8 +193,7 @@ fn target(args: &ConfigureArgs) -> Result<PathBuf, Error> {
 /// CDI alone needs no entry.
 fn request(args: &ConfigureArgs) -> Request {
     let cdi_only = args.enable_cdi || !args.cdi_spec_dirs.is_empty();
-    let wants_entry =
-        args.nvidia_runtime_path.is_some() || args.nvidia_set_as_default || !cdi_only;
+    let wants_entry = args.nvidia_runtime_path.is_some() || args.nvidia_set_as_default || !cdi_only;
     let default_path = match args.runtime {
         Runtime::Docker => DEFAULT_DOCKER_RUNTIME_PATH,
         Runtime::Containerd | Runtime::Crio => DEFAULT_RUNTIME_PATH,
@@ -211,7 +215,9 @@ fn request(args: &ConfigureArgs) -> Request {
 /// Edits (or prints) the file; whether it changed.
 fn configure(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool, Error> {
     if args.runtime == Runtime::Crio && args.enable_cdi {
-        eprintln!("gpud: CRI-O reads CDI specs without a switch (1.24 and later): --enable-cdi adds nothing for crio");
+        eprintln!(
+            "gpud: CRI-O reads CDI specs without a switch (1.24 and later): --enable-cdi adds nothing for crio"
+        );
     }
     let new_version = match (args.runtime, text) {
         (Runtime::Containerd, None) => args
@@ -290,7 +296,10 @@ fn revert(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool,
     if args.dry_run {
         match reverted {
             Some(new) => cli::print_stdout(new, "the reverted config")?,
-            None => eprintln!("gpud: {}: would be removed (gpud created it)", path.display()),
+            None => eprintln!(
+                "gpud: {}: would be removed (gpud created it)",
+                path.display()
+            ),
         }
         return Ok(true);
     }

@@ -54,8 +54,10 @@ pub fn plan(version: i64, request: &Request) -> Plan {
             Wanted::Strings(request.cdi_spec_dirs.clone()),
         ));
     }
-    plan.owned
-        .extend([cri(version, &["enable_cdi"]), cri(version, &["cdi_spec_dirs"])]);
+    plan.owned.extend([
+        cri(version, &["enable_cdi"]),
+        cri(version, &["cdi_spec_dirs"]),
+    ]);
     if let Some(NvidiaRuntime { name, path }) = &request.runtime {
         let entry = cri(version, &["containerd", "runtimes", name]);
         if !path.is_empty() {
@@ -69,7 +71,8 @@ pub fn plan(version: i64, request: &Request) -> Plan {
         }
         let default = cri(version, &["containerd", "default_runtime_name"]);
         if request.set_as_default {
-            plan.settings.push((default.clone(), Wanted::Str(name.clone())));
+            plan.settings
+                .push((default.clone(), Wanted::Str(name.clone())));
         }
         plan.owned.extend([entry, default]);
     }
@@ -359,7 +362,9 @@ mod tests {
         let text = "version = 2\nimports = [\"conf.d/*.toml\"]\n";
         let lines = shadowing_imports(&main, text, "nvidia");
         assert_eq!(lines.len(), 1, "{lines:?}");
-        assert!(lines[0].contains("10-cdi.toml: sets plugins.io.containerd.grpc.v1.cri.enable_cdi"));
+        assert!(
+            lines[0].contains("10-cdi.toml: sets plugins.io.containerd.grpc.v1.cri.enable_cdi")
+        );
     }
 
     #[test]

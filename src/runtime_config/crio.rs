@@ -38,7 +38,8 @@ pub fn plan(request: &Request) -> Plan {
         }
         let default = key(&["crio", "runtime", "default_runtime"]);
         if request.set_as_default {
-            plan.settings.push((default.clone(), Wanted::Str(name.clone())));
+            plan.settings
+                .push((default.clone(), Wanted::Str(name.clone())));
         }
         plan.owned.extend([entry, default]);
     }

@@ -39,12 +39,15 @@ pub fn plan(request: &Request) -> Plan {
                 k.push(f.to_owned());
                 k
             };
-            plan.settings.push((field("path"), Wanted::Str(path.clone())));
-            plan.settings.push((field("args"), Wanted::Strings(Vec::new())));
+            plan.settings
+                .push((field("path"), Wanted::Str(path.clone())));
+            plan.settings
+                .push((field("args"), Wanted::Strings(Vec::new())));
         }
         let default = key(&["default-runtime"]);
         if request.set_as_default {
-            plan.settings.push((default.clone(), Wanted::Str(name.clone())));
+            plan.settings
+                .push((default.clone(), Wanted::Str(name.clone())));
         }
         plan.owned.extend([entry, default]);
     }
@@ -269,12 +272,21 @@ fn copy(
         None if from_child.is_none() => return Ok(false),
         None => Object::default(),
     };
-    if !copy(path, from_child.as_ref(), &mut child, rest, style, depth + 1)? {
+    if !copy(
+        path,
+        from_child.as_ref(),
+        &mut child,
+        rest,
+        style,
+        depth + 1,
+    )? {
         return Ok(false);
     }
     if child.0.is_empty() && source.is_none() {
         to.remove(first);
-    } else if let Some(same) = source.filter(|_| from_child.as_ref().is_some_and(|f| f.same(&child))) {
+    } else if let Some(same) =
+        source.filter(|_| from_child.as_ref().is_some_and(|f| f.same(&child)))
+    {
         // Back to what `from` holds: its own text, not a re-rendering.
         to.put(first, same.clone());
     } else {
@@ -287,7 +299,11 @@ fn to_json(wanted: &Wanted) -> serde_json::Value {
     match wanted {
         Wanted::Bool(b) => serde_json::Value::Bool(*b),
         Wanted::Str(s) => serde_json::Value::String(s.clone()),
-        Wanted::Strings(list) => list.iter().cloned().map(serde_json::Value::String).collect(),
+        Wanted::Strings(list) => list
+            .iter()
+            .cloned()
+            .map(serde_json::Value::String)
+            .collect(),
     }
 }
 
@@ -304,7 +320,8 @@ impl Style {
             .skip(1)
             .find_map(|line| {
                 let indent = line.len() - line.trim_start().len();
-                (indent > 0 && line.trim_start().starts_with('"')).then(|| line[..indent].to_owned())
+                (indent > 0 && line.trim_start().starts_with('"'))
+                    .then(|| line[..indent].to_owned())
             })
             .unwrap_or_else(|| "    ".to_owned());
         Style { unit }
@@ -397,7 +414,10 @@ mod tests {
             ..Request::default()
         };
         let out = configure(path, "", &plan(&cdi)).unwrap();
-        assert_eq!(out, "{\n    \"features\": {\n        \"cdi\": true\n    }\n}\n");
+        assert_eq!(
+            out,
+            "{\n    \"features\": {\n        \"cdi\": true\n    }\n}\n"
+        );
         let owned = plan(&request()).owned;
         assert_eq!(revert(path, &out, None, &owned).unwrap(), Edited::Remove);
     }
@@ -420,11 +440,20 @@ mod tests {
 
     #[test]
     fn bad_json_is_named_with_line_and_column() {
-        let err = configure(Path::new("d.json"), "{\n  \"a\": ,\n}", &plan(&request())).unwrap_err();
-        assert!(err.to_string().starts_with("d.json:2:8: not a valid JSON object"), "{err}");
+        let err =
+            configure(Path::new("d.json"), "{\n  \"a\": ,\n}", &plan(&request())).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("d.json:2:8: not a valid JSON object"),
+            "{err}"
+        );
         let err = configure(Path::new("d.json"), "[1]", &plan(&request())).unwrap_err();
         assert!(err.is_data());
-        let err = configure(Path::new("d.json"), "{\"features\": 1}", &plan(&request())).unwrap_err();
-        assert!(err.to_string().contains("features is not an object"), "{err}");
+        let err =
+            configure(Path::new("d.json"), "{\"features\": 1}", &plan(&request())).unwrap_err();
+        assert!(
+            err.to_string().contains("features is not an object"),
+            "{err}"
+        );
     }
 }

@@ -145,7 +145,11 @@ mod tests {
     #[test]
     fn the_daemon_is_found_by_its_process_name() {
         let dir = tempfile::tempdir().unwrap();
-        for (pid, comm) in [("10", "dockerd\n"), ("11", "containerd\n"), ("12", "dockerd\n")] {
+        for (pid, comm) in [
+            ("10", "dockerd\n"),
+            ("11", "containerd\n"),
+            ("12", "dockerd\n"),
+        ] {
             std::fs::create_dir(dir.path().join(pid)).unwrap();
             std::fs::write(dir.path().join(pid).join("comm"), comm).unwrap();
         }
@@ -153,6 +157,9 @@ mod tests {
         assert_eq!(find(dir.path(), "dockerd"), [10, 12]);
         assert!(find(dir.path(), "crio").is_empty());
         let err = restart(Runtime::Crio, RestartMode::Signal, "crio", dir.path()).unwrap_err();
-        assert!(err.to_string().starts_with("no crio process found"), "{err}");
+        assert!(
+            err.to_string().starts_with("no crio process found"),
+            "{err}"
+        );
     }
 }

@@ -198,7 +198,9 @@ fn descend<'a>(path: &Path, root: &'a mut Item, key: &[String]) -> Result<&'a mu
             };
             table.insert(part, new);
         }
-        item = table.get_mut(part).ok_or_else(|| shape(path, &key[..=depth], "missing"))?;
+        item = table
+            .get_mut(part)
+            .ok_or_else(|| shape(path, &key[..=depth], "missing"))?;
     }
     Ok(item)
 }
@@ -277,7 +279,10 @@ mod tests {
     #[test]
     fn an_equal_value_keeps_its_comment_and_a_different_one_keeps_it_too() {
         let text = "[a]\nx = true # kept\ny = false # also kept\n";
-        let plan = plan(&[(&["a", "x"], Wanted::Bool(true)), (&["a", "y"], Wanted::Bool(true))]);
+        let plan = plan(&[
+            (&["a", "x"], Wanted::Bool(true)),
+            (&["a", "y"], Wanted::Bool(true)),
+        ]);
         let out = configure(Path::new("f"), text, &plan).unwrap();
         assert_eq!(out, "[a]\nx = true # kept\ny = true # also kept\n");
     }

@@ -128,6 +128,9 @@ mod tests {
         fs::write(dir.path().join("file"), "").unwrap();
         let err = put(&dir.path().join("file/config.toml"), None, "x").unwrap_err();
         assert!(matches!(err, Error::Write(_)), "{err}");
-        assert!(err.to_string().contains("cannot create the folder"), "{err}");
+        assert!(
+            err.to_string().contains("cannot create the folder"),
+            "{err}"
+        );
     }
 }
