@@ -275,3 +275,22 @@ fn containerd_reads_the_version_2_config_gpud_wrote() {
         eprintln!("NOTICE: this containerd has no CDI keys (before 1.7); checked the runtime only");
     }
 }
+
+#[test]
+fn a_gpud_runtime_link_runs_the_applet() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("gpud-runtime");
+    std::os::unix::fs::symlink(gpud_bin(), &link).unwrap();
+    let config = dir.path().join("daemon.json");
+    let out = Command::new(&link)
+        .args(["configure", "--enable-cdi", "--dry-run"])
+        .arg(format!("--config={}", config.display()))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "{\n    \"features\": {\n        \"cdi\": true\n    }\n}\n"
+    );
+    assert!(!config.exists());
+}

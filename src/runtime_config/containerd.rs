@@ -58,24 +58,18 @@ pub fn plan(version: i64, request: &Request) -> Plan {
         cri(version, &["enable_cdi"]),
         cri(version, &["cdi_spec_dirs"]),
     ]);
-    if let Some(NvidiaRuntime { name, path }) = &request.runtime {
-        let entry = cri(version, &["containerd", "runtimes", name]);
-        if !path.is_empty() {
-            let mut runtime_type = entry.clone();
-            runtime_type.push("runtime_type".to_owned());
-            let mut binary = entry.clone();
-            binary.extend(["options".to_owned(), "BinaryName".to_owned()]);
-            plan.settings
-                .push((runtime_type, Wanted::Str(RUNC_SHIM.to_owned())));
-            plan.settings.push((binary, Wanted::Str(path.clone())));
-        }
-        let default = cri(version, &["containerd", "default_runtime_name"]);
-        if request.set_as_default {
-            plan.settings
-                .push((default.clone(), Wanted::Str(name.clone())));
-        }
-        plan.owned.extend([entry, default]);
-    }
+    let plugin = cri_plugin(version);
+    plan.add_runtime(
+        request,
+        &["plugins", plugin, "containerd", "runtimes"],
+        &["plugins", plugin, "containerd", "default_runtime_name"],
+        |path| {
+            vec![
+                (&["runtime_type"], Wanted::Str(RUNC_SHIM.to_owned())),
+                (&["options", "BinaryName"], Wanted::Str(path.to_owned())),
+            ]
+        },
+    );
     plan
 }
 
@@ -259,18 +253,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn version_2_gets_cdi_and_the_runtime_keeping_everything_else() {
+    /// `<name>.toml` configured is `<name>.configured.toml`; a second run changes nothing and
+    /// a revert gives the original bytes back.
+    fn golden_round_trip(name: &str) {
         let path = Path::new("/etc/containerd/config.toml");
-        let input = fixture("containerd-v2.toml");
+        let input = fixture(&format!("{name}.toml"));
         let out = configure(path, Some(&input), &cdi_and_runtime(), 2).unwrap();
-        assert_eq!(out, fixture("containerd-v2.configured.toml"));
-        // A second run changes nothing.
+        assert_eq!(out, fixture(&format!("{name}.configured.toml")));
         assert_eq!(
             configure(path, Some(&out), &cdi_and_runtime(), 2).unwrap(),
             out
         );
-        // Revert gives the original bytes back.
         assert_eq!(
             revert(path, &out, Some(&input), "nvidia").unwrap(),
             Edited::Text(input)
@@ -278,19 +271,13 @@ mod tests {
     }
 
     #[test]
+    fn version_2_gets_cdi_and_the_runtime_keeping_everything_else() {
+        golden_round_trip("containerd-v2");
+    }
+
+    #[test]
     fn version_3_matches_the_golden_file() {
-        let path = Path::new("/etc/containerd/config.toml");
-        let input = fixture("containerd-v3.toml");
-        let out = configure(path, Some(&input), &cdi_and_runtime(), 2).unwrap();
-        assert_eq!(out, fixture("containerd-v3.configured.toml"));
-        assert_eq!(
-            configure(path, Some(&out), &cdi_and_runtime(), 2).unwrap(),
-            out
-        );
-        assert_eq!(
-            revert(path, &out, Some(&input), "nvidia").unwrap(),
-            Edited::Text(input)
-        );
+        golden_round_trip("containerd-v3");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! `[crio.runtime.runtimes.<name>]` with `runtime_path` and `runtime_type = "oci"`; the default
 //! is `[crio.runtime] default_runtime`.
 
-use super::{NvidiaRuntime, Plan, Request, Wanted, key};
+use super::{Plan, Request, Wanted, key};
 
 /// nvidia-ctk's default `--config` for CRI-O; gpud leaves it alone and writes the drop-in.
 pub const DEFAULT_CONFIG: &str = "/etc/crio/crio.conf";
@@ -23,31 +23,23 @@ pub fn plan(request: &Request) -> Plan {
             .push((dirs.clone(), Wanted::Strings(request.cdi_spec_dirs.clone())));
     }
     plan.owned.push(dirs);
-    if let Some(NvidiaRuntime { name, path }) = &request.runtime {
-        let entry = key(&["crio", "runtime", "runtimes", name]);
-        if !path.is_empty() {
-            let field = |f: &str| {
-                let mut k = entry.clone();
-                k.push(f.to_owned());
-                k
-            };
-            plan.settings
-                .push((field("runtime_path"), Wanted::Str(path.clone())));
-            plan.settings
-                .push((field("runtime_type"), Wanted::Str("oci".to_owned())));
-        }
-        let default = key(&["crio", "runtime", "default_runtime"]);
-        if request.set_as_default {
-            plan.settings
-                .push((default.clone(), Wanted::Str(name.clone())));
-        }
-        plan.owned.extend([entry, default]);
-    }
+    plan.add_runtime(
+        request,
+        &["crio", "runtime", "runtimes"],
+        &["crio", "runtime", "default_runtime"],
+        |path| {
+            vec![
+                (&["runtime_path"], Wanted::Str(path.to_owned())),
+                (&["runtime_type"], Wanted::Str("oci".to_owned())),
+            ]
+        },
+    );
     plan
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::runtime_config::NvidiaRuntime;
     use std::path::Path;
 
     use super::*;

@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{Edited, Error, NvidiaRuntime, Plan, Request, Wanted, key};
+use super::{Edited, Error, Plan, Request, Wanted, key};
 
 /// nvidia-ctk's default `--config` for Docker.
 pub const DEFAULT_CONFIG: &str = "/etc/docker/daemon.json";
@@ -31,26 +31,12 @@ pub fn plan(request: &Request) -> Plan {
             .push((dirs.clone(), Wanted::Strings(request.cdi_spec_dirs.clone())));
     }
     plan.owned.extend([cdi, dirs]);
-    if let Some(NvidiaRuntime { name, path }) = &request.runtime {
-        let entry = key(&["runtimes", name]);
-        if !path.is_empty() {
-            let field = |f: &str| {
-                let mut k = entry.clone();
-                k.push(f.to_owned());
-                k
-            };
-            plan.settings
-                .push((field("path"), Wanted::Str(path.clone())));
-            plan.settings
-                .push((field("args"), Wanted::Strings(Vec::new())));
-        }
-        let default = key(&["default-runtime"]);
-        if request.set_as_default {
-            plan.settings
-                .push((default.clone(), Wanted::Str(name.clone())));
-        }
-        plan.owned.extend([entry, default]);
-    }
+    plan.add_runtime(request, &["runtimes"], &["default-runtime"], |path| {
+        vec![
+            (&["path"], Wanted::Str(path.to_owned())),
+            (&["args"], Wanted::Strings(Vec::new())),
+        ]
+    });
     plan
 }
 
@@ -348,6 +334,7 @@ impl Style {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime_config::NvidiaRuntime;
 
     const ORIGINAL: &str = r#"{
   "log-driver": "json-file",

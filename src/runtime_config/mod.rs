@@ -81,6 +81,38 @@ pub struct Plan {
     pub owned: Vec<Vec<String>>,
 }
 
+impl Plan {
+    /// The runtime entry `request` asks for, under the `runtimes` table: `fields` of the
+    /// executable (key paths under the entry) when there is one, and the default-runtime key
+    /// `default` when asked. The entry and the default are owned either way.
+    pub(crate) fn add_runtime(
+        &mut self,
+        request: &Request,
+        runtimes: &[&str],
+        default: &[&str],
+        fields: impl FnOnce(&str) -> Vec<(&'static [&'static str], Wanted)>,
+    ) {
+        let Some(NvidiaRuntime { name, path }) = &request.runtime else {
+            return;
+        };
+        let mut entry = key(runtimes);
+        entry.push(name.clone());
+        if !path.is_empty() {
+            for (field, wanted) in fields(path) {
+                let mut at = entry.clone();
+                at.extend(key(field));
+                self.settings.push((at, wanted));
+            }
+        }
+        let default = key(default);
+        if request.set_as_default {
+            self.settings
+                .push((default.clone(), Wanted::Str(name.clone())));
+        }
+        self.owned.extend([entry, default]);
+    }
+}
+
 /// A key path from its parts.
 pub(crate) fn key(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|p| (*p).to_owned()).collect()
