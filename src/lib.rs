@@ -39,5 +39,6 @@ pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;
 pub mod resources;
+pub mod runtime_config;
 pub mod values;
 pub mod xid;

@@ -454,7 +454,7 @@ fn containerd_without_the_nvidia_runtime() {
         "runtime.containerd",
         "fail",
         "containerd has no \"nvidia\" runtime and CDI is off (/etc/containerd/config.toml)",
-        "run nvidia-ctk runtime configure --runtime=containerd --enable-cdi, then restart containerd",
+        "run gpud runtime configure --runtime=containerd --enable-cdi --restart-mode=systemd",
     );
     // The runtime in a drop-in the main file imports counts.
     host.write(

@@ -28,6 +28,7 @@ mig
 mps-control-daemon
 node-status
 run
+runtime
 upgrade
 "
     );

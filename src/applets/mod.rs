@@ -12,6 +12,7 @@ mod mig;
 mod mps_control_daemon;
 mod node_status;
 mod run;
+mod runtime;
 mod upgrade;
 
 use std::ffi::OsString;
@@ -129,6 +130,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: true,
         about: "everything in one process over one inventory: device plugin, labeller, exporter, health",
         run: run::main,
+    },
+    Applet {
+        name: "runtime",
+        daemon: false,
+        about: "turn on CDI and add the NVIDIA runtime in containerd, CRI-O or Docker (as nvidia-ctk runtime configure)",
+        run: runtime::main,
     },
     Applet {
         name: "upgrade",

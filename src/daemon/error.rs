@@ -16,6 +16,9 @@ pub enum Error {
     /// the value (65).
     #[error("{0}")]
     Config(String),
+    /// A file that cannot be created or replaced; the message names it (73).
+    #[error("{0}")]
+    CantCreate(String),
     /// The driver is not there: NVML could not be loaded or initialised (69).
     #[error("{0}")]
     Unavailable(String),
@@ -49,6 +52,7 @@ impl Error {
             Error::Usage(_) => exit::USAGE,
             Error::Config(_) => exit::DATA,
             Error::Unavailable(_) => exit::UNAVAILABLE,
+            Error::CantCreate(_) => exit::CANT_CREATE,
             Error::Subsystem { .. } | Error::Failure(_) => exit::FAILURE,
             Error::Reported(code) => *code,
         }
@@ -87,6 +91,7 @@ mod tests {
         assert_eq!(Error::Usage("x".into()).code(), 64);
         assert_eq!(Error::Config("x".into()).code(), 65);
         assert_eq!(Error::Unavailable("x".into()).code(), 69);
+        assert_eq!(Error::CantCreate("x".into()).code(), 73);
         assert_eq!(Error::Failure("x".into()).code(), 1);
         assert_eq!(Error::Reported(0).code(), 0);
     }

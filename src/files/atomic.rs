@@ -41,12 +41,23 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 /// Replaces `path` with `contents` atomically, with permission bits `mode`. The folder must
 /// exist.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), WriteError> {
+    write_atomic_owned(path, contents, mode, None)
+}
+
+/// [`write_atomic`], the new file owned by `owner` (uid, gid) when given: an edited system
+/// file keeps the owner it had, whoever runs the edit.
+pub fn write_atomic_owned(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), WriteError> {
     let name = file_name(path)?;
     let dir = folder(path);
     remove_stale_temporaries(path);
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
-    let written = write_then_rename(&temp, path, contents, mode);
+    let written = write_then_rename(&temp, path, contents, mode, owner);
     if written.is_err() {
         let _ = fs::remove_file(&temp);
         return written;
@@ -63,6 +74,7 @@ fn write_then_rename(
     target: &Path,
     contents: &[u8],
     mode: u32,
+    owner: Option<(u32, u32)>,
 ) -> Result<(), WriteError> {
     let mut file = OpenOptions::new()
         .write(true)
@@ -74,6 +86,10 @@ fn write_then_rename(
         .map_err(fail(temp, "write the temporary file"))?;
     file.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(fail(temp, "set the mode of the temporary file"))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+            .map_err(fail(temp, "set the owner of the temporary file"))?;
+    }
     file.sync_all()
         .map_err(fail(temp, "sync the temporary file"))?;
     drop(file);

@@ -141,7 +141,7 @@ pub fn containerd(env: &Env) -> Verdict {
     if found.is_empty() {
         Verdict::fail(
             format!("containerd has no \"nvidia\" runtime and CDI is off ({CONTAINERD_CONFIG})"),
-            "run nvidia-ctk runtime configure --runtime=containerd --enable-cdi, then restart containerd",
+            "run gpud runtime configure --runtime=containerd --enable-cdi --restart-mode=systemd",
         )
     } else {
         Verdict::ok(format!("containerd: {}", found.join("; ")))

@@ -1,0 +1,323 @@
+//! `gpud runtime configure`: turns on CDI and adds the NVIDIA runtime in containerd's, CRI-O's
+//! or Docker's config, a drop-in for `nvidia-ctk runtime configure` (same flag names and
+//! defaults; docs/toolkit.md says where gpud differs), then tells the runtime.
+//!
+//! A thin shell over [`crate::runtime_config`]: flags become a request, the file's text is
+//! edited there, written with a backup (or printed with `--dry-run`), and the runtime is
+//! restarted or signalled as `--restart-mode` says. Nothing is written when any step before
+//! the write fails.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{ArgAction, Parser, Subcommand};
+
+use crate::cli;
+use crate::daemon::Error;
+use crate::runtime_config::restart::{self, RestartError, RestartMode};
+use crate::runtime_config::{
+    self, Edited, NvidiaRuntime, Request, Runtime, containerd, crio, docker, write,
+};
+
+/// The NVIDIA runtime's executable for containerd and CRI-O (an absolute path there).
+const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvidia-container-runtime";
+
+/// The NVIDIA runtime's executable for Docker (looked up in dockerd's PATH).
+const DEFAULT_DOCKER_RUNTIME_PATH: &str = "nvidia-container-runtime";
+
+/// Configure container runtimes for GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "gpud runtime", version, subcommand_required = true)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Turn on CDI and add the NVIDIA runtime in containerd's, CRI-O's or Docker's config,
+    /// keeping everything else in the file; then restart or signal the runtime if asked.
+    Configure(Box<ConfigureArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigureArgs {
+    /// The container runtime to configure.
+    #[arg(long, value_enum, default_value_t = Runtime::Docker)]
+    runtime: Runtime,
+
+    /// The runtime's config file [default: /etc/containerd/config.toml for containerd,
+    /// /etc/docker/daemon.json for docker; crio's is not edited, see --drop-in-config].
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+
+    /// crio only: the drop-in file gpud writes its settings to [default:
+    /// /etc/crio/crio.conf.d/99-gpud.conf].
+    #[arg(long, value_name = "PATH")]
+    drop_in_config: Option<PathBuf>,
+
+    /// containerd only: the config version of a file that does not exist yet (2: containerd
+    /// 1.x, 3: containerd 2.x) [default: from `containerd --version`, else 2].
+    #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(i64).range(2..=3))]
+    config_version: Option<i64>,
+
+    /// Turn CDI on (containerd's enable_cdi, Docker's features.cdi; CRI-O always has it on).
+    #[arg(long = "enable-cdi", visible_aliases = ["cdi.enabled", "cdi.enable"])]
+    enable_cdi: bool,
+
+    /// Folders the runtime reads CDI specs from; repeat or comma-separate [default: the
+    /// runtime's own, /etc/cdi and /var/run/cdi].
+    #[arg(long, value_name = "DIR", value_delimiter = ',', action = ArgAction::Append)]
+    cdi_spec_dirs: Vec<String>,
+
+    /// Name of the NVIDIA runtime entry.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "nvidia",
+        visible_alias = "runtime-name"
+    )]
+    nvidia_runtime_name: String,
+
+    /// The NVIDIA runtime's executable; giving it adds the runtime entry [default:
+    /// /usr/bin/nvidia-container-runtime, for docker nvidia-container-runtime].
+    #[arg(long, value_name = "PATH", visible_alias = "runtime-path")]
+    nvidia_runtime_path: Option<String>,
+
+    /// Make the NVIDIA runtime the default runtime (adds the entry).
+    #[arg(long, visible_alias = "set-as-default")]
+    nvidia_set_as_default: bool,
+
+    /// Print the new file to stdout and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Undo what gpud added: the backup comes back when the file is unchanged since, else
+    /// only the keys gpud sets (CDI, the runtime entry by --nvidia-runtime-name, the default
+    /// runtime) go back to their values before gpud's first edit.
+    #[arg(long)]
+    revert: bool,
+
+    /// How the runtime is told once the file changed: systemd (systemctl restart), signal
+    /// (SIGHUP; docker and crio only) or none.
+    #[arg(long, value_enum, default_value_t = RestartMode::None)]
+    restart_mode: RestartMode,
+
+    /// The systemd unit --restart-mode=systemd restarts [default: containerd, crio or docker].
+    #[arg(long, value_name = "UNIT")]
+    restart_unit: Option<String>,
+
+    /// Where --restart-mode=signal looks for the daemon's process.
+    #[arg(long, value_name = "PATH", default_value = "/proc", hide = true)]
+    proc_root: PathBuf,
+}
+
+/// Entry point.
+pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
+    let args: Args = cli::parse(argv)?;
+    match args.command {
+        Command::Configure(configure) => run_configure(&configure)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
+    let runtime = args.runtime;
+    let unit = args
+        .restart_unit
+        .clone()
+        .unwrap_or_else(|| restart::default_unit(runtime).to_owned());
+    restart::check(runtime, args.restart_mode, &unit).map_err(|e| Error::Usage(e.to_string()))?;
+    let path = target(args)?;
+    let text = write::read(&path).map_err(failure)?;
+
+    let changed = if args.revert {
+        revert(args, &path, text.as_deref())?
+    } else {
+        configure(args, &path, text.as_deref())?
+    };
+    if !changed || args.dry_run {
+        return Ok(());
+    }
+    match restart::restart(runtime, args.restart_mode, &unit, &args.proc_root) {
+        Ok(Some(done)) => eprintln!("gpud: {done}"),
+        Ok(None) => eprintln!(
+            "gpud: restart {} to apply it (or run again with --restart-mode)",
+            runtime.name()
+        ),
+        Err(RestartError::Refused(why) | RestartError::Failed(why)) => {
+            return Err(Error::Failure(format!(
+                "{} is written, but {why}",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The file gpud edits: crio's drop-in, else the runtime's config.
+fn target(args: &ConfigureArgs) -> Result<PathBuf, Error> {
+    match args.runtime {
+        Runtime::Crio => {
+            if let Some(config) = &args.config {
+                eprintln!(
+                    "gpud: warning: {} is not edited for crio; gpud writes its drop-in (--drop-in-config)",
+                    config.display()
+                );
+            }
+            Ok(args
+                .drop_in_config
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(crio::DEFAULT_DROP_IN)))
+        }
+        Runtime::Containerd | Runtime::Docker if args.drop_in_config.is_some() => {
+            Err(Error::Usage(format!(
+                "--drop-in-config is for crio only: gpud edits {}'s --config in place",
+                args.runtime.name()
+            )))
+        }
+        Runtime::Containerd => Ok(args
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(containerd::DEFAULT_CONFIG))),
+        Runtime::Docker => Ok(args
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(docker::DEFAULT_CONFIG))),
+    }
+}
+
+/// What the flags ask for. The runtime entry is added when its path or `--set-as-default` is
+/// given, or when nothing about CDI is (a bare `configure` adds it, as nvidia-ctk's does);
+/// CDI alone needs no entry.
+fn request(args: &ConfigureArgs) -> Request {
+    let cdi_only = args.enable_cdi || !args.cdi_spec_dirs.is_empty();
+    let wants_entry = args.nvidia_runtime_path.is_some() || args.nvidia_set_as_default || !cdi_only;
+    let default_path = match args.runtime {
+        Runtime::Docker => DEFAULT_DOCKER_RUNTIME_PATH,
+        Runtime::Containerd | Runtime::Crio => DEFAULT_RUNTIME_PATH,
+    };
+    Request {
+        enable_cdi: args.enable_cdi,
+        cdi_spec_dirs: args.cdi_spec_dirs.clone(),
+        runtime: wants_entry.then(|| NvidiaRuntime {
+            name: args.nvidia_runtime_name.clone(),
+            path: args
+                .nvidia_runtime_path
+                .clone()
+                .unwrap_or_else(|| default_path.to_owned()),
+        }),
+        set_as_default: args.nvidia_set_as_default,
+    }
+}
+
+/// Edits (or prints) the file; whether it changed.
+fn configure(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool, Error> {
+    if args.runtime == Runtime::Crio && args.enable_cdi {
+        eprintln!(
+            "gpud: CRI-O reads CDI specs without a switch (1.24 and later): --enable-cdi adds nothing for crio"
+        );
+    }
+    let new_version = match (args.runtime, text) {
+        (Runtime::Containerd, None) => args
+            .config_version
+            .or_else(containerd::installed_config_version)
+            .unwrap_or(2),
+        _ => 2,
+    };
+    let new = runtime_config::configure(args.runtime, path, text, &request(args), new_version)
+        .map_err(failure)?;
+    if args.runtime == Runtime::Containerd {
+        for line in containerd::shadowing_imports(path, &new, &args.nvidia_runtime_name) {
+            eprintln!("gpud: warning: {line}");
+        }
+    }
+    let unchanged = text.map_or(new.is_empty(), |old| old == new);
+    if args.dry_run {
+        cli::print_stdout(&new, "the new config")?;
+    }
+    if unchanged {
+        eprintln!(
+            "gpud: {}: already configured, nothing to change",
+            path.display()
+        );
+        return Ok(false);
+    }
+    if args.dry_run {
+        return Ok(true);
+    }
+    write::put(path, text, &new).map_err(failure)?;
+    eprintln!(
+        "gpud: {}: configured for {} (the file before gpud is kept in {})",
+        path.display(),
+        args.runtime.name(),
+        write::backup_path(path).display()
+    );
+    Ok(true)
+}
+
+/// Takes back what gpud added (or prints the result); whether the file changed.
+fn revert(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool, Error> {
+    let Some(text) = text else {
+        eprintln!(
+            "gpud: {}: does not exist, nothing to revert",
+            path.display()
+        );
+        return Ok(false);
+    };
+    let backup_path = write::backup_path(path);
+    let backup = write::read(&backup_path).map_err(failure)?;
+    let edited = runtime_config::revert(
+        args.runtime,
+        path,
+        text,
+        backup.as_deref(),
+        &args.nvidia_runtime_name,
+    )
+    .map_err(failure)?;
+    let reverted = match &edited {
+        Edited::Text(new) if new == text => {
+            if !args.dry_run && backup.is_some() {
+                write::put_reverted(path, Some(new)).map_err(failure)?;
+            }
+            eprintln!(
+                "gpud: {}: nothing of gpud's in it, nothing to revert",
+                path.display()
+            );
+            if args.dry_run {
+                cli::print_stdout(new, "the reverted config")?;
+            }
+            return Ok(false);
+        }
+        Edited::Text(new) => Some(new.as_str()),
+        Edited::Remove => None,
+    };
+    if args.dry_run {
+        match reverted {
+            Some(new) => cli::print_stdout(new, "the reverted config")?,
+            None => eprintln!(
+                "gpud: {}: would be removed (gpud created it)",
+                path.display()
+            ),
+        }
+        return Ok(true);
+    }
+    write::put_reverted(path, reverted).map_err(failure)?;
+    match reverted {
+        Some(_) => eprintln!("gpud: {}: reverted", path.display()),
+        None => eprintln!("gpud: {}: removed (gpud created it)", path.display()),
+    }
+    Ok(true)
+}
+
+/// A config that does not validate is 65; a file or folder that cannot be written, 73.
+fn failure(err: runtime_config::Error) -> Error {
+    if err.is_data() {
+        Error::Config(err.to_string())
+    } else if matches!(err, runtime_config::Error::Write(_)) {
+        Error::CantCreate(err.to_string())
+    } else {
+        Error::Failure(err.to_string())
+    }
+}
