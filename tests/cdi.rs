@@ -716,7 +716,10 @@ fn spec_names_when(out: &Path, what: &str, done: impl Fn(&[String]) -> bool) -> 
         if done(&names) {
             return names;
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: the spec names {names:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the spec names {names:?}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
@@ -749,9 +752,16 @@ fn watch_writes_the_spec_again_on_a_mig_change_and_ends_on_a_new_driver() {
     let after = spec_names_when(&out, "the repartitioned spec", |names| {
         names.iter().filter(|n| n.starts_with("0:")).count() == 1
     });
-    assert_eq!(after.len(), 5, "GPU twice, one MIG device twice, all: {after:?}");
+    assert_eq!(
+        after.len(),
+        5,
+        "GPU twice, one MIG device twice, all: {after:?}"
+    );
     assert_eq!(after[2], "0:0");
-    assert!(after[3].starts_with("MIG-") && after[4] == "all", "{after:?}");
+    assert!(
+        after[3].starts_with("MIG-") && after[4] == "all",
+        "{after:?}"
+    );
 
     // The kernel module is replaced by another driver's: the process ends with an error so
     // that its restart loads the new library; the last spec stays.
@@ -767,7 +777,10 @@ fn watch_writes_the_spec_again_on_a_mig_change_and_ends_on_a_new_driver() {
         if let Some(status) = gpud.child.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "still running after the driver changed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after the driver changed"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(1));
@@ -777,7 +790,11 @@ fn watch_writes_the_spec_again_on_a_mig_change_and_ends_on_a_new_driver() {
         assert!(std::time::Instant::now() < deadline, "{}", gpud.stderr());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert_eq!(fs::read(&out).unwrap(), written, "the spec is left as it was");
+    assert_eq!(
+        fs::read(&out).unwrap(),
+        written,
+        "the spec is left as it was"
+    );
 }
 
 #[test]
@@ -805,6 +822,10 @@ fn a_container_that_sees_the_host_under_host_root_writes_the_hosts_paths() {
         "--output",
         &path(&out),
     ]);
-    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
     assert_golden("cdi/dgx-h100.yaml", &fs::read_to_string(&out).unwrap());
 }

@@ -18,14 +18,13 @@ use crate::cdi::kind::{DEFAULT_CLASS, DEFAULT_VENDOR, check_class, check_vendor}
 use crate::cdi::{self, Format, HookName, Kind, NameStrategy, Options};
 use crate::cli::{self, CommonArgs};
 use crate::daemon::{Error, signals};
-use crate::nvml::library::nvrm_version;
 use crate::inventory::{Inventory, Snapshot};
+use crate::nvml::library::nvrm_version;
 use crate::nvml::{NodeFacts, Rescanner};
 
 /// Where the spec goes by default: the folder runtimes scan for generated specs, under the
 /// name the toolkit's refresh service uses.
 pub const DEFAULT_OUTPUT: &str = "/var/run/cdi/nvidia.yaml";
-
 
 /// Generate and manage CDI specs for the node's GPUs.
 #[derive(Debug, Parser)]
@@ -170,7 +169,11 @@ fn run_generate(args: &GenerateArgs) -> Result<(), Error> {
 
 /// Writes the spec again on every inventory change, until SIGINT/SIGTERM. A spec that cannot
 /// be built or written is logged and the old file kept: the next change tries again.
-async fn watch(args: &GenerateArgs, rescanner: Rescanner, inventory: Inventory) -> Result<(), Error> {
+async fn watch(
+    args: &GenerateArgs,
+    rescanner: Rescanner,
+    inventory: Inventory,
+) -> Result<(), Error> {
     let mut updates = inventory.subscribe();
     updates.borrow_and_update();
     let stop = CancellationToken::new();
@@ -315,7 +318,11 @@ fn warn_about_host(paths: &HostPaths, host: &cdi::HostFiles, options: &Options, 
         );
     }
     if host.hook.is_none() && !options.disabled_hooks.contains(&HookName::All) {
-        let tried: Vec<String> = paths.hooks.iter().map(|p| p.display().to_string()).collect();
+        let tried: Vec<String> = paths
+            .hooks
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
         tracing::warn!(
             tried = %tried.join(", "),
             "No CDI hook is an executable file; the spec has no hooks (gpud runtime install puts gpud's)"

@@ -1,6 +1,8 @@
 //! `gpud runtime configure`: turns on CDI and adds the NVIDIA runtime in containerd's, CRI-O's
 //! or Docker's config, a drop-in for `nvidia-ctk runtime configure` (same flag names and
 //! defaults; docs/toolkit.md says where gpud differs), then tells the runtime.
+//! `gpud runtime install` / `uninstall`: this binary and its `nvidia-cdi-hook` link in the
+//! host folder CDI specs name ([`crate::runtime_config::install`]).
 //!
 //! A thin shell over [`crate::runtime_config`]: flags become a request, the file's text is
 //! edited there, written with a backup (or printed with `--dry-run`), and the runtime is
@@ -15,7 +17,8 @@ use clap::{ArgAction, Parser, Subcommand};
 
 use crate::cli;
 use crate::daemon::Error;
-use crate::runtime_config::restart::{self, RestartError, RestartMode};
+use crate::runtime_config::install;
+use crate::runtime_config::restart::{self, Host, RestartError, RestartMode};
 use crate::runtime_config::{
     self, Edited, NvidiaRuntime, Request, Runtime, containerd, crio, docker, write,
 };
@@ -39,6 +42,22 @@ enum Command {
     /// Turn on CDI and add the NVIDIA runtime in containerd's, CRI-O's or Docker's config,
     /// keeping everything else in the file; then restart or signal the runtime if asked.
     Configure(Box<ConfigureArgs>),
+    /// Copy this gpud into a host folder with the link nvidia-cdi-hook -> gpud, the hook CDI
+    /// specs name by default; the same binary again writes nothing.
+    Install(ToolkitArgs),
+    /// Remove what install put in the folder (the folder too when that empties it).
+    Uninstall(ToolkitArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ToolkitArgs {
+    /// The host folder gpud and its hook link go to.
+    #[arg(long, value_name = "DIR", default_value = install::DEFAULT_TOOLKIT_DIR)]
+    toolkit_dir: PathBuf,
+
+    /// Check the command line, then exit 0 without writing anything.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -111,6 +130,15 @@ struct ConfigureArgs {
     /// Where --restart-mode=signal looks for the daemon's process.
     #[arg(long, value_name = "PATH", default_value = "/proc", hide = true)]
     proc_root: PathBuf,
+
+    /// Where this process sees the host's root (a container with the host's / at /host):
+    /// --restart-mode=systemd enters it (chroot) to run the host's systemctl.
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    host_root: PathBuf,
+
+    /// Check the command line, then exit 0 without reading or writing anything.
+    #[arg(long)]
+    check_config: bool,
 }
 
 /// Entry point.
@@ -118,8 +146,57 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     match args.command {
         Command::Configure(configure) => run_configure(&configure)?,
+        Command::Install(toolkit) => run_install(&toolkit)?,
+        Command::Uninstall(toolkit) => run_uninstall(&toolkit)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `--check-config`, ends here with exit 0: the flags parsed, nothing was touched.
+fn stop_if_checking(check_config: bool) -> Result<(), Error> {
+    if check_config {
+        eprintln!("gpud: the command line is valid");
+        return Err(Error::Reported(0));
+    }
+    Ok(())
+}
+
+fn run_install(args: &ToolkitArgs) -> Result<(), Error> {
+    stop_if_checking(args.check_config)?;
+    let source = std::env::current_exe()
+        .map_err(|err| Error::Failure(format!("cannot find this gpud's own binary: {err}")))?;
+    let installed = install::install(&source, &args.toolkit_dir)
+        .map_err(|err| Error::CantCreate(err.to_string()))?;
+    if installed.changed {
+        eprintln!(
+            "gpud: installed {} and its hook {} -> {}",
+            installed.binary.display(),
+            installed.hook.display(),
+            install::BINARY
+        );
+    } else {
+        eprintln!(
+            "gpud: {} is this gpud already, nothing to change",
+            installed.binary.display()
+        );
+    }
+    Ok(())
+}
+
+fn run_uninstall(args: &ToolkitArgs) -> Result<(), Error> {
+    stop_if_checking(args.check_config)?;
+    let removed =
+        install::uninstall(&args.toolkit_dir).map_err(|err| Error::CantCreate(err.to_string()))?;
+    if removed.is_empty() {
+        eprintln!(
+            "gpud: nothing of gpud's in {}, nothing to remove",
+            args.toolkit_dir.display()
+        );
+    }
+    for path in removed {
+        eprintln!("gpud: removed {}", path.display());
+    }
+    Ok(())
 }
 
 fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
@@ -130,6 +207,7 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         .unwrap_or_else(|| restart::default_unit(runtime).to_owned());
     restart::check(runtime, args.restart_mode, &unit).map_err(|e| Error::Usage(e.to_string()))?;
     let path = target(args)?;
+    stop_if_checking(args.check_config)?;
     let text = write::read(&path).map_err(failure)?;
 
     let changed = if args.revert {
@@ -140,7 +218,11 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
     if !changed || args.dry_run {
         return Ok(());
     }
-    match restart::restart(runtime, args.restart_mode, &unit, &args.proc_root) {
+    let host = Host {
+        root: &args.host_root,
+        proc_root: &args.proc_root,
+    };
+    match restart::restart(runtime, args.restart_mode, &unit, host) {
         Ok(Some(done)) => eprintln!("gpud: {done}"),
         Ok(None) => eprintln!(
             "gpud: restart {} to apply it (or run again with --restart-mode)",

@@ -161,7 +161,12 @@ pub fn discover(paths: &HostPaths, driver_version: &str) -> Result<HostFiles, Di
             .filter(|dev| exists(&under(&dev_dir, dev)))
             .map(|dev| (*dev).to_owned())
             .collect(),
-        libraries: libraries(&driver_dir, paths.nvml_dir.as_deref(), driver_root, driver_version)?,
+        libraries: libraries(
+            &driver_dir,
+            paths.nvml_dir.as_deref(),
+            driver_root,
+            driver_version,
+        )?,
         binaries: binaries(&driver_dir, driver_root),
         ipc: IPC_PATHS
             .iter()
@@ -560,17 +565,36 @@ mod tests {
         let gpud = root.join("toolkit/nvidia-cdi-hook");
         let nvidia = root.join("usr/bin/nvidia-cdi-hook");
         let named = |hooks: Vec<PathBuf>| {
-            discover(&HostPaths { hooks, ..paths(root) }, "570.133.20").unwrap().hook
+            discover(
+                &HostPaths {
+                    hooks,
+                    ..paths(root)
+                },
+                "570.133.20",
+            )
+            .unwrap()
+            .hook
         };
         let both = vec![gpud.clone(), nvidia.clone()];
         assert_eq!(named(both.clone()), None, "neither is installed");
         touch_exe(root, "/usr/bin/nvidia-cdi-hook");
-        assert_eq!(named(both.clone()).as_deref(), nvidia.to_str(), "NVIDIA's, as the fallback");
+        assert_eq!(
+            named(both.clone()).as_deref(),
+            nvidia.to_str(),
+            "NVIDIA's, as the fallback"
+        );
         touch_exe(root, "/toolkit/nvidia-cdi-hook");
-        assert_eq!(named(both).as_deref(), gpud.to_str(), "gpud's own wins once installed");
+        assert_eq!(
+            named(both).as_deref(),
+            gpud.to_str(),
+            "gpud's own wins once installed"
+        );
         assert_eq!(
             hook_candidates(None),
-            [PathBuf::from(GPUD_HOOK_PATH), PathBuf::from(NVIDIA_HOOK_PATH)]
+            [
+                PathBuf::from(GPUD_HOOK_PATH),
+                PathBuf::from(NVIDIA_HOOK_PATH)
+            ]
         );
         assert_eq!(
             hook_candidates(Some(Path::new("/opt/hook"))),

@@ -82,8 +82,11 @@ pub struct DraArgs {
     /// The nvidia-cdi-hook executable the CDI specs name [default: gpud's hook,
     /// /usr/local/nvidia/toolkit/nvidia-cdi-hook, when installed, else
     /// /usr/bin/nvidia-cdi-hook].
-    #[arg(long = "dra-nvidia-cdi-hook-path", value_name = "PATH",
-          env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH")]
+    #[arg(
+        long = "dra-nvidia-cdi-hook-path",
+        value_name = "PATH",
+        env = "GPUD_DRA_NVIDIA_CDI_HOOK_PATH"
+    )]
     pub dra_hook_path: Option<PathBuf>,
 
     /// The kubelet's pod-resources socket: GPUs the device plugin gave to running pods are

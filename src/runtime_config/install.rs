@@ -118,7 +118,12 @@ fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), InstallError> {
 /// Points a new link beside `path` at `target` and renames it over `path`.
 fn replace_link(path: &Path, target: &Path) -> Result<(), InstallError> {
     let temporary = temporary_beside(path);
-    finish(symlink(target, &temporary), &temporary, path, "link the hook")
+    finish(
+        symlink(target, &temporary),
+        &temporary,
+        path,
+        "link the hook",
+    )
 }
 
 /// Renames `temporary` over `path` when it was written, else removes it.
@@ -136,7 +141,10 @@ fn finish(
 }
 
 fn temporary_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
@@ -161,7 +169,10 @@ mod tests {
         assert_eq!(fs::read_to_string(dir.join("gpud")).unwrap(), "gpud v1");
         let mode = fs::metadata(dir.join("gpud")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755);
-        assert_eq!(fs::read_link(dir.join("nvidia-cdi-hook")).unwrap(), Path::new("gpud"));
+        assert_eq!(
+            fs::read_link(dir.join("nvidia-cdi-hook")).unwrap(),
+            Path::new("gpud")
+        );
 
         let second = install(&source, &dir).unwrap();
         assert!(!second.changed, "the same binary again writes nothing");
@@ -184,7 +195,10 @@ mod tests {
         fs::create_dir(&dir).unwrap();
         symlink("/usr/bin/nvidia-ctk", dir.join("nvidia-cdi-hook")).unwrap();
         assert!(install(&source, &dir).unwrap().changed);
-        assert_eq!(fs::read_link(dir.join("nvidia-cdi-hook")).unwrap(), Path::new("gpud"));
+        assert_eq!(
+            fs::read_link(dir.join("nvidia-cdi-hook")).unwrap(),
+            Path::new("gpud")
+        );
     }
 
     #[test]
@@ -200,9 +214,17 @@ mod tests {
 
         fs::remove_file(dir.join("notes.txt")).unwrap();
         install(&source, &dir).unwrap();
-        assert_eq!(uninstall(&dir).unwrap().last(), Some(&dir), "an emptied folder goes");
+        assert_eq!(
+            uninstall(&dir).unwrap().last(),
+            Some(&dir),
+            "an emptied folder goes"
+        );
         assert!(!dir.exists());
-        assert_eq!(uninstall(&dir).unwrap(), Vec::<PathBuf>::new(), "nothing left is fine");
+        assert_eq!(
+            uninstall(&dir).unwrap(),
+            Vec::<PathBuf>::new(),
+            "nothing left is fine"
+        );
     }
 
     #[test]
@@ -212,7 +234,13 @@ mod tests {
         let blocker = tmp.path().join("file");
         fs::write(&blocker, "").unwrap();
         let err = install(&source, &blocker.join("toolkit")).unwrap_err();
-        assert!(err.to_string().starts_with(&format!("{}", blocker.join("toolkit").display())));
-        assert!(err.to_string().contains("cannot create the folder"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}", blocker.join("toolkit").display()))
+        );
+        assert!(
+            err.to_string().contains("cannot create the folder"),
+            "{err}"
+        );
     }
 }

@@ -10,6 +10,7 @@
 pub mod containerd;
 pub mod crio;
 pub mod docker;
+pub mod install;
 pub mod restart;
 pub mod toml_keys;
 pub mod write;

@@ -5,6 +5,12 @@
 //! and CRI-O re-reads its config files; containerd has no reload (SIGHUP is not one of the
 //! signals it handles), so `signal` is refused for it before anything is written. The kubelet
 //! is never restarted: it follows the runtime's socket by itself.
+//!
+//! From a container whose view of the host is a mount (`--host-root /host`), `systemd` enters
+//! the host's root first (chroot), so the host's own `systemctl` talks to the host's systemd
+//! through its socket under `/run/systemd`: a scratch image carries no systemctl and no D-Bus
+//! client. This is the last thing the command does, so nothing after it needs the image's
+//! files.
 
 use std::path::Path;
 use std::process::Command;
@@ -70,23 +76,39 @@ pub fn check(runtime: Runtime, mode: RestartMode, unit: &str) -> Result<(), Rest
     Ok(())
 }
 
+/// The PATH `systemctl` is looked up in inside the host's root: the container's own PATH
+/// names the image's folders.
+const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where the runtime lives, as this process sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Host<'a> {
+    /// The host's `/` (not `/`: a container's mount of it; `systemd` enters it).
+    pub root: &'a Path,
+    /// The procfs `signal` looks for the daemon in.
+    pub proc_root: &'a Path,
+}
+
 /// Tells `runtime` in `mode`; a line saying what was done.
 pub fn restart(
     runtime: Runtime,
     mode: RestartMode,
     unit: &str,
-    proc_root: &Path,
+    host: Host<'_>,
 ) -> Result<Option<String>, RestartError> {
     check(runtime, mode, unit)?;
+    let proc_root = host.proc_root;
     match mode {
         RestartMode::None => Ok(None),
         RestartMode::Systemd => {
-            let status = Command::new("systemctl")
-                .args(["restart", unit])
-                .status()
-                .map_err(|err| {
-                    RestartError::Failed(format!("cannot run systemctl restart {unit}: {err}"))
-                })?;
+            let mut systemctl = Command::new("systemctl");
+            if host.root != Path::new("/") {
+                enter(host.root)?;
+                systemctl.env("PATH", HOST_PATH);
+            }
+            let status = systemctl.args(["restart", unit]).status().map_err(|err| {
+                RestartError::Failed(format!("cannot run systemctl restart {unit}: {err}"))
+            })?;
             if !status.success() {
                 return Err(RestartError::Failed(format!(
                     "systemctl restart {unit} failed ({status}); see journalctl -u {unit}"
@@ -111,6 +133,20 @@ pub fn restart(
             Ok(Some(format!("sent SIGHUP to {name} (pid {pids:?})")))
         }
     }
+}
+
+/// Makes `root` this process's `/`.
+fn enter(root: &Path) -> Result<(), RestartError> {
+    nix::unistd::chroot(root)
+        .map_err(std::io::Error::from)
+        .and_then(|()| std::env::set_current_dir("/"))
+        .map_err(|err| {
+            RestartError::Failed(format!(
+                "cannot enter the host's root {} to run its systemctl: {err} (the container \
+                 needs to be privileged, or to have CAP_SYS_CHROOT)",
+                root.display()
+            ))
+        })
 }
 
 /// The pids whose `comm` is `name` under `proc_root`.
@@ -156,7 +192,16 @@ mod tests {
         std::fs::create_dir(dir.path().join("self")).unwrap();
         assert_eq!(find(dir.path(), "dockerd"), [10, 12]);
         assert!(find(dir.path(), "crio").is_empty());
-        let err = restart(Runtime::Crio, RestartMode::Signal, "crio", dir.path()).unwrap_err();
+        let err = restart(
+            Runtime::Crio,
+            RestartMode::Signal,
+            "crio",
+            Host {
+                root: Path::new("/"),
+                proc_root: dir.path(),
+            },
+        )
+        .unwrap_err();
         assert!(
             err.to_string().starts_with("no crio process found"),
             "{err}"
