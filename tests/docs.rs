@@ -79,6 +79,9 @@ const FOREIGN_FLAGS: &[(&str, &str)] = &[
     ("--cap-add", "docker run"),
     ("--cap-drop", "docker run"),
     ("--security-opt", "docker run"),
+    ("--gpus", "docker run, without CDI"),
+    ("--image", "kubectl debug"),
+    ("--profile", "kubectl debug"),
 ];
 
 /// Environment variables the documents name that are not the binary's.
