@@ -441,7 +441,33 @@ fn stale_cdi_spec() {
         &format!(
             "/var/run/cdi/nvidia.yaml is stale: lacks {gone}; lists {old_mig} not on this node"
         ),
-        "regenerate it after every MIG change: gpud cdi generate --output /var/run/cdi/nvidia.yaml",
+        "regenerate it after every MIG change, or keep it current: gpud cdi generate --watch --output /var/run/cdi/nvidia.yaml (the toolkit component runs it)",
+    );
+}
+
+#[test]
+fn cdi_spec_naming_a_missing_hook() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    let spec = cdi_spec(&uuids(&node), &[]).replace(
+        "containerEdits: {}\n",
+        "containerEdits:\n  hooks:\n  - hookName: createContainer\n    path: /usr/local/nvidia/toolkit/nvidia-cdi-hook\n    args: [nvidia-cdi-hook, update-ldcache]\n",
+    );
+    host.write("var/run/cdi/nvidia.yaml", &spec);
+    doctor(&node, &host, &[]).only_problem(
+        "runtime.cdi-spec",
+        "fail",
+        "/var/run/cdi/nvidia.yaml names the hook /usr/local/nvidia/toolkit/nvidia-cdi-hook, which does not exist: every container given a GPU through it fails to start",
+        "install gpud's hook (gpud runtime install) and regenerate the spec: gpud cdi generate --output /var/run/cdi/nvidia.yaml",
+    );
+    // Installed (any executable file at that path, as gpud runtime install leaves it): fine.
+    host.write("usr/local/nvidia/toolkit/nvidia-cdi-hook", "");
+    let run = doctor(&node, &host, &[]);
+    assert_eq!(
+        run.status("runtime.cdi-spec"),
+        "ok",
+        "{}",
+        run.found("runtime.cdi-spec")
     );
 }
 
@@ -485,7 +511,7 @@ fn crio_drop_in() {
         "runtime.crio",
         "fail",
         "CRI-O runtime \"nvidia\" (/etc/crio/crio.conf.d/99-nvidia.conf) runs /usr/bin/nvidia-container-runtime, which does not exist",
-        "install the NVIDIA container toolkit, or fix runtime_path and restart CRI-O",
+        "fix runtime_path and restart CRI-O, or drop the entry: CRI-O reads CDI specs without it",
     );
 }
 

@@ -125,7 +125,7 @@ pub fn containerd(env: &Env) -> Verdict {
         Some(Some(binary)) if !env.host.exists(&binary) => {
             return Verdict::fail(
                 format!("containerd runtime \"nvidia\" runs {binary}, which does not exist"),
-                "install the NVIDIA container toolkit, or fix BinaryName and restart containerd",
+                "fix BinaryName and restart containerd, or drop the entry: GPUs reach containers through CDI without it (gpud runtime configure --runtime=containerd --enable-cdi --restart-mode=systemd)",
             );
         }
         Some(binary) => {
@@ -176,7 +176,7 @@ pub fn crio(env: &Env) -> Verdict {
     match runtime {
         Some((file, path)) if !env.host.exists(&path) => Verdict::fail(
             format!("CRI-O runtime \"nvidia\" ({file}) runs {path}, which does not exist"),
-            "install the NVIDIA container toolkit, or fix runtime_path and restart CRI-O",
+            "fix runtime_path and restart CRI-O, or drop the entry: CRI-O reads CDI specs without it",
         ),
         Some((_, path)) => {
             Verdict::ok(format!("CRI-O: CDI always on; runtime \"nvidia\" → {path}"))
@@ -193,6 +193,20 @@ struct Spec {
     kind: String,
     #[serde(default)]
     devices: Vec<SpecDevice>,
+    #[serde(default, rename = "containerEdits")]
+    container_edits: SpecEdits,
+}
+
+/// The spec-wide edits: only the hooks are read (every GPU container runs them).
+#[derive(Debug, Default, Deserialize)]
+struct SpecEdits {
+    #[serde(default)]
+    hooks: Vec<SpecHook>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SpecHook {
+    path: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -255,6 +269,24 @@ pub fn cdi_spec(env: &Env) -> Verdict {
                     format!("chmod 644 {path}"),
                 );
             }
+            // A hook the runtime cannot run fails every GPU container's start, whatever the
+            // devices say: the most urgent finding about a spec.
+            if let Some(hook) = spec
+                .container_edits
+                .hooks
+                .iter()
+                .find(|hook| !env.host.exists(&hook.path))
+            {
+                return Verdict::fail(
+                    format!(
+                        "{path} names the hook {}, which does not exist: every container given a GPU through it fails to start",
+                        hook.path
+                    ),
+                    format!(
+                        "install gpud's hook (gpud runtime install) and regenerate the spec: gpud cdi generate --output {path}"
+                    ),
+                );
+            }
             names.extend(spec.devices.into_iter().map(|d| d.name));
             specs.push(path);
         }
@@ -315,7 +347,7 @@ pub fn cdi_spec(env: &Env) -> Verdict {
     } else {
         Verdict::fail(
             format!("{} is stale: {}", specs.join(", "), problems.join("; ")),
-            "regenerate it after every MIG change: gpud cdi generate --output /var/run/cdi/nvidia.yaml",
+            "regenerate it after every MIG change, or keep it current: gpud cdi generate --watch --output /var/run/cdi/nvidia.yaml (the toolkit component runs it)",
         )
     }
 }
