@@ -74,7 +74,7 @@ struct CreateSymlinksArgs {
 struct EnableCudaCompatArgs {
     /// The host's driver version; compat libraries with a higher major are enabled.
     #[arg(long, value_name = "VERSION")]
-    host_driver_version: String,
+    host_driver_version: Option<String>,
 
     #[command(flatten)]
     container: ContainerArgs,
@@ -133,7 +133,11 @@ fn run(command: Command) -> Result<(), HookError> {
         Command::EnableCudaCompat(args) => {
             let root = args.container.root()?;
             // As NVIDIA's hook: without a host version there is nothing to compare with.
-            if let Some(host_major) = cuda_compat::major(&args.host_driver_version) {
+            if let Some(host_major) = args
+                .host_driver_version
+                .as_deref()
+                .and_then(cuda_compat::major)
+            {
                 cuda_compat::enable(&root, host_major)?;
             }
         }
