@@ -67,8 +67,14 @@ impl Container {
 
     /// Runs `program` (gpud or a link to it) with `args` and the state on stdin.
     fn run_as(&self, program: &Path, args: &[&str]) -> Output {
-        let mut child = Command::new(program)
-            .args(args)
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.run(cmd)
+    }
+
+    /// Runs `cmd` with the state on stdin, as a runtime runs a hook.
+    fn run(&self, mut cmd: Command) -> Output {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -158,33 +164,20 @@ fn create_symlinks_makes_the_link_also_as_nvidia_cdi_hook() {
 }
 
 #[test]
-fn a_library_folder_linked_to_the_host_root_stays_inside_the_container() {
-    let container = Container::new();
-    let root = container.root();
-    fs::create_dir_all(root.join("usr/lib")).unwrap();
-    // The image says its library folder is the root, absolutely: inside the root, that is
-    // the container's own root.
-    symlink("/", root.join("usr/lib/x86_64-linux-gnu")).unwrap();
-    ok(&container.hook(&["create-symlinks", "--link", LINK]));
-    assert!(root.join("libcuda.so").is_symlink());
-    assert!(!Path::new("/libcuda.so").exists());
-    container.host_unchanged();
-}
-
-#[test]
-fn a_library_folder_up_and_out_with_dot_dot_stays_inside_the_container() {
-    let container = Container::new();
-    let root = container.root();
-    fs::create_dir_all(root.join("usr/lib")).unwrap();
-    // Deep enough to reach the host's / from the rootfs, were it followed on the host.
-    symlink(
-        "../../../../../../../../../../..",
-        root.join("usr/lib/x86_64-linux-gnu"),
-    )
-    .unwrap();
-    ok(&container.hook(&["create-symlinks", "--link", LINK]));
-    assert!(root.join("libcuda.so").is_symlink());
-    container.host_unchanged();
+fn a_library_folder_linked_to_the_root_or_above_stays_inside_the_container() {
+    // The image says its library folder is `/` (absolutely), or climbs deep enough with `..`
+    // to reach the host's / from the rootfs, were it followed on the host: inside the root,
+    // both are the container's own root.
+    for target in ["/", "../../../../../../../../../../.."] {
+        let container = Container::new();
+        let root = container.root();
+        fs::create_dir_all(root.join("usr/lib")).unwrap();
+        symlink(target, root.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        ok(&container.hook(&["create-symlinks", "--link", LINK]));
+        assert!(root.join("libcuda.so").is_symlink(), "{target}");
+        assert!(!Path::new("/libcuda.so").exists());
+        container.host_unchanged();
+    }
 }
 
 #[test]
@@ -256,6 +249,27 @@ fn chmod_through_a_symlink_to_a_host_file_is_refused() {
     container.host_unchanged();
 }
 
+/// Gives the rootfs at `root` a linker config that includes its drop-ins, as glibc images have.
+fn linker_config(root: &Path) {
+    fs::create_dir_all(root.join("etc")).unwrap();
+    fs::write(
+        root.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n",
+    )
+    .unwrap();
+}
+
+/// `ldconfig -p` output lists the library `name` in the container `folder`.
+fn assert_cached(listed: &str, name: &str, folder: &str) {
+    let soname = name.split(".so").next().unwrap();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains(soname) && l.contains(&format!("=> {folder}/"))),
+        "the container's linker cache lacks {name} in {folder}:\n{listed}"
+    );
+}
+
 /// A fake ldconfig on the host that records its environment and arguments into `out`.
 fn recording_ldconfig(dir: &Path, out: &Path) -> PathBuf {
     let script = dir.join("ldconfig");
@@ -275,17 +289,12 @@ fn recording_ldconfig(dir: &Path, out: &Path) -> PathBuf {
 fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
     let container = Container::new();
     let root = container.root();
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(
-        root.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
+    linker_config(&root);
     let tools = tempfile::tempdir().unwrap();
     let ldconfig = recording_ldconfig(tools.path(), tools.path());
 
-    let mut child = Command::new(gpud_bin())
-        .args(["cdi-hook", "update-ldcache", "--ldconfig-path"])
+    let mut cmd = Command::new(gpud_bin());
+    cmd.args(["cdi-hook", "update-ldcache", "--ldconfig-path"])
         .arg(&ldconfig)
         .args([
             "--folder",
@@ -297,19 +306,8 @@ fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
         // warns and runs), a library path and a marker.
         .env("LD_PRELOAD", "/nonexistent/runtime-preload.so")
         .env("LD_LIBRARY_PATH", "/nonexistent/lib")
-        .env("GPUD_TEST_MARKER", "from-the-runtime")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(container.state().as_bytes())
-        .unwrap();
-    ok(&child.wait_with_output().unwrap());
+        .env("GPUD_TEST_MARKER", "from-the-runtime");
+    ok(&container.run(cmd));
 
     let env = fs::read_to_string(tools.path().join("env")).unwrap();
     assert!(!env.contains("LD_PRELOAD"), "{env}");
@@ -382,12 +380,7 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
     let name = lib.file_name().unwrap().to_str().unwrap().to_owned();
     fs::create_dir_all(root.join("opt/gpu/lib")).unwrap();
     fs::copy(&lib, root.join("opt/gpu/lib").join(&name)).unwrap();
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(
-        root.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
+    linker_config(&root);
     // The image's cache is a link to a host file: ldconfig replaces the link inside the root.
     symlink(
         container.host().join("canary"),
@@ -407,13 +400,10 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
         .arg(&cache)
         .output()
         .unwrap();
-    let listed = String::from_utf8_lossy(&listed.stdout);
-    let soname = name.split(".so").next().unwrap();
-    assert!(
-        listed
-            .lines()
-            .any(|l| l.contains(soname) && l.contains("/opt/gpu/lib/")),
-        "{listed}"
+    assert_cached(
+        &String::from_utf8_lossy(&listed.stdout),
+        &name,
+        "/opt/gpu/lib",
     );
     container.host_unchanged();
 }
@@ -422,12 +412,7 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
 fn a_linker_config_folder_linked_to_the_host_is_refused() {
     let container = Container::new();
     let root = container.root();
-    fs::create_dir_all(root.join("etc")).unwrap();
-    fs::write(
-        root.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
+    linker_config(&root);
     symlink(container.host().join("lib"), root.join("etc/ld.so.conf.d")).unwrap();
     let tools = tempfile::tempdir().unwrap();
     let ldconfig = recording_ldconfig(tools.path(), tools.path());
@@ -483,25 +468,26 @@ fn a_state_without_a_bundle_is_one_line_and_exit_1() {
     assert_eq!(output.status.code(), Some(64));
 }
 
-/// Whether this process runs as root (podman and mount namespaces need it).
-fn is_root() -> bool {
-    Command::new("id")
+/// Whether a test that needs `tool` and root is skipped (failed instead, in CI).
+fn needs_root_and(tool: &str, test: &str) -> bool {
+    let has_tool = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let is_root = Command::new("id")
         .arg("-u")
         .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    tool_missing(
+        !has_tool || !is_root,
+        &format!("{tool} and root are required (CI is set)"),
+        &format!("skipping: {test} needs {tool} and root"),
+    )
 }
 
 #[test]
 fn disable_device_node_modification_masks_the_params_in_a_mount_namespace() {
-    let has_unshare = Command::new("unshare")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if tool_missing(
-        !has_unshare || !is_root(),
-        "unshare and root are required (CI is set)",
-        "skipping: the mount test needs unshare(1) and root",
-    ) {
+    if needs_root_and("unshare", "the mount namespace test") {
         return;
     }
     let container = Container::new();
@@ -578,28 +564,15 @@ impl Drop for SpecGuard {
 
 #[test]
 fn podman_runs_the_hooks_of_a_cdi_spec() {
-    let has_podman = Command::new("podman")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if tool_missing(
-        !has_podman || !is_root(),
-        "podman and root are required (CI is set)",
-        "skipping: the CDI consumer test needs podman and root",
-    ) {
+    if needs_root_and("podman", "the CDI consumer test") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     // The rootfs: the host's static ldconfig, a linker config that includes its drop-ins.
     let rootfs = dir.path().join("rootfs");
     fs::create_dir_all(rootfs.join("sbin")).unwrap();
-    fs::create_dir_all(rootfs.join("etc")).unwrap();
     fs::copy("/sbin/ldconfig", rootfs.join("sbin/ldconfig")).unwrap();
-    fs::write(
-        rootfs.join("etc/ld.so.conf"),
-        "include /etc/ld.so.conf.d/*.conf\n",
-    )
-    .unwrap();
+    linker_config(&rootfs);
     // The "driver": a library folder on the host the spec mounts into the container.
     let lib = a_shared_library();
     let name = lib.file_name().unwrap().to_str().unwrap().to_owned();
@@ -660,13 +633,10 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
         .output()
         .unwrap();
     ok(&output);
-    let listed = String::from_utf8_lossy(&output.stdout);
-    let soname = name.split(".so").next().unwrap();
-    assert!(
-        listed
-            .lines()
-            .any(|l| l.contains(soname) && l.contains("=> /opt/gpud-test/lib/")),
-        "the container's linker cache lacks the mounted library:\n{listed}"
+    assert_cached(
+        &String::from_utf8_lossy(&output.stdout),
+        &name,
+        "/opt/gpud-test/lib",
     );
     assert_eq!(
         fs::read_link(rootfs.join("opt/gpud-test/links/libtest.so")).unwrap(),

@@ -4,8 +4,8 @@
 //! The folders are written to `/etc/ld.so.conf.d/00-nvcr-gpud.conf` inside the root (so a
 //! later `ldconfig` in the container keeps them; `00-nvcr` sorts as NVIDIA's hook's files do),
 //! and the host's ldconfig, a static binary the image cannot replace, is run with `-r <root>`:
-//! it reads `/etc/ld.so.conf` and writes `/etc/ld.so.cache` of the container, resolving every
-//! path inside the root, never the host's cache. The folders are also given on its command
+//! it chroots into the root before it reads anything, so the `/etc/ld.so.conf` it reads and
+//! the `/etc/ld.so.cache` it writes are the container's, never the host's. The folders are also given on its command
 //! line, so they are in the cache even when the image's ld.so.conf has no `include` of
 //! ld.so.conf.d. An image with neither `/etc/ld.so.cache` nor `/etc/ld.so.conf` does not use
 //! glibc's cache (musl, static binaries) and is left alone.

@@ -295,6 +295,11 @@ mod tests {
 
     use super::*;
 
+    /// The permission bits of `path`.
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
     /// A temp dir holding `root/` (the container) and `host/` (a canary beside it).
     struct Scene {
         dir: tempfile::TempDir,
@@ -415,8 +420,7 @@ mod tests {
         let written = root_path.join("etc/ld.so.conf.d/00-x.conf");
         assert!(!written.is_symlink());
         assert_eq!(std::fs::read_to_string(&written).unwrap(), "/opt\n");
-        let mode = std::fs::metadata(&written).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o644);
+        assert_eq!(mode_of(&written), 0o644);
         scene.host_unchanged();
     }
 
@@ -429,22 +433,11 @@ mod tests {
         symlink(scene.host().join("canary"), root_path.join("dev/dri/card1")).unwrap();
         let root = scene.root();
         assert!(root.chmod(Path::new("/dev/dri/card0"), 0o666).unwrap());
-        let mode = std::fs::metadata(root_path.join("dev/dri/card0"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o666);
-        let before = std::fs::metadata(scene.host().join("canary"))
-            .unwrap()
-            .permissions()
-            .mode();
+        assert_eq!(mode_of(&root_path.join("dev/dri/card0")), 0o666);
+        let before = mode_of(&scene.host().join("canary"));
         let err = root.chmod(Path::new("/dev/dri/card1"), 0o777).unwrap_err();
         assert!(err.to_string().contains("is a symlink"), "{err}");
-        let after = std::fs::metadata(scene.host().join("canary"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(before, after);
+        assert_eq!(mode_of(&scene.host().join("canary")), before);
         assert!(!root.chmod(Path::new("/dev/dri/card9"), 0o666).unwrap());
     }
 
