@@ -579,12 +579,13 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
     let libdir = dir.path().join("driver-lib");
     fs::create_dir_all(&libdir).unwrap();
     fs::copy(&lib, libdir.join(&name)).unwrap();
-    // The hook, under the name NVIDIA's specs use.
-    let hook = dir.path().join("nvidia-cdi-hook");
-    symlink(gpud_bin(), &hook).unwrap();
+    // The hook: a link under the name NVIDIA's specs use, and gpud itself, which the
+    // spec's args[0] (the program name a runtime passes) makes the same applet.
+    let link_to_gpud = dir.path().join("nvidia-cdi-hook");
+    symlink(gpud_bin(), &link_to_gpud).unwrap();
 
     let kind = format!("gpud-test-{}.example.com/gpu", std::process::id());
-    let hook_entry = |args: &[&str]| serde_json::json!({"hookName": "createContainer", "path": hook, "args": args});
+    let hook_entry = |path: &Path, args: &[&str]| serde_json::json!({"hookName": "createContainer", "path": path, "args": args});
     let link = format!("{name}::/opt/gpud-test/links/libtest.so");
     let spec = serde_json::json!({
         "cdiVersion": "0.5.0",
@@ -598,8 +599,14 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
                     "options": ["ro", "nosuid", "nodev", "bind"],
                 }],
                 "hooks": [
-                    hook_entry(&["nvidia-cdi-hook", "create-symlinks", "--link", &link]),
-                    hook_entry(&["nvidia-cdi-hook", "update-ldcache", "--folder", "/opt/gpud-test/lib"]),
+                    hook_entry(
+                        &link_to_gpud,
+                        &["nvidia-cdi-hook", "create-symlinks", "--link", &link],
+                    ),
+                    hook_entry(
+                        &gpud_bin(),
+                        &["nvidia-cdi-hook", "update-ldcache", "--folder", "/opt/gpud-test/lib"],
+                    ),
                 ],
             },
         }],
