@@ -270,13 +270,16 @@ fn assert_cached(listed: &str, name: &str, folder: &str) {
     );
 }
 
-/// A fake ldconfig on the host that records its environment and arguments into `out`.
+/// A fake ldconfig on the host that records its environment, arguments, signal mask and stdin
+/// into `out`.
 fn recording_ldconfig(dir: &Path, out: &Path) -> PathBuf {
     let script = dir.join("ldconfig");
     fs::write(
         &script,
         format!(
-            "#!/bin/sh\nenv > '{0}/env'\nprintf '%s\\n' \"$@\" > '{0}/args'\n",
+            "#!/bin/sh\nenv > '{0}/env'\nprintf '%s\\n' \"$@\" > '{0}/args'\n\
+             while read -r key value; do [ \"$key\" = SigBlk: ] && echo \"$value\" > '{0}/signals'; \
+             done < /proc/$$/status\nls -l /proc/$$/fd/0 > '{0}/stdin'\n",
             out.display()
         ),
     )
@@ -319,6 +322,12 @@ fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
             .any(|l| l == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
         "{env}"
     );
+    // The default signal mask (gpud blocks the daemon signals in itself), read by the shell
+    // itself rather than a child it waits for; stdin from /dev/null.
+    let signals = fs::read_to_string(tools.path().join("signals")).unwrap();
+    assert_eq!(signals.trim(), "0000000000000000");
+    let stdin = fs::read_to_string(tools.path().join("stdin")).unwrap();
+    assert!(stdin.trim_end().ends_with("-> /dev/null"), "{stdin}");
     let args = fs::read_to_string(tools.path().join("args")).unwrap();
     assert_eq!(
         args,
