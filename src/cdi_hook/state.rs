@@ -79,6 +79,14 @@ fn root_from(text: &[u8], from: &str, config_dir: Option<&Path>) -> Result<PathB
     if value.get("bundle").is_some() {
         let state: State =
             serde_json::from_value(value).map_err(|err| parse_error(err.to_string()))?;
+        // The OCI state's bundle is absolute; a relative one would be taken from the hook's
+        // working directory, which at createContainer can be the container's root: the image's.
+        if !state.bundle.is_absolute() {
+            return Err(parse_error(format!(
+                "the bundle {} is not an absolute path",
+                state.bundle.display()
+            )));
+        }
         let config_path = state.bundle.join("config.json");
         let config = std::fs::read(&config_path).map_err(|source| HookError::ReadConfig {
             path: config_path.clone(),
@@ -180,6 +188,8 @@ mod tests {
                 .starts_with("cannot read the container config /nonexistent/b/config.json"),
             "{err}"
         );
+        let err = container_root(None, &mut r#"{"bundle":"rootfs/.."}"#.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("not an absolute path"), "{err}");
         let dir = bundle(r#"{"root":{"path":""}}"#);
         let err = container_root(None, &mut state(dir.path()).as_bytes()).unwrap_err();
         assert!(err.to_string().contains("root.path is not set"), "{err}");
