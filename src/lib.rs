@@ -6,6 +6,7 @@
 pub mod applets;
 pub mod backoff;
 pub mod cdi;
+pub mod cdi_hook;
 pub mod cli;
 pub mod config;
 pub mod cuda_mps;

@@ -26,6 +26,10 @@ pub enum Invocation {
     Unknown(String),
 }
 
+/// Program names of other projects' tools that gpud stands in for, with the applet each runs:
+/// a link named `nvidia-cdi-hook` serves the CDI specs NVIDIA's tools write.
+const PROGRAM_ALIASES: &[(&str, &str)] = &[("nvidia-cdi-hook", "cdi-hook")];
+
 /// Works out which applet argv names.
 pub fn resolve(argv: &[OsString]) -> Invocation {
     let program = argv.first().map(|arg0| {
@@ -37,6 +41,12 @@ pub fn resolve(argv: &[OsString]) -> Invocation {
     });
     if let Some(name) = program.as_deref().and_then(|p| p.strip_prefix("gpud-")) {
         return applet_invocation(name, &argv[1..]);
+    }
+    if let Some((_, applet)) = PROGRAM_ALIASES
+        .iter()
+        .find(|(alias, _)| program.as_deref() == Some(*alias))
+    {
+        return applet_invocation(applet, &argv[1..]);
     }
     let Some(first) = argv.get(1) else {
         return Invocation::Help;
@@ -161,6 +171,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn nvidia_cdi_hook_runs_the_cdi_hook_applet() {
+        match resolve(&argv(&[
+            "/usr/bin/nvidia-cdi-hook",
+            "update-ldcache",
+            "--folder",
+            "/usr/lib64",
+        ])) {
+            Invocation::Applet(applet, args) => {
+                assert_eq!(applet.name, "cdi-hook");
+                assert_eq!(
+                    args,
+                    argv(&["gpud cdi-hook", "update-ldcache", "--folder", "/usr/lib64"])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Only the exact name: a similar one is not NVIDIA's hook.
+        assert!(matches!(
+            resolve(&argv(&["nvidia-cdi-hook-old", "chmod"])),
+            Invocation::Unknown(name) if name == "chmod"
+        ));
     }
 
     #[test]

@@ -656,9 +656,12 @@ fn module_paths() -> Vec<String> {
                 .unwrap()
                 .to_string_lossy()
                 .into_owned();
+            // A folder's `mod.rs`, not a file whose name ends so (`chmod.rs`).
             match relative.strip_suffix("mod.rs") {
-                Some(folder) => format!("src/{folder}"),
-                None => format!("src/{relative}"),
+                Some(folder) if folder.is_empty() || folder.ends_with('/') => {
+                    format!("src/{folder}")
+                }
+                _ => format!("src/{relative}"),
             }
         })
         .collect();

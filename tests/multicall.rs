@@ -17,6 +17,7 @@ fn list_names_exactly_the_working_applets() {
     assert_eq!(
         stdout_ok(&out),
         "cdi
+cdi-hook
 device-plugin
 doctor
 dra

@@ -1,6 +1,7 @@
 //! The applet table: every `gpud <applet>` that exists, with its one-line description.
 
 mod cdi;
+mod cdi_hook;
 mod device_plugin;
 mod doctor;
 mod dra;
@@ -64,6 +65,12 @@ pub static APPLETS: &[Applet] = &[
         daemon: false,
         about: "generate a CDI spec for the node's GPUs and MIG devices (as nvidia-ctk cdi generate)",
         run: cdi::main,
+    },
+    Applet {
+        name: "cdi-hook",
+        daemon: false,
+        about: "the OCI hook a CDI spec runs at createContainer (as nvidia-cdi-hook; a link of that name runs it)",
+        run: cdi_hook::main,
     },
     Applet {
         name: "device-plugin",
