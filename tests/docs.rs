@@ -416,6 +416,8 @@ const DOC_APPLETS: &[(&str, &[&str])] = &[
     ("docs/mps.md", &["mps-control-daemon"]),
     ("docs/node-status.md", &["node-status"]),
     ("docs/run.md", &["run"]),
+    // The toolkit component's cdi container loads NVML as `gpud cdi generate` does.
+    ("docs/toolkit.md", &["cdi generate"]),
     // gpud.service runs `gpud run` with this file as its environment.
     ("systemd/gpud.env", &["run"]),
 ];
