@@ -11,7 +11,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
-use tokio_util::sync::CancellationToken;
 
 use crate::cdi::discover::{self, HostPaths};
 use crate::cdi::kind::{DEFAULT_CLASS, DEFAULT_VENDOR, check_class, check_vendor};
@@ -176,11 +175,7 @@ async fn watch(
 ) -> Result<(), Error> {
     let mut updates = inventory.subscribe();
     updates.borrow_and_update();
-    let stop = CancellationToken::new();
-    let rescans = crate::logging::spawn({
-        let (stop, inventory) = (stop.clone(), inventory.clone());
-        async move { rescanner.run_until(stop, &inventory).await }
-    });
+    let rescans = rescanner.spawn(&inventory);
     let stop_signal = signals::shutdown();
     tokio::pin!(stop_signal);
     let mut driver_check = tokio::time::interval(args.interval);
@@ -209,8 +204,7 @@ async fn watch(
             }
         }
     };
-    stop.cancel();
-    let _ = rescans.await;
+    rescans.stop().await;
     outcome
 }
 

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{self, CommonArgs, NodeArgs, OutputFormat};
 use crate::daemon::{Error, signals};
@@ -63,11 +62,7 @@ async fn watch(
     let mut updates = inventory.subscribe();
     let first = updates.borrow_and_update().clone();
     print(&first, format, true)?;
-    let stop = CancellationToken::new();
-    let rescans = crate::logging::spawn({
-        let (stop, inventory) = (stop.clone(), inventory.clone());
-        async move { rescanner.run_until(stop, &inventory).await }
-    });
+    let rescans = rescanner.spawn(&inventory);
     let stop_signal = signals::shutdown();
     tokio::pin!(stop_signal);
     let outcome = loop {
@@ -84,8 +79,7 @@ async fn watch(
             }
         }
     };
-    stop.cancel();
-    let _ = rescans.await;
+    rescans.stop().await;
     outcome
 }
 

@@ -30,7 +30,7 @@ pub use discover::{DEFAULT_MACHINE_TYPE_FILE, NodeFacts};
 pub use error::NvmlError;
 pub use health_signals::GpuSignals;
 pub use preflight::{GpuPreflight, PcieLink};
-pub use rescan::Rescanner;
+pub use rescan::{Rescanner, Rescans};
 
 use crate::inventory::{Inventory, Snapshot};
 

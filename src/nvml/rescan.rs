@@ -59,6 +59,18 @@ impl Rescanner {
         Ok(inventory.publish_rescan_with(fresh, change))
     }
 
+    /// Rescans in the background into `inventory` until the returned handle is stopped: the
+    /// loop behind the commands that follow the node (`inventory --watch`, `cdi generate
+    /// --watch`).
+    pub fn spawn(self, inventory: &Inventory) -> Rescans {
+        let stop = CancellationToken::new();
+        let task = crate::logging::spawn({
+            let (stop, inventory) = (stop.clone(), inventory.clone());
+            async move { self.run_until(stop, &inventory).await }
+        });
+        Rescans { stop, task }
+    }
+
     /// Rescans every interval until `cancel` fires; failures are logged, never fatal.
     ///
     /// The first rescan comes one interval after the call (discovery has just run). A rescan
@@ -104,5 +116,20 @@ impl Rescanner {
                 }
             }
         }
+    }
+}
+
+/// A background rescan loop ([`Rescanner::spawn`]).
+#[derive(Debug)]
+pub struct Rescans {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Rescans {
+    /// Ends the loop and waits for it.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
     }
 }
