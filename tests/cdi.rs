@@ -706,22 +706,18 @@ fn missing_nvml_exits_69() {
 
 /// The device names of the spec file at `out` once it exists and `done` holds for them.
 fn spec_names_when(out: &Path, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    common::until(what, 20, || {
         let names: Vec<String> = fs::read_to_string(out)
             .ok()
             .and_then(|text| serde_yaml_ng::from_str::<Spec>(&text).ok())
             .map(|spec| spec.devices.into_iter().map(|d| d.name).collect())
             .unwrap_or_default();
         if done(&names) {
-            return names;
+            Ok(names)
+        } else {
+            Err(format!("the spec names {names:?}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what}: the spec names {names:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    })
 }
 
 #[test]
@@ -772,24 +768,23 @@ fn watch_writes_the_spec_again_on_a_mig_change_and_ends_on_a_new_driver() {
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:04 UTC 2025\n",
         0o444,
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = gpud.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still running after the driver changed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = common::until("the end after the driver changed", 20, || {
+        gpud.child
+            .try_wait()
+            .unwrap()
+            .ok_or_else(|| "still running".to_owned())
+    });
     assert_eq!(status.code(), Some(1));
     // The pipe's reader thread may still be taking the last lines in.
     let said = "the kernel module is now driver 580.65.06, NVML here is 570.133.20";
-    while !gpud.stderr().contains(said) {
-        assert!(std::time::Instant::now() < deadline, "{}", gpud.stderr());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::until("the reason on stderr", 20, || {
+        let stderr = gpud.stderr();
+        if stderr.contains(said) {
+            Ok(())
+        } else {
+            Err(stderr)
+        }
+    });
     assert_eq!(
         fs::read(&out).unwrap(),
         written,

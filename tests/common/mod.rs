@@ -36,22 +36,34 @@ pub fn tool_missing(missing: bool, required: &str, skip: &str) -> bool {
     missing
 }
 
+/// What `check` gives once it gives something, asked again every 20 ms (a file, a process,
+/// a pipe has no event to wait on here); fails the test after `secs` seconds with `what` and
+/// the last state `check` reported.
+pub fn until<T>(what: &str, secs: u64, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match check() {
+            Ok(found) => return found,
+            Err(state) => assert!(
+                std::time::Instant::now() < deadline,
+                "{what} not within {secs} s:\n{state}"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The text of the file at `path` once it contains `needle` (a daemon's log line), failing the
 /// test after `secs` seconds with what the file held.
 pub fn file_when(path: &Path, needle: &str, secs: u64) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
+    until(&format!("{needle:?} in {}", path.display()), secs, || {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         if text.contains(needle) {
-            return text;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {needle:?} in {} within {secs} s:\n{text}",
-            path.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    })
 }
 
 /// The `gpud` binary under test.
