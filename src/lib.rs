@@ -39,6 +39,8 @@ pub mod node_status;
 pub mod nvidia_config;
 pub mod nvml;
 pub mod proto;
+pub mod remediation;
+pub mod remediation_state;
 pub mod resources;
 pub mod runtime_config;
 pub mod values;

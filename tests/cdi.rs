@@ -138,6 +138,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                 nvlinks: vec![],
                 fabric: None,
                 health: Health::healthy(),
+                remediation: None,
             })
             .collect(),
         topology: vec![],

@@ -33,6 +33,7 @@ use crate::mig::reconcile::args::ReconcileArgs;
 use crate::mps::{self, MpsArgs, MpsControl};
 use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Rescanner};
+use crate::remediation::{Remediation, RemediationArgs};
 use crate::resources::settings::Settings as PluginSettings;
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
@@ -119,6 +120,11 @@ struct Args {
     #[command(flatten)]
     dra_args: DraArgs,
 
+    /// Self-healing GPUs: drain, reset, verify and give back a GPU that needs a reset, or
+    /// escalate on the Node (see docs/remediation.md). Off unless asked for.
+    #[command(flatten)]
+    remediation: RemediationArgs,
+
     /// Where /healthz and /readyz are served when the exporter is disabled (with it they are
     /// on the metrics port).
     #[command(flatten)]
@@ -184,6 +190,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .exporter
         .usage(args.node_name.as_deref(), args.api.kubeconfig.clone())?;
     args.mig.validate(args.node_name.as_deref())?;
+    let remediation = args.remediation.resolve(
+        args.node_name.as_deref(),
+        args.api.kubeconfig(),
+        &args.health.state.state_dir,
+    )?;
     let nvml = args.common.start()?;
     let mut exporter = args.exporter.config(&counters, &nvml)?;
     exporter.usage = usage;
@@ -212,8 +223,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         &nvml,
         rescanner.clone(),
     )?;
-    // The exporter reports the reconciler's applies and state.
+    // The exporter reports the reconciler's applies and state, and the remediation's.
     exporter.mig = reconciler.as_ref().map(|r| r.metrics.clone());
+    let remediation = remediation.map(|settings| Remediation::new(settings, nvml.clone()));
+    exporter.remediation = remediation.as_ref().map(Remediation::metrics);
 
     let initial = Reloadable {
         plugin: Arc::new(plugin),
@@ -295,6 +308,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if let Some(config) = dra {
         daemon.add_fixed(Dra::new(config, held, nvml.clone()));
+    }
+    if let Some(remediation) = remediation {
+        daemon.add_fixed(remediation);
     }
     daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)

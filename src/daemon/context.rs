@@ -133,6 +133,13 @@ impl ReadyLatch {
         self.board.mark(self.slot, State::Ready);
     }
 
+    /// The subsystem is ready and busy with `what` (shown on `/readyz`); `None` is plain
+    /// ready again.
+    pub fn busy(&self, what: Option<String>) {
+        self.board
+            .mark(self.slot, what.map_or(State::Ready, State::Busy));
+    }
+
     /// The subsystem is not doing its job for now, for `reason` (a sentence naming what is
     /// missing and what brings it back); [`ReadyLatch::set`] ends it.
     pub fn unset(&self, reason: impl Into<String>) {

@@ -13,6 +13,8 @@ pub enum State {
     Starting,
     /// Doing its job.
     Ready,
+    /// Doing its job, and saying what it is busy with (a GPU being reset): counts as ready.
+    Busy(String),
     /// Finished its work and stopped cleanly (a oneshot labeller); counts as ready.
     Done,
     /// Not doing its job for this reason, for now: it was ready, or started, and lost
@@ -25,13 +27,13 @@ pub enum State {
 
 impl State {
     fn counts_as_ready(&self) -> bool {
-        matches!(self, State::Ready | State::Done)
+        matches!(self, State::Ready | State::Busy(_) | State::Done)
     }
 
     fn word(&self) -> &str {
         match self {
             State::Starting => "starting",
-            State::Ready => "ready",
+            State::Ready | State::Busy(_) => "ready",
             State::Done => "done",
             State::NotReady(_) => "not ready",
             State::Failed(_) => "failed",
@@ -62,21 +64,21 @@ impl Readiness {
     /// Moves a subsystem to `state`. A failure is final, and `Ready` or `NotReady` never goes
     /// back to `Starting`.
     pub(super) fn mark(&self, slot: usize, state: State) {
-        let now_ready = state == State::Ready;
         let changed = {
             let mut entries = self.entries();
             let Some((_, current)) = entries.get_mut(slot) else {
                 return;
             };
+            let now_ready = state == State::Ready && !current.counts_as_ready();
             let backwards = state == State::Starting && *current != State::Starting;
             if *current == state || backwards || matches!(current, State::Failed(_) | State::Done) {
-                false
+                None
             } else {
                 *current = state;
-                true
+                Some(now_ready)
             }
         };
-        if changed {
+        if let Some(now_ready) = changed {
             if now_ready {
                 // Logged where the subsystem marks itself, so the line carries its span.
                 tracing::info!("Ready");
@@ -102,7 +104,7 @@ impl Readiness {
         let mut text = String::from(if ready { "ready\n" } else { "not ready\n" });
         for (name, state) in self.states() {
             let _ = match &state {
-                State::Failed(why) | State::NotReady(why) => {
+                State::Failed(why) | State::NotReady(why) | State::Busy(why) => {
                     writeln!(text, "{name} {}: {why}", state.word())
                 }
                 other => writeln!(text, "{name} {}", other.word()),

@@ -18,7 +18,7 @@ pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Where DRA plugins keep their sockets and state (`<dir>/<driver>/`).
 pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// The kubelet's pod-resources socket.
-pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = crate::holdings::pod_resources::DEFAULT_SOCKET;
 /// Where the per-claim CDI specs are written (the folder NVIDIA's chart mounts).
 pub const DEFAULT_CDI_ROOT: &str = "/var/run/cdi";
 

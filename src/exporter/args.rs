@@ -235,6 +235,7 @@ impl ExporterArgs {
             xid_window: Duration::from_millis(self.xid_count_window_size),
             http: self.http.limits(),
             mig: None,
+            remediation: None,
             usage: None,
         }
     }

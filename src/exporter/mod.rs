@@ -76,6 +76,8 @@ pub struct ExporterConfig {
     pub http: http::Limits,
     /// The MIG reconciler's counters, when it runs in the same process (`gpud run`).
     pub mig: Option<crate::mig_state::metrics::Metrics>,
+    /// The remediation's counters, when it runs in the same process (`gpud run`).
+    pub remediation: Option<crate::remediation_state::metrics::Metrics>,
     /// Per-pod usage from per-process data, when enabled.
     pub usage: Option<usage::UsageConfig>,
 }
@@ -296,6 +298,7 @@ async fn render_loop(
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
             http: Some(publisher.http_stats.snapshot()),
             mig: config.mig.as_ref().map(|m| m.read()),
+            remediation: config.remediation.as_ref().map(|m| m.read()),
         };
         let frame = Frame {
             selection: &config.selection,

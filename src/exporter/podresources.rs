@@ -25,7 +25,7 @@ use crate::proto::podresources::ListPodResourcesRequest;
 use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
 
 /// The kubelet's pod-resources socket, as dcgm-exporter defaults it.
-pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub const DEFAULT_SOCKET: &str = crate::holdings::pod_resources::DEFAULT_SOCKET;
 
 /// How long one `List` may take before the poll counts as failed.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);

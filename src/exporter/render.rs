@@ -27,6 +27,10 @@ use crate::mig_state::metrics::{DURATION_BUCKETS, Reading as MigReading, STATES}
 use crate::nvml::sampling::{
     GpuTelemetry, InstanceTelemetry, NodeTelemetry, SampleStatus, gpm_per_instance,
 };
+use crate::remediation_state::Phase;
+use crate::remediation_state::metrics::{
+    DURATION_BUCKETS as REMEDIATION_BUCKETS, Reading as RemediationReading,
+};
 use crate::xid::counts::{DropSource, XidCounts};
 
 /// How device labels are spelled.
@@ -63,6 +67,8 @@ pub struct OwnStats {
     pub http: Option<StatsSnapshot>,
     /// The MIG reconciler's counters; `None` when it does not run in this process.
     pub mig: Option<MigReading>,
+    /// The remediation's counters; `None` when it does not run in this process.
+    pub remediation: Option<RemediationReading>,
 }
 
 /// Everything one body is rendered from.
@@ -590,6 +596,69 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
     if let Some(mig) = &frame.own.mig {
         mig_families(mig, out);
     }
+    if let Some(remediation) = &frame.own.remediation {
+        remediation_families(frame, remediation, out);
+    }
+}
+
+/// The remediation's actions, each GPU's phase and how long GPUs were out of service.
+fn remediation_families(frame: &Frame<'_>, reading: &RemediationReading, out: &mut String) {
+    header(
+        out,
+        "gpud_remediation_total",
+        "Remediation actions by result: reset and verify (success or failed), escalate (by the escalation's reason), evict (success, refused or failed), reboot.",
+        "counter",
+    );
+    for ((action, result), count) in &reading.totals {
+        let _ = writeln!(
+            out,
+            "gpud_remediation_total{{action=\"{action}\",result=\"{result}\"}} {count}"
+        );
+    }
+    header(
+        out,
+        "gpud_remediation_state",
+        "Where each GPU is on its way back to service, as a state set: 1 for its phase (healthy, quarantined, draining, resetting, verifying, escalated), 0 for the others.",
+        "gauge",
+    );
+    for gpu in &frame.snapshot.gpus {
+        let labels = identity(frame, gpu, None, Model::Omit);
+        let phase = gpu.remediation.as_ref().map_or(Phase::Healthy, |r| r.phase);
+        for state in Phase::ALL {
+            let _ = writeln!(
+                out,
+                "gpud_remediation_state{{{labels},state=\"{state}\"}} {}",
+                u8::from(state == phase)
+            );
+        }
+    }
+    header(
+        out,
+        "gpud_remediation_duration_seconds",
+        "Time from a GPU's fault to its return to service after a reset, for the GPUs gpud brought back.",
+        "histogram",
+    );
+    for (bound, count) in REMEDIATION_BUCKETS.iter().zip(reading.buckets) {
+        let _ = writeln!(
+            out,
+            "gpud_remediation_duration_seconds_bucket{{le=\"{bound}\"}} {count}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "gpud_remediation_duration_seconds_bucket{{le=\"+Inf\"}} {}",
+        reading.returned
+    );
+    let _ = writeln!(
+        out,
+        "gpud_remediation_duration_seconds_sum {}",
+        reading.seconds
+    );
+    let _ = writeln!(
+        out,
+        "gpud_remediation_duration_seconds_count {}",
+        reading.returned
+    );
 }
 
 /// The MIG reconciler's applies, their duration and the Node's `nvidia.com/mig.config.state`.
@@ -980,6 +1049,7 @@ mod tests {
                 idle_timeouts: 6,
             }),
             mig: None,
+            remediation: None,
         };
         let frame = Frame {
             selection: &case.selection,

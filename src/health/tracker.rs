@@ -434,6 +434,29 @@ impl Tracker {
         }
     }
 
+    /// GPU `gpu` was reset by gpud itself (its remediation ran the reset command and saw it
+    /// succeed), whether or not NVML leaves a trace of it: everything a reset clears is gone,
+    /// and so are the XIDs from before it, which described a GPU that no longer runs that way.
+    pub fn observe_reset(&mut self, gpu: u32, at: SystemTime) {
+        let history_len = self.config.history_len;
+        let Some(state) = self.gpus.get_mut(&gpu) else {
+            return;
+        };
+        push_history(
+            state,
+            history_len,
+            at,
+            "GPU was reset by gpud's remediation".to_owned(),
+        );
+        let from_before = |kind: &Kind, condition: &Condition| {
+            !condition.until_reset && !matches!(kind, Kind::Xid(_))
+        };
+        state.conditions.retain(|kind, c| from_before(kind, c));
+        for set in state.mig_conditions.values_mut() {
+            set.retain(|kind, c| from_before(kind, c));
+        }
+    }
+
     /// Expires quiet conditions. Call it periodically and before reading verdicts.
     pub fn tick(&mut self, now: SystemTime) {
         let quiet = self.config.xid_quiet_period;
@@ -663,6 +686,35 @@ mod tests {
             slowdown_c: Some(87),
             ..GpuSignals::default()
         }
+    }
+
+    #[test]
+    fn a_reset_gpud_ran_clears_the_xids_from_before_it_and_what_a_reset_clears() {
+        let mut tr = tracker();
+        tr.observe_signals(&signals(2), t(0));
+        // A fatal XID on a driver without the recovery-action field: no trace of the reset.
+        tr.observe_xid(2, 95, None, t(1));
+        tr.observe_xid(2, 13, None, t(1));
+        tr.observe_xid(2, 95, Some((1, 0)), t(1));
+        assert_eq!(tr.verdict(2).state, HealthState::Unhealthy);
+        tr.observe_signals(&signals(2), t(2));
+        assert_eq!(
+            tr.verdict(2).state,
+            HealthState::Unhealthy,
+            "no trace, no reset seen"
+        );
+        tr.observe_reset(2, t(3));
+        assert_eq!(tr.verdict(2), Health::healthy());
+        // Polled conditions stay what NVML says: a remap still pending is still there.
+        tr.observe_signals(
+            &GpuSignals {
+                remap_pending: Some(true),
+                ..signals(2)
+            },
+            t(4),
+        );
+        tr.observe_reset(2, t(5));
+        assert_eq!(tr.verdict(2).state, HealthState::Unhealthy);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! event and the kernel-log line of one XID merged by the [`Deduper`]) in the [`XidLedger`]
 //! in the same step that feeds the tracker.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -27,6 +27,7 @@ use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{Nvml, NvmlError};
+use crate::remediation_state::Phase;
 use crate::xid::catalog::XidPolicy;
 use crate::xid::counts::DropSource;
 use crate::xid::kmsg::KmsgEvent;
@@ -170,6 +171,7 @@ pub async fn run_with_xids(
         origin: Instant::now(),
         forgotten: 0,
         kept,
+        resets_seen: BTreeMap::new(),
     };
     watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
     // The event thread may be waiting to hand over an event: closing its queue first lets it
@@ -197,6 +199,8 @@ struct State {
     forgotten: u64,
     /// Where the verdicts only an event proves are kept, if anywhere.
     kept: Option<KeptVerdicts>,
+    /// The resets gpud's remediation reported for each GPU (by UUID), as last seen.
+    resets_seen: BTreeMap<String, u32>,
 }
 
 async fn watch(
@@ -207,6 +211,7 @@ async fn watch(
     queues: &mut Queues,
     state: &mut State,
 ) {
+    let mut changes = inventory.subscribe();
     let mut poll = tokio::time::interval(config.poll_interval);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick fires at once: an initial poll before anything else.
@@ -225,6 +230,10 @@ async fn watch(
                 poll.reset_immediately();
             }
             _ = poll.tick() => poll_into(nvml, &mut state.tracker).await,
+            Ok(()) = changes.changed() => {
+                let snapshot = changes.borrow_and_update().clone();
+                state.on_remediation(&snapshot);
+            }
         }
         state.tracker.tick(SystemTime::now());
         publish(inventory, &state.tracker);
@@ -319,6 +328,22 @@ impl State {
     }
 
     /// One XID occurrence, after de-duplication: counted, then judged.
+    /// Clears what a reset clears on each GPU gpud's remediation reports reset: its reset
+    /// count grew while it verifies the GPU (a count already there when gpud started counts
+    /// while it verifies: a reset finished just before a restart).
+    fn on_remediation(&mut self, snapshot: &Snapshot) {
+        for gpu in &snapshot.gpus {
+            let Some(remediation) = &gpu.remediation else {
+                continue;
+            };
+            let seen = self.resets_seen.entry(gpu.uuid.clone()).or_insert(0);
+            if remediation.phase == Phase::Verifying && remediation.resets > *seen {
+                self.tracker.observe_reset(gpu.index, SystemTime::now());
+            }
+            *seen = remediation.resets;
+        }
+    }
+
     fn on_xid(&mut self, gpus: &GpuMap, gpu: u32, code: u32, mig: Option<(u32, u32)>) {
         let now = SystemTime::now();
         if let Some(ledger) = &self.xids {

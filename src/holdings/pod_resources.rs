@@ -13,6 +13,9 @@ use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerC
 /// How long one pod-resources call may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Where the kubelet serves the pod-resources API.
+pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
 /// The resource-name prefix of the device plugin's resources.
 pub const RESOURCE_PREFIX: &str = "nvidia.com/";
 

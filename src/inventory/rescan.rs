@@ -33,6 +33,8 @@ pub fn merge(previous: &Snapshot, mut fresh: Snapshot) -> Snapshot {
             // Only the MIG applier sets and clears its mark; a rescan during the change
             // keeps the GPU withdrawn.
             gpu.mig.reconfiguring = before.mig.reconfiguring;
+            // Only the remediation subsystem sets it.
+            gpu.remediation = before.remediation.clone();
             merge_mig_health(&mut gpu.mig.devices, &before.mig.devices);
         }
     }

@@ -36,6 +36,7 @@ pub fn gpu(index: u32, uuid: &str, name: &str, memory_mib: u64) -> Gpu {
         nvlinks: Vec::new(),
         fabric: None,
         health: Health::healthy(),
+        remediation: None,
     }
 }
 

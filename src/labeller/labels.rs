@@ -659,6 +659,7 @@ mod tests {
                 nvlinks: Vec::new(),
                 fabric: serde_json::from_value(g["fabric"].clone()).unwrap(),
                 health: health_from_json(&g["health"]),
+                remediation: None,
             })
             .collect();
         Snapshot {

@@ -218,6 +218,7 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
         nvlinks: Vec::new(),
         fabric,
         health,
+        remediation: None,
     };
     if !gpu.health.is_healthy() {
         let covering = gpu.health.clone();
@@ -263,6 +264,7 @@ fn unreachable_gpu(index: u32, err: &E, now: SystemTime) -> Gpu {
         nvlinks: Vec::new(),
         fabric: None,
         health,
+        remediation: None,
     }
 }
 

@@ -95,6 +95,18 @@ pub fn read(device: &Device<'_>, last_seen: &mut u64) -> ProcessesRead {
     ProcessesRead::Read(usages(listed, Some(&samples)))
 }
 
+impl super::Nvml {
+    /// The processes on GPU `index` now, those in its MIG instances included (what a reset
+    /// would kill). Blocks on the driver.
+    pub fn processes_on(&self, index: u32) -> ProcessesRead {
+        match self.lib.device_by_index(index) {
+            Ok(device) => read(&device, &mut 0),
+            Err(E::GpuLost) => ProcessesRead::Lost,
+            Err(err) => ProcessesRead::Unavailable(format!("nvmlDeviceGetHandleByIndex: {err}")),
+        }
+    }
+}
+
 fn usages(
     listed: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>,
     samples: Option<&HashMap<u32, ProcessUtilization>>,

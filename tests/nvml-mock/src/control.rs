@@ -2,7 +2,7 @@
 //! file as it grows.
 //!
 //! One command per line; `#` starts a comment; blank lines are ignored. A `<gpu>` is an index,
-//! a GPU UUID, or a MIG device UUID (which attributes the fault to that MIG instance); an index
+//! a GPU UUID, a GPU's PCI bus id, or a MIG device UUID (which attributes the fault to that MIG instance); an index
 //! or GPU UUID followed by `/gi<G>` names GPU instance G (compute instance 0) of that GPU the
 //! same way. What each command does is decided by the driver runtime; this module only parses
 //! and reads.

@@ -368,8 +368,15 @@ impl Runtime {
                 }
                 Err(format!("no MIG device {uuid}"))
             }
+            // A GPU UUID, or its PCI bus id in either spelling (what `nvidia-smi -i` takes).
             Target::Uuid(uuid) => node
                 .gpu_by_uuid(uuid)
+                .or_else(|| {
+                    node.gpus.iter().find(|g| {
+                        g.address.bus_id().eq_ignore_ascii_case(uuid)
+                            || g.address.bus_id_legacy().eq_ignore_ascii_case(uuid)
+                    })
+                })
                 .map(|g| (g.index, None))
                 .ok_or_else(|| format!("no GPU {uuid}")),
             Target::Instance { gpu, gi } => {

@@ -1,0 +1,191 @@
+//! Running the reset, verify and reboot commands: with the default signal mask (gpud's
+//! threads block SIGTERM, which a child would inherit), no stdin, in a process group of its
+//! own, and a time limit past which the whole group is killed. What it printed on stderr is
+//! kept (the last line) for the escalation's message.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+/// How a command ended, in words fit for a log line and a Node condition's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    /// It ran and failed: its exit status and last line on stderr.
+    Failed(String),
+    /// It ran past its limit and was killed.
+    TimedOut(Duration),
+    /// It could not be started.
+    NotStarted(String),
+}
+
+impl Outcome {
+    /// Whether it exited 0.
+    pub fn succeeded(&self) -> bool {
+        *self == Outcome::Succeeded
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Succeeded => f.write_str("succeeded"),
+            Outcome::Failed(why) => write!(f, "failed ({why})"),
+            Outcome::TimedOut(after) => {
+                write!(
+                    f,
+                    "did not finish within {} and was killed",
+                    humantime::format_duration(*after)
+                )
+            }
+            Outcome::NotStarted(why) => write!(f, "could not be started ({why})"),
+        }
+    }
+}
+
+/// Runs `program args…` with `env` added, for at most `limit`.
+pub async fn run(
+    line: &[String],
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Outcome {
+    let Some((program, args)) = line.split_first() else {
+        return Outcome::NotStarted("no command".to_owned());
+    };
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .args(extra_args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let spawned = crate::daemon::signals::with_default_mask(|| command.spawn());
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => return Outcome::NotStarted(format!("{program}: {err}")),
+    };
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let mut stderr = child.stderr.take();
+    let finished = tokio::time::timeout(limit, async {
+        let mut text = Vec::new();
+        if let Some(stderr) = stderr.as_mut() {
+            // Bounded: a chatty command cannot grow gpud.
+            let _ = stderr.take(64 * 1024).read_to_end(&mut text).await;
+        }
+        (child.wait().await, text)
+    })
+    .await;
+    match finished {
+        Ok((Ok(status), _)) if status.success() => Outcome::Succeeded,
+        Ok((Ok(status), text)) => {
+            let text = String::from_utf8_lossy(&text);
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            Outcome::Failed(if last.is_empty() {
+                status.to_string()
+            } else {
+                format!("{status}: {}", last.trim())
+            })
+        }
+        Ok((Err(err), _)) => Outcome::Failed(format!("waiting for it: {err}")),
+        Err(_) => {
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            Outcome::TimedOut(limit)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Vec<String> {
+        vec!["sh".into(), "-c".into(), script.into(), "sh".into()]
+    }
+
+    #[tokio::test]
+    async fn success_failure_with_stderr_and_the_appended_arguments() {
+        let ok = run(
+            &sh("test \"$1 $2\" = '-i 0000:19:00.0'"),
+            &["-i", "0000:19:00.0"],
+            &[],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(ok, Outcome::Succeeded);
+        let failed = run(
+            &sh("echo noise >&2; echo 'GPU in use' >&2; exit 3"),
+            &[],
+            &[],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(failed, Outcome::Failed("exit status: 3: GPU in use".into()));
+        let env = run(
+            &sh("test \"$GPUD_GPU_UUID\" = GPU-1"),
+            &[],
+            &[("GPUD_GPU_UUID", "GPU-1")],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(env, Outcome::Succeeded);
+    }
+
+    #[tokio::test]
+    async fn a_hung_command_and_its_children_are_killed_at_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let script = format!("sleep 600 & echo $! > {}; wait", pid_file.display());
+        let outcome = run(&sh(&script), &[], &[], Duration::from_millis(500)).await;
+        assert_eq!(outcome, Outcome::TimedOut(Duration::from_millis(500)));
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The grandchild went with the group (a zombie until reaped by init at most).
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                !s.split_whitespace()
+                    .nth(2)
+                    .is_some_and(|state| state == "Z")
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(), "the reset command's child survived");
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_not_started() {
+        let outcome = run(
+            &["/nonexistent/reset".to_owned()],
+            &[],
+            &[],
+            Duration::from_secs(1),
+        )
+        .await;
+        assert!(
+            matches!(outcome, Outcome::NotStarted(ref why) if why.starts_with("/nonexistent/reset: ")),
+            "{outcome:?}"
+        );
+    }
+}

@@ -1,0 +1,648 @@
+//! The per-GPU state machine: healthy → quarantined → draining → resetting → verifying →
+//! healthy again, or → escalated. One step looks at every GPU once, with the snapshot the
+//! health verdicts are in and a fresh poll of NVML's signals, and moves each as far as it can
+//! go now. Every transition is logged once with its reason, sent as a Node event, written to
+//! the record before anything acts on it (a restart resumes from there) and published in the
+//! inventory.
+//!
+//! The safety rules, in the order they are checked:
+//! - never a reset under a running process: a GPU is reset only when NVML lists no process on
+//!   it (nor in its MIG instances); a drain that does not end by the deadline escalates;
+//! - never a reset without a slot of the cluster-wide budget;
+//! - never a second blind reset: a restart that finds a reset started goes on to verify;
+//! - never a reset loop: a GPU reset `--remediation-max-resets` times within the window, and
+//!   a node where more than half of the GPUs failed within a minute, escalate instead.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::args::{Mode, Settings};
+use super::budget::{Budget, Slot};
+use super::command::{self, Outcome};
+use super::drain::Drainer;
+use super::escalation::Escalation;
+use super::need::{Need, need};
+use super::record::{GpuRecord, Records, seconds};
+use super::verify;
+use crate::inventory::model::Gpu;
+use crate::inventory::{HealthState, Snapshot};
+use crate::kube::EventSender;
+use crate::kube::events::{Kind, NodeEvent};
+use crate::nvml::GpuSignals;
+use crate::nvml::processes::ProcessesRead;
+use crate::remediation_state::metrics::Metrics;
+use crate::remediation_state::{GpuRemediation, Phase};
+
+/// How long a reset GPU may take to look clean (its health verdict cleared, its counters
+/// read back) before the verification fails.
+pub const VERIFY_GRACE: Duration = Duration::from_secs(10);
+/// The circuit breaker's window: more than half of the GPUs failing within it is a node fault.
+pub const NODE_FAULT_WINDOW: Duration = Duration::from_secs(60);
+
+/// Escalation reasons, least urgent first (the Node condition names the most urgent).
+pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
+pub const REBOOT_REQUIRED: &str = "RebootRequired";
+pub const RESET_FAILED: &str = "ResetFailed";
+pub const HARDWARE_SUSPECTED: &str = "HardwareSuspected";
+const URGENCY: [&str; 4] = [
+    DRAIN_TIMED_OUT,
+    REBOOT_REQUIRED,
+    RESET_FAILED,
+    HARDWARE_SUSPECTED,
+];
+
+/// What NVML says of every GPU at one step.
+#[derive(Debug)]
+pub struct Observed {
+    /// Signals by GPU index.
+    pub signals: BTreeMap<u32, GpuSignals>,
+}
+
+/// Where a GPU goes next, and why.
+enum Next {
+    Stay,
+    /// The same phase with a new reason (said in the log, not as an event).
+    Note(String),
+    To(Phase, String),
+    Escalate(&'static str, String),
+}
+
+/// The state machine of every GPU of the node.
+#[derive(Debug)]
+pub struct Engine {
+    settings: Settings,
+    nvml: crate::nvml::Nvml,
+    metrics: Metrics,
+    pub records: Records,
+    budget: Budget,
+    slot: Option<Slot>,
+    budget_failing: bool,
+    drainer: Drainer,
+    events: Option<EventSender>,
+    escalation: Option<watch::Sender<Escalation>>,
+    /// When GPUs left service lately, for the circuit breaker.
+    recent_faults: VecDeque<SystemTime>,
+    /// GPUs whose verify command passed in their current verification.
+    verified: Vec<String>,
+}
+
+impl Engine {
+    pub fn new(
+        settings: Settings,
+        nvml: crate::nvml::Nvml,
+        metrics: Metrics,
+        events: Option<EventSender>,
+        escalation: Option<watch::Sender<Escalation>>,
+    ) -> Self {
+        let records = Records::load(settings.state_file.clone());
+        let budget = Budget::new(&settings);
+        let drainer = Drainer::new(&settings);
+        Engine {
+            settings,
+            nvml,
+            metrics,
+            records,
+            budget,
+            slot: None,
+            budget_failing: false,
+            drainer,
+            events,
+            escalation,
+            recent_faults: VecDeque::new(),
+            verified: Vec::new(),
+        }
+    }
+
+    /// Whether any GPU is on its way back (the loop then polls; otherwise it only waits for a
+    /// change of the inventory).
+    pub fn busy(&self) -> bool {
+        self.records
+            .gpus
+            .values()
+            .any(|r| !matches!(r.phase, Phase::Healthy | Phase::Escalated))
+    }
+
+    /// Whether NVML must be asked this step: some GPU is unhealthy or not back yet.
+    pub fn wants_signals(&self, snapshot: &Snapshot) -> bool {
+        self.busy()
+            || snapshot.gpus.iter().any(|g| {
+                g.health.state == HealthState::Unhealthy
+                    && self.records.get(&g.uuid).phase == Phase::Healthy
+            })
+    }
+
+    /// Moves every GPU as far as it can go now.
+    pub async fn step(&mut self, snapshot: &Snapshot, observed: &Observed) {
+        let now = SystemTime::now();
+        self.recent_faults
+            .retain(|at| now.duration_since(*at).is_ok_and(|d| d < NODE_FAULT_WINDOW));
+        // Every GPU that failed is quarantined first, so the circuit breaker sees all the
+        // GPUs that failed together before any of them is reset.
+        for gpu in &snapshot.gpus {
+            let record = self.records.get(&gpu.uuid);
+            if !gpu.uuid.is_empty() && record.phase == Phase::Healthy {
+                let next = self.next(snapshot, gpu, &record, None).await;
+                self.apply(gpu, record, next);
+            }
+        }
+        for gpu in &snapshot.gpus {
+            if gpu.uuid.is_empty() {
+                continue;
+            }
+            // A few transitions per step at most: quarantined → draining → resetting →
+            // verifying on an idle GPU; verifying waits for the watcher's next verdict.
+            for _ in 0..4 {
+                let record = self.records.get(&gpu.uuid);
+                let next = self
+                    .next(snapshot, gpu, &record, observed.signals.get(&gpu.index))
+                    .await;
+                let moved = matches!(next, Next::To(..) | Next::Escalate(..));
+                // Read again: a reset records itself before its command runs.
+                let record = self.records.get(&gpu.uuid);
+                self.apply(gpu, record, next);
+                let phase = self.records.get(&gpu.uuid).phase;
+                if !moved || matches!(phase, Phase::Verifying | Phase::Escalated | Phase::Healthy) {
+                    break;
+                }
+            }
+        }
+        self.release_idle_slot().await;
+        self.publish_escalation(snapshot);
+    }
+
+    /// The inventory's view of each GPU's remediation.
+    pub fn views(&self) -> BTreeMap<String, GpuRemediation> {
+        self.records
+            .gpus
+            .iter()
+            .map(|(uuid, r)| {
+                let since = SystemTime::UNIX_EPOCH + Duration::from_secs(r.since);
+                let view = GpuRemediation {
+                    phase: r.phase,
+                    since: humantime::format_rfc3339_seconds(since).to_string(),
+                    reason: r.reason.clone(),
+                    resets: r.reset_count,
+                };
+                (uuid.clone(), view)
+            })
+            .collect()
+    }
+
+    /// What `/readyz` says the remediation is busy with, if anything.
+    pub fn busy_with(&self, snapshot: &Snapshot) -> Option<String> {
+        let busy: Vec<String> = snapshot
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                let record = self.records.gpus.get(&g.uuid)?;
+                (record.phase != Phase::Healthy)
+                    .then(|| format!("GPU {} {}: {}", g.index, record.phase, record.reason))
+            })
+            .collect();
+        (!busy.is_empty()).then(|| busy.join("; "))
+    }
+
+    /// Gives back the slot, if held (gpud is stopping).
+    pub async fn stop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.release().await;
+        }
+    }
+
+    async fn next(
+        &mut self,
+        snapshot: &Snapshot,
+        gpu: &Gpu,
+        record: &GpuRecord,
+        signals: Option<&GpuSignals>,
+    ) -> Next {
+        let healthy = gpu.health.state != HealthState::Unhealthy;
+        match record.phase {
+            Phase::Healthy if healthy => Next::Stay,
+            Phase::Healthy => Next::To(
+                Phase::Quarantined,
+                gpu.health.reason.clone().unwrap_or_else(|| "unhealthy".to_owned()),
+            ),
+            Phase::Quarantined | Phase::Draining | Phase::Escalated if healthy => {
+                Next::To(Phase::Healthy, "its health verdict cleared by itself".to_owned())
+            }
+            Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
+            Phase::Draining => self.drain(gpu, record).await,
+            Phase::Resetting => Next::To(
+                Phase::Verifying,
+                "gpud restarted while the reset ran; checking the GPU instead of resetting it again"
+                    .to_owned(),
+            ),
+            Phase::Verifying => self.verify(gpu, record, signals).await,
+            Phase::Escalated => {
+                self.reboot_if_asked(record).await;
+                Next::Stay
+            }
+        }
+    }
+
+    /// A quarantined GPU: what it needs, and whether gpud may do it.
+    fn decide(
+        &mut self,
+        snapshot: &Snapshot,
+        gpu: &Gpu,
+        record: &GpuRecord,
+        signals: Option<&GpuSignals>,
+    ) -> Next {
+        let fault = gpu.health.reason.clone().unwrap_or_default();
+        let total = snapshot.gpus.len();
+        let failing = self.recent_faults.len();
+        if total >= 2 && failing * 2 > total {
+            return Next::Escalate(
+                REBOOT_REQUIRED,
+                format!(
+                    "{failing} of {total} GPUs failed within {}: a node-level fault (driver, \
+                     power, NVSwitch), not reset one by one; {fault}",
+                    humantime::format_duration(NODE_FAULT_WINDOW)
+                ),
+            );
+        }
+        match need(&gpu.health, signals.and_then(|s| s.recovery_action)) {
+            Need::Wait => Next::Stay,
+            Need::Reboot => {
+                Next::Escalate(REBOOT_REQUIRED, format!("{fault}: needs a node reboot"))
+            }
+            Need::Hardware => Next::Escalate(
+                HARDWARE_SUSPECTED,
+                format!("{fault}: needs the hardware inspected"),
+            ),
+            Need::Reset => {
+                let now = SystemTime::now();
+                let done = record.resets_within(self.settings.reset_window, now);
+                if done >= self.settings.max_resets as usize {
+                    return Next::Escalate(
+                        HARDWARE_SUSPECTED,
+                        format!(
+                            "reset {done} times within {} and failing again: {fault}",
+                            humantime::format_duration(self.settings.reset_window)
+                        ),
+                    );
+                }
+                match self.settings.mode {
+                    Mode::Reset => Next::To(
+                        Phase::Draining,
+                        format!("{fault}; waiting for its processes to end"),
+                    ),
+                    Mode::Off | Mode::Report => Next::Note(format!(
+                        "{fault}; would drain and reset it (--remediation report)"
+                    )),
+                }
+            }
+        }
+    }
+
+    /// A draining GPU: reset once nothing runs on it and a slot is held.
+    async fn drain(&mut self, gpu: &Gpu, record: &GpuRecord) -> Next {
+        let now = SystemTime::now();
+        let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
+        let processes = {
+            let nvml = self.nvml.clone();
+            let index = gpu.index;
+            tokio::task::spawn_blocking(move || nvml.processes_on(index))
+                .await
+                .unwrap_or_else(|e| ProcessesRead::Unavailable(e.to_string()))
+        };
+        let running = match processes {
+            ProcessesRead::Read(list) => list.into_iter().map(|p| p.pid).collect::<Vec<_>>(),
+            ProcessesRead::Lost => {
+                return Next::Escalate(
+                    REBOOT_REQUIRED,
+                    "the GPU fell off the bus while draining".to_owned(),
+                );
+            }
+            ProcessesRead::Unavailable(why) => {
+                return self.drain_wait(waited, format!("cannot list the processes on it ({why})"));
+            }
+        };
+        if !running.is_empty() {
+            if self.settings.evict {
+                self.drainer.evict_holders(gpu, &self.metrics).await;
+            }
+            let pids: Vec<String> = running.iter().map(u32::to_string).collect();
+            return self.drain_wait(
+                waited,
+                format!(
+                    "waiting for {} process(es) to end (pid {})",
+                    pids.len(),
+                    pids.join(", ")
+                ),
+            );
+        }
+        if self.slot.as_ref().is_none_or(|s| !s.is_held()) {
+            self.slot = self.budget.take(&mut self.budget_failing).await;
+        }
+        if self.slot.is_none() {
+            return self.drain_wait(
+                waited,
+                format!(
+                    "idle; waiting for a remediation slot (at most {} node(s) reset at once)",
+                    self.settings.max_concurrent
+                ),
+            );
+        }
+        self.reset(gpu).await
+    }
+
+    /// Still draining: escalates past the deadline, else says what it waits for.
+    fn drain_wait(&self, waited: Duration, what: String) -> Next {
+        if waited >= self.settings.drain_timeout {
+            Next::Escalate(
+                DRAIN_TIMED_OUT,
+                format!(
+                    "not drained within {}: {what}",
+                    humantime::format_duration(self.settings.drain_timeout)
+                ),
+            )
+        } else {
+            Next::Note(what)
+        }
+    }
+
+    /// Runs the reset command. The reset is in the record before the command starts, so a
+    /// restart in between knows it may have happened.
+    async fn reset(&mut self, gpu: &Gpu) -> Next {
+        let now = SystemTime::now();
+        let mut record = self.records.get(&gpu.uuid);
+        record.resets.push(seconds(now));
+        let window = self.settings.reset_window.as_secs();
+        record
+            .resets
+            .retain(|&at| seconds(now).saturating_sub(at) < window);
+        record.reset_count += 1;
+        let bus_id = gpu.pci.bus_id.to_string();
+        self.apply(
+            gpu,
+            record,
+            Next::To(
+                Phase::Resetting,
+                format!(
+                    "running {} -i {bus_id}",
+                    self.settings.reset_command.join(" ")
+                ),
+            ),
+        );
+        let outcome = command::run(
+            &self.settings.reset_command,
+            &["-i", &bus_id],
+            &[],
+            self.settings.reset_timeout,
+        )
+        .await;
+        self.metrics.count(
+            "reset",
+            if outcome.succeeded() {
+                "success"
+            } else {
+                "failed"
+            },
+        );
+        match outcome {
+            Outcome::Succeeded => {
+                self.verified.retain(|u| *u != gpu.uuid);
+                Next::To(
+                    Phase::Verifying,
+                    "reset; checking it before it goes back to work".to_owned(),
+                )
+            }
+            other => Next::Escalate(
+                RESET_FAILED,
+                format!(
+                    "the reset command {} {other}",
+                    self.settings.reset_command.join(" ")
+                ),
+            ),
+        }
+    }
+
+    /// A reset GPU: NVML's signals, the verify command, then the health verdict.
+    async fn verify(
+        &mut self,
+        gpu: &Gpu,
+        record: &GpuRecord,
+        signals: Option<&GpuSignals>,
+    ) -> Next {
+        let waited = Duration::from_secs(seconds(SystemTime::now()).saturating_sub(record.since));
+        if let Some(fault) = verify::signals_fault(signals) {
+            return match waited >= VERIFY_GRACE {
+                true => Next::Escalate(
+                    RESET_FAILED,
+                    format!("the reset did not clear the fault: {fault}"),
+                ),
+                false => Next::Note(format!("checking: {fault}")),
+            };
+        }
+        if let Some(line) = self.settings.verify_command.clone()
+            && !self.verified.contains(&gpu.uuid)
+        {
+            let bus_id = gpu.pci.bus_id.to_string();
+            let index = gpu.index.to_string();
+            let env = [
+                ("GPUD_GPU_UUID", gpu.uuid.as_str()),
+                ("GPUD_GPU_BUS_ID", bus_id.as_str()),
+                ("GPUD_GPU_INDEX", index.as_str()),
+            ];
+            let outcome = command::run(&line, &[], &env, self.settings.verify_timeout).await;
+            self.metrics.count(
+                "verify",
+                if outcome.succeeded() {
+                    "success"
+                } else {
+                    "failed"
+                },
+            );
+            if !outcome.succeeded() {
+                return Next::Escalate(
+                    RESET_FAILED,
+                    format!("reset, but the verify command {} {outcome}", line.join(" ")),
+                );
+            }
+            self.verified.push(gpu.uuid.clone());
+        }
+        match gpu.health.state {
+            HealthState::Unhealthy if waited >= VERIFY_GRACE => Next::Escalate(
+                HARDWARE_SUSPECTED,
+                format!(
+                    "still unhealthy after its reset: {}",
+                    gpu.health.reason.as_deref().unwrap_or("unknown")
+                ),
+            ),
+            HealthState::Unhealthy => {
+                Next::Note("reset; waiting for the health verdict to clear".to_owned())
+            }
+            _ => Next::To(
+                Phase::Healthy,
+                "reset, verified and back in service".to_owned(),
+            ),
+        }
+    }
+
+    /// Runs the reboot command once for an escalation that asks for a reboot, when one is set.
+    async fn reboot_if_asked(&mut self, record: &GpuRecord) {
+        let Some(line) = self.settings.reboot_command.clone() else {
+            return;
+        };
+        if self.settings.mode != Mode::Reset
+            || record.escalation.as_deref() != Some(REBOOT_REQUIRED)
+            || self.records.gpus.values().any(|r| r.reboot_asked)
+        {
+            return;
+        }
+        for r in self.records.gpus.values_mut() {
+            if r.escalation.as_deref() == Some(REBOOT_REQUIRED) {
+                r.reboot_asked = true;
+            }
+        }
+        self.records.save();
+        warn!(command = %line.join(" "), "Rebooting the node: a GPU needs it (--remediation-reboot-command)");
+        let outcome = command::run(&line, &[], &[], self.settings.reset_timeout).await;
+        self.metrics.count(
+            "reboot",
+            if outcome.succeeded() {
+                "success"
+            } else {
+                "failed"
+            },
+        );
+        if !outcome.succeeded() {
+            warn!(command = %line.join(" "), outcome = %outcome, "The reboot command did not succeed; the escalation stays on the Node");
+        }
+    }
+
+    /// Records, logs, announces and counts what `next` says.
+    fn apply(&mut self, gpu: &Gpu, mut record: GpuRecord, next: Next) {
+        let now = SystemTime::now();
+        let (phase, reason, escalation) = match next {
+            Next::Stay => return,
+            Next::Note(reason) => {
+                if reason != record.reason {
+                    info!(gpu = gpu.index, uuid = %gpu.uuid, phase = %record.phase, %reason, "GPU remediation");
+                    record.reason = reason;
+                    self.records.set(&gpu.uuid, record);
+                    self.records.save();
+                }
+                return;
+            }
+            Next::To(phase, reason) => (phase, reason, None),
+            Next::Escalate(why, reason) => (Phase::Escalated, reason, Some(why)),
+        };
+        let from = record.phase;
+        match phase {
+            Phase::Quarantined => {
+                self.recent_faults.push_back(now);
+                record.out_since = Some(gpu.health.since.map_or_else(|| seconds(now), seconds));
+            }
+            Phase::Healthy => {
+                if from == Phase::Verifying {
+                    let out = record
+                        .out_since
+                        .map_or(now, |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
+                    self.metrics
+                        .returned(now.duration_since(out).unwrap_or_default());
+                }
+                record.out_since = None;
+                record.escalation = None;
+                record.reboot_asked = false;
+                self.verified.retain(|u| *u != gpu.uuid);
+            }
+            Phase::Escalated => {
+                self.metrics
+                    .count("escalate", escalation.unwrap_or(RESET_FAILED));
+                record.escalation = escalation.map(str::to_owned);
+            }
+            _ => {}
+        }
+        if phase == Phase::Escalated {
+            warn!(gpu = gpu.index, uuid = %gpu.uuid, from = %from, to = %phase, escalation = escalation.unwrap_or_default(), %reason, "GPU remediation");
+        } else {
+            info!(gpu = gpu.index, uuid = %gpu.uuid, from = %from, to = %phase, %reason, "GPU remediation");
+        }
+        if let Some(events) = &self.events {
+            events.send(NodeEvent {
+                kind: match phase {
+                    Phase::Quarantined | Phase::Escalated => Kind::Warning,
+                    _ => Kind::Normal,
+                },
+                reason: event_reason(from, phase),
+                message: format!("GPU {} ({}): {reason}", gpu.index, gpu.uuid),
+                at: now,
+            });
+        }
+        record.phase = phase;
+        record.since = seconds(now);
+        record.reason = reason;
+        self.records.set(&gpu.uuid, record);
+        self.records.save();
+    }
+
+    /// Gives the slot back once no GPU of this node is being reset or verified, and none is
+    /// drained and idle (it would take the slot again at once).
+    async fn release_idle_slot(&mut self) {
+        let needed = self
+            .records
+            .gpus
+            .values()
+            .any(|r| matches!(r.phase, Phase::Resetting | Phase::Verifying));
+        if !needed && let Some(slot) = self.slot.take() {
+            slot.release().await;
+        }
+    }
+
+    /// Sets the Node condition from the escalated GPUs.
+    fn publish_escalation(&self, snapshot: &Snapshot) {
+        let Some(sender) = &self.escalation else {
+            return;
+        };
+        let escalated: Vec<(&Gpu, &GpuRecord)> = snapshot
+            .gpus
+            .iter()
+            .filter_map(|g| self.records.gpus.get(&g.uuid).map(|r| (g, r)))
+            .filter(|(_, r)| r.phase == Phase::Escalated)
+            .collect();
+        let wanted = match escalated.is_empty() {
+            true => Escalation::none(),
+            false => {
+                let reason = escalated
+                    .iter()
+                    .filter_map(|(_, r)| r.escalation.as_deref())
+                    .max_by_key(|why| URGENCY.iter().position(|u| u == why))
+                    .unwrap_or(RESET_FAILED);
+                let message = escalated
+                    .iter()
+                    .map(|(g, r)| format!("GPU {} ({}): {}", g.index, g.uuid, r.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                Escalation {
+                    required: true,
+                    reason: reason.to_owned(),
+                    message,
+                }
+            }
+        };
+        sender.send_if_modified(|current| {
+            let changed = *current != wanted;
+            *current = wanted;
+            changed
+        });
+    }
+}
+
+/// The Node event's reason for a transition.
+fn event_reason(from: Phase, to: Phase) -> &'static str {
+    match to {
+        Phase::Healthy if from == Phase::Verifying => "GPURemediated",
+        Phase::Healthy => "GPURecovered",
+        Phase::Quarantined => "GPUQuarantined",
+        Phase::Draining => "GPUDraining",
+        Phase::Resetting => "GPUResetting",
+        Phase::Verifying => "GPUReset",
+        Phase::Escalated => "GPURemediationRequired",
+    }
+}

@@ -1,0 +1,265 @@
+//! Each GPU's remediation kept across a restart (`<state-dir>/remediation.json`): its phase,
+//! and the resets gpud ran on it. A gpud killed in the middle of a reset comes back knowing it
+//! started one, so it never resets the GPU again blindly; the resets in the window survive,
+//! so a GPU that keeps failing escalates however often gpud restarts.
+//!
+//! Stamped with the boot ID: after a reboot every GPU was reset, so the phases of the last
+//! boot are dropped (an escalation asking for that reboot is answered); the reset history is
+//! kept, since a GPU that needed three resets before a reboot is no less suspect after it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::files;
+use crate::remediation_state::Phase;
+
+/// Where Linux says which boot this is.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// The largest record read back (thousands of resets per GPU fit).
+const MAX_BYTES: u64 = 1024 * 1024;
+
+/// One GPU's remediation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    pub phase: Phase,
+    /// When it entered the phase (seconds since the epoch).
+    pub since: u64,
+    /// Why it is there.
+    pub reason: String,
+    /// When it left service (the fault), for the time-to-return histogram.
+    #[serde(default)]
+    pub out_since: Option<u64>,
+    /// When each reset gpud ran on it started (seconds since the epoch), oldest first.
+    #[serde(default)]
+    pub resets: Vec<u64>,
+    /// Resets ever run (the history above is trimmed to the window).
+    #[serde(default)]
+    pub reset_count: u32,
+    /// The escalation's reason (`RebootRequired`, `ResetFailed`, `HardwareSuspected`, …).
+    #[serde(default)]
+    pub escalation: Option<String>,
+    /// The reboot command ran for this escalation (it runs once).
+    #[serde(default)]
+    pub reboot_asked: bool,
+}
+
+impl GpuRecord {
+    /// A GPU in service.
+    pub fn healthy() -> Self {
+        GpuRecord {
+            phase: Phase::Healthy,
+            since: 0,
+            reason: String::new(),
+            out_since: None,
+            resets: Vec::new(),
+            reset_count: 0,
+            escalation: None,
+            reboot_asked: false,
+        }
+    }
+
+    /// Resets run within `window` of `now`.
+    pub fn resets_within(&self, window: Duration, now: SystemTime) -> usize {
+        let now = seconds(now);
+        self.resets
+            .iter()
+            .filter(|&&at| now.saturating_sub(at) < window.as_secs())
+            .count()
+    }
+}
+
+/// The file's shape.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    boot_id: String,
+    /// By GPU UUID.
+    gpus: BTreeMap<String, GpuRecord>,
+}
+
+/// The records of every GPU and where they are kept.
+#[derive(Debug)]
+pub struct Records {
+    path: Option<PathBuf>,
+    boot_id: String,
+    pub gpus: BTreeMap<String, GpuRecord>,
+    failing: bool,
+}
+
+impl Records {
+    /// What `path` holds for this boot (nothing when `None`, missing or unreadable; said once).
+    pub fn load(path: Option<PathBuf>) -> Self {
+        let boot_id = std::fs::read_to_string(BOOT_ID)
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_default();
+        Self::load_for_boot(path, boot_id)
+    }
+
+    /// [`load`](Self::load) for a given boot ID.
+    pub fn load_for_boot(path: Option<PathBuf>, boot_id: String) -> Self {
+        let mut records = Records {
+            path,
+            boot_id,
+            gpus: BTreeMap::new(),
+            failing: false,
+        };
+        let Some(path) = records.path.clone() else {
+            return records;
+        };
+        let file: File = match files::read_bytes(&path, MAX_BYTES) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(file) => file,
+                Err(err) => {
+                    warn!(path = %path.display(), error = %err, "The remediation record is not valid JSON; starting from no record (resets in the window are forgotten)");
+                    return records;
+                }
+            },
+            Err(err) if err.is_not_found() => return records,
+            Err(err) => {
+                warn!(path = %path.display(), error = %crate::logging::error_chain(&err), "Cannot read the remediation record; starting from no record");
+                return records;
+            }
+        };
+        let rebooted = file.boot_id != records.boot_id;
+        if rebooted {
+            info!(path = %path.display(), "The node rebooted since the remediation record was written (every GPU was reset): phases start over, the reset history is kept");
+        }
+        records.gpus = file
+            .gpus
+            .into_iter()
+            .map(|(uuid, record)| {
+                let record = if rebooted {
+                    GpuRecord {
+                        resets: record.resets,
+                        reset_count: record.reset_count,
+                        ..GpuRecord::healthy()
+                    }
+                } else {
+                    record
+                };
+                (uuid, record)
+            })
+            .collect();
+        records
+    }
+
+    /// Writes the records (atomically); a failure is said once per failing streak.
+    pub fn save(&mut self) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let file = File {
+            boot_id: self.boot_id.clone(),
+            gpus: self.gpus.clone(),
+        };
+        let written = serde_json::to_vec_pretty(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| write(&path, &bytes));
+        match written {
+            Ok(()) if self.failing => {
+                info!(path = %path.display(), "The remediation record is written again");
+                self.failing = false;
+            }
+            Ok(()) => {}
+            Err(why) => {
+                if !self.failing {
+                    warn!(path = %path.display(), error = %why, "Cannot write the remediation record: a restart in the middle of a reset would not know it; give gpud a writable --state-dir");
+                }
+                self.failing = true;
+            }
+        }
+    }
+
+    /// The record of `uuid`.
+    pub fn get(&self, uuid: &str) -> GpuRecord {
+        self.gpus
+            .get(uuid)
+            .cloned()
+            .unwrap_or_else(GpuRecord::healthy)
+    }
+
+    /// Replaces the record of `uuid`.
+    pub fn set(&mut self, uuid: &str, record: GpuRecord) {
+        self.gpus.insert(uuid.to_owned(), record);
+    }
+}
+
+/// The record file read for display (`gpud inventory`): each GPU's phase by UUID, when the
+/// file is there and of this boot.
+pub fn phases_in(path: &Path) -> BTreeMap<String, GpuRecord> {
+    Records::load(Some(path.to_path_buf())).gpus
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    files::write_atomic(path, bytes, 0o600).map_err(|e| crate::logging::error_chain(&e))
+}
+
+/// Seconds since the epoch.
+pub fn seconds(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_are_kept_for_this_boot_and_the_reset_history_across_boots() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("remediation.json");
+        let mut records = Records::load_for_boot(Some(path.clone()), "boot-a".into());
+        records.set(
+            "GPU-1",
+            GpuRecord {
+                phase: Phase::Resetting,
+                since: 100,
+                reason: "XID 79".into(),
+                out_since: Some(90),
+                resets: vec![100],
+                reset_count: 1,
+                escalation: None,
+                reboot_asked: false,
+            },
+        );
+        records.save();
+        let same = Records::load_for_boot(Some(path.clone()), "boot-a".into());
+        assert_eq!(same.get("GPU-1").phase, Phase::Resetting);
+        assert_eq!(same.get("GPU-1").out_since, Some(90));
+        let next = Records::load_for_boot(Some(path.clone()), "boot-b".into());
+        let gpu = next.get("GPU-1");
+        assert_eq!(gpu.phase, Phase::Healthy);
+        assert_eq!((gpu.resets, gpu.reset_count), (vec![100], 1));
+        assert_eq!(next.get("GPU-2"), GpuRecord::healthy());
+    }
+
+    #[test]
+    fn a_corrupt_record_starts_from_nothing_and_is_replaced_on_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("remediation.json");
+        std::fs::write(&path, "{not json").unwrap();
+        let mut records = Records::load_for_boot(Some(path.clone()), "b".into());
+        assert!(records.gpus.is_empty());
+        records.set("GPU-1", GpuRecord::healthy());
+        records.save();
+        assert!(std::fs::read_to_string(&path).unwrap().contains("GPU-1"));
+    }
+
+    #[test]
+    fn resets_count_within_the_window_only() {
+        let record = GpuRecord {
+            resets: vec![1_000, 5_000, 9_000],
+            ..GpuRecord::healthy()
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        assert_eq!(record.resets_within(Duration::from_secs(6_000), now), 2);
+        assert_eq!(record.resets_within(Duration::from_secs(100_000), now), 3);
+    }
+}

@@ -1,0 +1,102 @@
+//! The remediation subsystem: one per node, after the health watcher. It follows the
+//! inventory (the health verdicts), steps the [`Engine`] on every change and, while a GPU is
+//! on its way back, once a second; publishes each GPU's phase into the inventory (for the
+//! health watcher, the exporter and `/readyz`) and keeps the Node's escalation condition.
+
+use std::time::Duration;
+
+use super::args::Settings;
+use super::engine::{Engine, Observed};
+use super::escalation;
+use crate::daemon::{Context, Subsystem};
+use crate::inventory::Inventory;
+use crate::kube::EventSender;
+use crate::nvml::Nvml;
+use crate::remediation_state::metrics::Metrics;
+
+/// How often a GPU on its way back is looked at (its processes, NVML's signals).
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// Self-healing GPUs.
+#[derive(Debug)]
+pub struct Remediation {
+    settings: Settings,
+    nvml: Nvml,
+    metrics: Metrics,
+}
+
+impl Remediation {
+    pub fn new(settings: Settings, nvml: Nvml) -> Self {
+        Remediation {
+            settings,
+            nvml,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Its counters, for the exporter of the same process.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+}
+
+impl Subsystem for Remediation {
+    type Settings = ();
+    crate::subsystem_name!("remediation");
+
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
+        let kube = self
+            .settings
+            .node
+            .clone()
+            .map(|node| (node, self.settings.kubeconfig.clone()));
+        let helpers = ctx.helpers();
+        let events = kube
+            .clone()
+            .map(|(node, config)| EventSender::start(&helpers, node, config));
+        let condition = kube.map(|(node, config)| escalation::start(&helpers, node, config));
+        let nvml = self.nvml.clone();
+        let mut engine = Engine::new(self.settings, self.nvml, self.metrics, events, condition);
+        let mut changes = inventory.subscribe();
+        ctx.set_ready();
+        loop {
+            let snapshot = changes.borrow_and_update().clone();
+            let signals = if engine.wants_signals(&snapshot) {
+                let nvml = nvml.clone();
+                tokio::task::spawn_blocking(move || nvml.poll_signals())
+                    .await
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let observed = Observed {
+                signals: signals.into_iter().map(|s| (s.gpu, s)).collect(),
+            };
+            engine.step(&snapshot, &observed).await;
+            let views = engine.views();
+            inventory.update(|s| {
+                for gpu in &mut s.gpus {
+                    gpu.remediation = views.get(&gpu.uuid).cloned();
+                }
+            });
+            ctx.ready_latch()
+                .busy(engine.busy_with(&inventory.current()));
+            let tick = engine.busy().then_some(TICK);
+            tokio::select! {
+                () = ctx.cancelled() => break,
+                changed = changes.changed() => if changed.is_err() { break },
+                () = sleep(tick) => {}
+            }
+        }
+        engine.stop().await;
+        Ok(())
+    }
+}
+
+/// Sleeps for `pause`; never wakes without one.
+async fn sleep(pause: Option<Duration>) {
+    match pause {
+        Some(pause) => tokio::time::sleep(pause).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,453 @@
+//! `gpud run --remediation` end to end: the real binary on the simulated NVML, a fake kubelet
+//! and a fake API server. The reset command is a script that resets the simulated GPU through
+//! the control file (and logs each call), so every test asserts what was reset, when, and what
+//! the kubelet, the metrics, the record and the Node show.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+#[path = "common/fake_kubelet.rs"]
+mod fake_kubelet;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use common::http::{self, free_port};
+use common::{Node, until};
+use fake_api::FakeApi;
+use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
+use serde_json::Value;
+
+/// A simulated node with a reset command that resets its GPUs.
+struct Site {
+    node: Node,
+    port: u16,
+}
+
+impl Site {
+    fn new(fixture: &str) -> Site {
+        let site = Site {
+            node: Node::new(fixture),
+            port: free_port(),
+        };
+        site.reset_script("");
+        site
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.node.dir.path().join(rel)
+    }
+
+    /// The reset command: logs its arguments, runs `before` (a hang, a failure), then resets
+    /// the GPU named by `-i <bus id>` through the control file.
+    fn reset_script(&self, before: &str) {
+        let script = format!(
+            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\necho \"reset $2\" >> {control}\n",
+            log = self.path("resets.log").display(),
+            control = self.node.control_path().display(),
+        );
+        let path = self.path("reset.sh");
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// The reset command's calls so far.
+    fn resets(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("resets.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `gpud run --remediation reset …` with the exporter on this site's port, the device
+    /// plugin and the labeller off unless `kubelet` is given.
+    fn command(&self, kubelet: Option<&FakeKubelet>, extra: &[&str]) -> Command {
+        let reset = self.path("reset.sh");
+        let address = format!("127.0.0.1:{}", self.port);
+        let mut args = vec![
+            "run",
+            "--kmsg",
+            "",
+            "--health-poll-interval",
+            "50ms",
+            "-a",
+            &address,
+            "-c",
+            "100",
+            "--remediation-reset-command",
+            reset.to_str().unwrap(),
+            "--remediation-max-concurrent",
+            "0",
+        ];
+        if !extra.contains(&"--remediation") {
+            args.extend(["--remediation", "reset"]);
+        }
+        let socket;
+        match kubelet {
+            Some(kubelet) => {
+                socket = kubelet.socket();
+                args.extend([
+                    "--kubelet-socket",
+                    socket.to_str().unwrap(),
+                    "--disable",
+                    "labeller",
+                ]);
+            }
+            None => args.extend(["--disable", "device-plugin,labeller"]),
+        }
+        args.extend_from_slice(extra);
+        let mut cmd = self.node.gpud(&args);
+        cmd.env("GPUD_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path("stderr.log")).unwrap());
+        cmd
+    }
+
+    /// Starts gpud and waits until it is ready (the health watcher listens for XIDs).
+    fn start(&self, kubelet: Option<&FakeKubelet>, extra: &[&str]) -> Daemon {
+        let daemon = Daemon(
+            self.command(kubelet, extra)
+                .spawn()
+                .expect("start gpud run"),
+        );
+        if kubelet.is_none() {
+            self.wait_ready();
+        }
+        daemon
+    }
+
+    fn wait_ready(&self) {
+        http::wait_for(self.port, "/readyz", 20, |a| a.status == 200);
+    }
+
+    /// The record of GPU `index`'s remediation once `accept` holds.
+    fn record_when(&self, uuid: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+        let path = self.path("state/remediation.json");
+        until(what, 20, || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let gpu = &record["gpus"][uuid];
+            if accept(gpu) {
+                Ok(gpu.clone())
+            } else {
+                Err(format!("{text}\n--- gpud's log:\n{}", self.log()))
+            }
+        })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("stderr.log")).unwrap_or_default()
+    }
+
+    fn metrics_when(&self, accept: impl Fn(&str) -> bool) -> String {
+        http::wait_for(self.port, "/metrics", 20, |a| accept(&a.body)).body
+    }
+
+    /// The UUID and PCI bus id of GPU `index`, from `gpud inventory`.
+    fn gpu(&self, index: usize) -> (String, String) {
+        let out = common::stdout_ok(&self.node.run(&["inventory"]));
+        let inventory: Value = serde_json::from_str(&out).unwrap();
+        let gpu = &inventory["gpus"][index];
+        (
+            gpu["uuid"].as_str().unwrap().to_owned(),
+            gpu["pci"]["bus_id"].as_str().unwrap().to_owned(),
+        )
+    }
+}
+
+/// A running gpud, killed on drop.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn phase_is(phase: &'static str) -> impl Fn(&Value) -> bool {
+    move |gpu: &Value| gpu["phase"] == phase
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_gpu_is_reset_verified_and_given_back_to_the_kubelet() {
+    let site = Site::new("dgx-h100");
+    let (uuid, bus_id) = site.gpu(3);
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &[]);
+    let registration = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let first = next_list(&mut stream, 10).await;
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+
+    site.node.inject("xid 3 95");
+    // Withdrawn, then back: the kubelet sees GPU 3 unhealthy and then healthy again, and no
+    // other GPU change.
+    let mut saw_unhealthy = false;
+    loop {
+        let list = next_list(&mut stream, 20).await;
+        let sick: Vec<&str> = list
+            .devices
+            .iter()
+            .filter(|d| d.health != "Healthy")
+            .map(|d| d.id.as_str())
+            .collect();
+        match sick.as_slice() {
+            [id] => {
+                assert_eq!(*id, uuid);
+                saw_unhealthy = true;
+            }
+            [] if saw_unhealthy => break,
+            [] => {}
+            more => panic!("other GPUs were withdrawn: {more:?}"),
+        }
+    }
+    assert_eq!(site.resets(), [format!("-i {bus_id}")]);
+    let record = site.record_when(&uuid, "GPU 3 back in service", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1);
+    let body = site.metrics_when(|b| b.contains("gpud_remediation_duration_seconds_count 1"));
+    assert!(
+        body.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1"),
+        "{body}"
+    );
+    let state_lines: Vec<&str> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpud_remediation_state{") && l.contains(&uuid) && l.ends_with(" 1")
+        })
+        .collect();
+    assert_eq!(state_lines.len(), 1, "{state_lines:?}");
+    assert!(
+        state_lines[0].contains("state=\"healthy\""),
+        "{state_lines:?}"
+    );
+    let log = site.log();
+    for (from, to) in [
+        ("healthy", "quarantined"),
+        ("quarantined", "draining"),
+        ("draining", "resetting"),
+        ("resetting", "verifying"),
+        ("verifying", "healthy"),
+    ] {
+        let needle = format!("from={from} to={to}");
+        assert_eq!(log.matches(&needle).count(), 1, "{needle} once in:\n{log}");
+    }
+}
+
+#[test]
+fn a_busy_gpu_waits_for_its_process_to_end_before_the_reset() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(2);
+    let _gpud = site.start(None, &[]);
+    site.node.inject("process 2 4242 1024 50");
+    site.node.inject("xid 2 95");
+    let record = site.record_when(&uuid, "GPU 2 draining", |g| {
+        g["phase"] == "draining" && g["reason"].as_str().unwrap().contains("pid 4242")
+    });
+    assert_eq!(record["reset_count"], 0);
+    assert!(site.resets().is_empty(), "reset under a running process");
+    site.node.inject("process-end 2 4242");
+    let record = site.record_when(&uuid, "GPU 2 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1);
+    assert_eq!(site.resets().len(), 1);
+}
+
+#[test]
+fn a_drain_that_does_not_end_escalates_and_never_resets() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(2);
+    let _gpud = site.start(None, &["--remediation-drain-timeout", "1s"]);
+    site.node.inject("process 2 4242 1024 50");
+    site.node.inject("xid 2 95");
+    let record = site.record_when(&uuid, "GPU 2 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "DrainTimedOut");
+    assert!(
+        record["reason"].as_str().unwrap().contains("pid 4242"),
+        "{record}"
+    );
+    assert!(site.resets().is_empty());
+}
+
+#[test]
+fn reboot_asked_by_the_driver_escalates_on_the_node() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(1);
+    let api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let _gpud = site.start(None, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    site.node.inject("recovery-action 1 reboot");
+    site.node.inject("xid 1 79");
+    let record = site.record_when(&uuid, "GPU 1 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "RebootRequired");
+    let condition = until("the escalation on the Node", 20, || {
+        api.condition("GPURemediationRequired")
+            .filter(|c| c["status"] == "True")
+            .ok_or_else(|| format!("{:#}", api.node()))
+    });
+    assert_eq!(condition["reason"], "RebootRequired");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("GPU 1 ({uuid}): XID 79")),
+        "{message}"
+    );
+    assert!(message.ends_with("needs a node reboot"), "{message}");
+    until("the escalation's event", 20, || {
+        let events = api.events();
+        events
+            .iter()
+            .find(|e| e["reason"] == "GPURemediationRequired")
+            .map(|e| assert_eq!(e["type"], "Warning"))
+            .ok_or_else(|| format!("{events:#?}"))
+    });
+    assert!(site.resets().is_empty());
+}
+
+#[test]
+fn a_failing_reset_escalates_and_a_gpu_that_keeps_failing_is_suspected_hardware() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(4);
+    let _gpud = site.start(None, &["--remediation-max-resets", "2"]);
+    // Two faults, two resets that work.
+    for n in 1..=2 {
+        site.node.inject("xid 4 95");
+        site.record_when(&uuid, "GPU 4 back", |g| {
+            g["phase"] == "healthy" && g["reset_count"] == n
+        });
+    }
+    // The third within the window: no third reset.
+    site.node.inject("xid 4 95");
+    let record = site.record_when(&uuid, "GPU 4 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "HardwareSuspected");
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("reset 2 times within 1day"),
+        "{record}"
+    );
+    assert_eq!(site.resets().len(), 2);
+
+    // A reset command that fails escalates at once.
+    let (other, _) = site.gpu(5);
+    site.reset_script("echo 'Unable to reset this GPU because it is in use' >&2; exit 255");
+    site.node.inject("xid 5 95");
+    let record = site.record_when(&other, "GPU 5 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed");
+    let reason = record["reason"].as_str().unwrap();
+    assert!(
+        reason
+            .ends_with("failed (exit status: 255: Unable to reset this GPU because it is in use)"),
+        "{reason}"
+    );
+    let body = site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"reset\",result=\"failed\"} 1")
+    });
+    assert!(
+        body.contains("gpud_remediation_total{action=\"escalate\",result=\"HardwareSuspected\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("gpud_remediation_total{action=\"escalate\",result=\"ResetFailed\"} 1"),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_hung_reset_is_killed_at_its_timeout_and_escalates() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(0);
+    site.reset_script("sleep 600");
+    let _gpud = site.start(None, &["--remediation-reset-timeout", "1s"]);
+    site.node.inject("xid 0 95");
+    let record = site.record_when(&uuid, "GPU 0 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed");
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap()
+            .ends_with("did not finish within 1s and was killed"),
+        "{record}"
+    );
+}
+
+#[test]
+fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(6);
+    // The first reset resets the GPU, then hangs: gpud is killed while it runs.
+    site.reset_script(&format!(
+        "echo \"reset $2\" >> {}; sleep 600",
+        site.node.control_path().display()
+    ));
+    let mut gpud = site.start(None, &[]);
+    site.node.inject("xid 6 95");
+    site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
+    gpud.0.kill().unwrap();
+    gpud.0.wait().unwrap();
+    site.reset_script("");
+    let _again = site.start(None, &[]);
+    let record = site.record_when(&uuid, "GPU 6 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1);
+    assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
+    assert!(
+        site.log().contains("gpud restarted while the reset ran"),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn report_mode_decides_but_never_acts() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    let _gpud = site.start(None, &["--remediation", "report"]);
+    site.node.inject("xid 3 95");
+    let record = site.record_when(&uuid, "GPU 3 reported", |g| {
+        g["phase"] == "quarantined"
+            && g["reason"]
+                .as_str()
+                .unwrap()
+                .ends_with("would drain and reset it (--remediation report)")
+    });
+    assert_eq!(record["reset_count"], 0);
+    assert!(site.resets().is_empty());
+}
+
+#[test]
+fn half_the_gpus_failing_at_once_is_a_node_fault_not_eight_resets() {
+    let site = Site::new("dgx-h100");
+    let uuids: Vec<String> = (0..5).map(|i| site.gpu(i).0).collect();
+    let _gpud = site.start(None, &[]);
+    site.node
+        .inject_all(&(0..5).map(|i| format!("xid {i} 95")).collect::<Vec<_>>());
+    for uuid in &uuids {
+        let record = site.record_when(uuid, "escalated", phase_is("escalated"));
+        assert_eq!(record["escalation"], "RebootRequired");
+    }
+    assert!(site.resets().is_empty(), "{:?}", site.resets());
+}
+
+#[test]
+fn a_missing_reset_command_is_refused_at_start() {
+    let node = Node::new("dgx-h100");
+    let out = node.run(&[
+        "run",
+        "--remediation",
+        "reset",
+        "--remediation-reset-command",
+        "/nonexistent/nvidia-smi -r",
+        "--remediation-max-concurrent",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpud: --remediation-reset-command: \"/nonexistent/nvidia-smi\" is not an executable \
+         file; install it or point the flag at the reset command, or run --remediation report\n"
+    );
+}
