@@ -61,9 +61,9 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpud";
 #[derive(Debug, Clone, Args)]
 pub struct StateArgs {
     /// Where gpud keeps what must survive a restart: health verdicts only an XID proves
-    /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots), and the
-    /// socket a new gpud takes over through (`<dir>/handover/<applet>.sock`); "" keeps nothing
-    /// and always starts cold.
+    /// (`<dir>/health/<applet>.json`, until the GPU is seen reset or the node reboots), each
+    /// GPU's remediation (`<dir>/remediation.json`), and the socket a new gpud takes over
+    /// through (`<dir>/handover/<applet>.sock`); "" keeps nothing and always starts cold.
     #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: String,
 }

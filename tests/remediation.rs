@@ -266,11 +266,29 @@ fn a_drain_that_does_not_end_escalates_and_never_resets() {
     site.node.inject("xid 2 95");
     let record = site.record_when(&uuid, "GPU 2 escalated", phase_is("escalated"));
     assert_eq!(record["escalation"], "DrainTimedOut");
-    assert!(
-        record["reason"].as_str().unwrap().contains("pid 4242"),
-        "{record}"
+    assert_eq!(
+        record["reason"],
+        "not drained within 1s: waiting for 1 process(es) to end (pid 4242)"
     );
     assert!(site.resets().is_empty());
+    // `gpud inventory` shows it, from the daemon's record.
+    let table = common::stdout_ok(&site.node.run(&["inventory", "--format", "table"]));
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("  Remediation:"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        line.starts_with("  Remediation: escalated since 20"),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(": not drained within 1s: waiting for 1 process(es) to end (pid 4242)"),
+        "{line}"
+    );
+    let json: Value =
+        serde_json::from_str(&common::stdout_ok(&site.node.run(&["inventory"]))).unwrap();
+    assert_eq!(json["gpus"][2]["remediation"]["phase"], "escalated");
+    assert_eq!(json["gpus"][1].get("remediation"), None);
 }
 
 #[test]
@@ -450,4 +468,80 @@ fn a_missing_reset_command_is_refused_at_start() {
         "gpud: --remediation-reset-command: \"/nonexistent/nvidia-smi\" is not an executable \
          file; install it or point the flag at the reset command, or run --remediation report\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_record() {
+    // Two containers, as the DaemonSet runs them: the device plugin, and the node status with
+    // the remediation. They share only the state directory (and the node).
+    let site = Site::new("dgx-h100");
+    let (uuid, bus_id) = site.gpu(5);
+    let api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let socket = kubelet.socket();
+    let _plugin = Daemon(
+        site.node
+            .gpud(&[
+                "device-plugin",
+                "--kubelet-socket",
+                socket.to_str().unwrap(),
+                "--kmsg",
+                "",
+                "--health-poll-interval",
+                "50ms",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let reset = site.path("reset.sh");
+    let _status = Daemon(
+        site.node
+            .gpud(&[
+                "node-status",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--kmsg",
+                "",
+                "--health-poll-interval",
+                "50ms",
+                "--remediation",
+                "reset",
+                "--remediation-reset-command",
+                reset.to_str().unwrap(),
+                "--remediation-max-concurrent",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(site.path("stderr.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let registration = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    next_list(&mut stream, 10).await;
+    // Both watchers must be listening before the fault.
+    until("the node status up", 20, || {
+        api.condition("GPUHealthy")
+            .ok_or_else(|| "no GPUHealthy".to_owned())
+    });
+    site.node.inject("xid 5 95");
+    let mut saw_unhealthy = false;
+    loop {
+        let list = next_list(&mut stream, 20).await;
+        let sick = list
+            .devices
+            .iter()
+            .any(|d| d.id == uuid && d.health != "Healthy");
+        if sick {
+            saw_unhealthy = true;
+        } else if saw_unhealthy {
+            break;
+        }
+    }
+    assert_eq!(site.resets(), [format!("-i {bus_id}")]);
+    site.record_when(&uuid, "GPU 5 back", phase_is("healthy"));
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::cli::{self, CommonArgs, NodeArgs, OutputFormat};
+use crate::cli::{self, CommonArgs, NodeArgs, OutputFormat, StateArgs};
 use crate::daemon::{Error, signals};
 use crate::inventory::{Inventory, Snapshot, table};
 use crate::nvml::Rescanner;
@@ -33,6 +33,11 @@ struct Args {
 
     #[command(flatten)]
     node: NodeArgs,
+
+    /// Where a gpud daemon on this node keeps its state: each GPU's remediation phase is read
+    /// from there.
+    #[command(flatten)]
+    state: StateArgs,
 }
 
 /// Entry point.
@@ -41,6 +46,16 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml, args.node.facts(), args.interval);
     let inventory = rescanner.discover()?;
+    // What the daemon's remediation says of each GPU, as it last wrote it.
+    if !args.state.state_dir.is_empty() {
+        let views =
+            crate::remediation_state::record::views_in(std::path::Path::new(&args.state.state_dir));
+        inventory.update(|snapshot| {
+            for gpu in &mut snapshot.gpus {
+                gpu.remediation = views.get(&gpu.uuid).cloned();
+            }
+        });
+    }
     if args.watch {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -11,6 +11,7 @@ use crate::daemon::{Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::node_status::{NodeStatus, NodeStatusArgs};
+use crate::remediation::{Remediation, RemediationArgs};
 
 /// Keep the GPUs' health on this node's Node object: the GPUHealthy condition, an event per
 /// health transition, and (when configured) taints that are removed when the GPUs recover.
@@ -36,6 +37,11 @@ struct Args {
     #[command(flatten)]
     health: HealthArgs,
 
+    /// Self-healing GPUs (see docs/remediation.md): in a DaemonSet, this container is the one
+    /// remediation of the node.
+    #[command(flatten)]
+    remediation: RemediationArgs,
+
     #[command(flatten)]
     admin: AdminArgs,
 }
@@ -56,9 +62,17 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
     let (health, _) = args.health.resolve("node-status")?;
     let node = node_name(args.node.node_name.as_deref(), "the node status")?;
+    let remediation = args.remediation.resolve(
+        Some(&node),
+        args.api.kubeconfig(),
+        &args.health.state.state_dir,
+    )?;
     let nvml = args.common.start()?;
     let inventory = nvml.inventory(&args.node.facts())?;
     let mut daemon = Daemon::fixed("node-status");
+    if let Some(settings) = remediation {
+        daemon.add_fixed(Remediation::new(settings, nvml.clone()));
+    }
     daemon.add_support(HealthWatcher::required(nvml, health));
     daemon.add_fixed(
         NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())

@@ -49,10 +49,15 @@ impl HealthArgs {
         for warning in warnings {
             eprintln!("gpud: {warning}");
         }
+        let state_dir =
+            (!self.state.state_dir.is_empty()).then(|| PathBuf::from(&self.state.state_dir));
         let watcher = WatcherConfig {
-            kept_file: (!self.state.state_dir.is_empty()).then(|| {
-                crate::health::kept::file_of(std::path::Path::new(&self.state.state_dir), applet)
-            }),
+            kept_file: state_dir
+                .as_deref()
+                .map(|dir| crate::health::kept::file_of(dir, applet)),
+            remediation_record: state_dir
+                .as_deref()
+                .map(crate::remediation_state::record::file_of),
             ..watcher
         };
         Ok((watcher, file))
@@ -75,6 +80,10 @@ mod tests {
         let flags = Flags::try_parse_from(["gpud", "--state-dir", "/s", "--kmsg", ""]).unwrap();
         let (watcher, _) = flags.health.resolve("run").unwrap();
         assert_eq!(watcher.kept_file, Some(PathBuf::from("/s/health/run.json")));
+        assert_eq!(
+            watcher.remediation_record,
+            Some(PathBuf::from("/s/remediation.json"))
+        );
         let flags = Flags::try_parse_from(["gpud", "--state-dir", "", "--kmsg", ""]).unwrap();
         assert_eq!(flags.health.resolve("run").unwrap().0.kept_file, None);
     }

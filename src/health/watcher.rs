@@ -27,7 +27,7 @@ use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{Nvml, NvmlError};
-use crate::remediation_state::Phase;
+use crate::remediation_state::{GpuRemediation, Phase, record};
 use crate::xid::catalog::XidPolicy;
 use crate::xid::counts::DropSource;
 use crate::xid::kmsg::KmsgEvent;
@@ -50,6 +50,9 @@ pub struct WatcherConfig {
     /// Where verdicts only an event proves are kept across restarts ([`KeptVerdicts`]);
     /// `None` keeps nothing.
     pub kept_file: Option<PathBuf>,
+    /// The remediation record of this node's gpud (`<state-dir>/remediation.json`), followed
+    /// for the resets it ran: in a DaemonSet the remediation runs in another container.
+    pub remediation_record: Option<PathBuf>,
 }
 
 /// Default poll interval.
@@ -64,6 +67,7 @@ impl Default for WatcherConfig {
             tracker: TrackerConfig::default(),
             dedup_window: Duration::from_secs(2),
             kept_file: None,
+            remediation_record: None,
         }
     }
 }
@@ -172,6 +176,7 @@ pub async fn run_with_xids(
         forgotten: 0,
         kept,
         resets_seen: BTreeMap::new(),
+        record: config.remediation_record.clone().map(RecordFollower::new),
     };
     watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
     // The event thread may be waiting to hand over an event: closing its queue first lets it
@@ -201,6 +206,32 @@ struct State {
     kept: Option<KeptVerdicts>,
     /// The resets gpud's remediation reported for each GPU (by UUID), as last seen.
     resets_seen: BTreeMap<String, u32>,
+    /// The remediation record file, when there is a state directory.
+    record: Option<RecordFollower>,
+}
+
+/// The remediation record file, read again when it changes (size or modification time).
+struct RecordFollower {
+    path: PathBuf,
+    stamp: Option<(SystemTime, u64)>,
+}
+
+impl RecordFollower {
+    fn new(path: PathBuf) -> Self {
+        RecordFollower { path, stamp: None }
+    }
+
+    /// Each GPU's remediation, when the file changed since the last look.
+    fn changed(&mut self) -> Option<BTreeMap<String, GpuRemediation>> {
+        let meta = std::fs::metadata(&self.path).ok()?;
+        let stamp = (meta.modified().ok()?, meta.len());
+        if self.stamp == Some(stamp) {
+            return None;
+        }
+        self.stamp = Some(stamp);
+        let dir = self.path.parent()?;
+        Some(record::views_in(dir))
+    }
 }
 
 async fn watch(
@@ -229,10 +260,14 @@ async fn watch(
                 state.batch(inventory, line, &mut queues.kmsg, State::on_kmsg);
                 poll.reset_immediately();
             }
-            _ = poll.tick() => poll_into(nvml, &mut state.tracker).await,
+            _ = poll.tick() => {
+                state.follow_record(&inventory.current());
+                poll_into(nvml, &mut state.tracker).await;
+            }
             Ok(()) = changes.changed() => {
                 let snapshot = changes.borrow_and_update().clone();
-                state.on_remediation(&snapshot);
+                let reported = snapshot.gpus.iter().filter_map(|g| Some((g.index, g.uuid.as_str(), g.remediation.as_ref()?)));
+                state.on_resets(reported);
             }
         }
         state.tracker.tick(SystemTime::now());
@@ -329,19 +364,33 @@ impl State {
 
     /// One XID occurrence, after de-duplication: counted, then judged.
     /// Clears what a reset clears on each GPU gpud's remediation reports reset: its reset
-    /// count grew while it verifies the GPU (a count already there when gpud started counts
-    /// while it verifies: a reset finished just before a restart).
-    fn on_remediation(&mut self, snapshot: &Snapshot) {
-        for gpu in &snapshot.gpus {
-            let Some(remediation) = &gpu.remediation else {
-                continue;
-            };
-            let seen = self.resets_seen.entry(gpu.uuid.clone()).or_insert(0);
+    /// count grew while it verifies the GPU (a count already there when this watcher started
+    /// counts while it verifies: a reset finished just before a restart). `reported` is
+    /// `(index, uuid, remediation)` of each GPU, from the inventory of this process or from
+    /// the record another process wrote.
+    fn on_resets<'a>(
+        &mut self,
+        reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
+    ) {
+        for (index, uuid, remediation) in reported {
+            let seen = self.resets_seen.entry(uuid.to_owned()).or_insert(0);
             if remediation.phase == Phase::Verifying && remediation.resets > *seen {
-                self.tracker.observe_reset(gpu.index, SystemTime::now());
+                self.tracker.observe_reset(index, SystemTime::now());
             }
             *seen = remediation.resets;
         }
+    }
+
+    /// Reads the remediation record when it changed and takes the resets it reports.
+    fn follow_record(&mut self, snapshot: &Snapshot) {
+        let Some(views) = self.record.as_mut().and_then(RecordFollower::changed) else {
+            return;
+        };
+        let reported = snapshot
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.index, g.uuid.as_str(), views.get(&g.uuid)?)));
+        self.on_resets(reported);
     }
 
     fn on_xid(&mut self, gpus: &GpuMap, gpu: u32, code: u32, mig: Option<(u32, u32)>) {

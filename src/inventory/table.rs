@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::health::HealthState;
 use super::model::{Gpu, Snapshot};
+use crate::remediation_state::Phase;
 
 /// Renders the snapshot as text for people.
 pub fn render(snapshot: &Snapshot) -> String {
@@ -52,6 +53,17 @@ fn render_devices(out: &mut String, snapshot: &Snapshot) {
         let _ = write!(out, "GPU {}: {name} (UUID: {uuid})", gpu.index);
         push_health(out, gpu.health.state, gpu.health.reason.as_deref());
         out.push('\n');
+        if let Some(r) = gpu
+            .remediation
+            .as_ref()
+            .filter(|r| r.phase != Phase::Healthy)
+        {
+            let _ = writeln!(
+                out,
+                "  Remediation: {} since {}: {}",
+                r.phase, r.since, r.reason
+            );
+        }
         if gpu.mig.enabled != gpu.mig.pending_enabled {
             let next = if gpu.mig.pending_enabled {
                 "enabled"

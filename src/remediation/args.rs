@@ -164,11 +164,6 @@ pub struct Settings {
     pub state_file: Option<PathBuf>,
 }
 
-/// The file the remediation keeps its phases in, under gpud's state directory.
-pub fn state_file_of(state_dir: &Path) -> PathBuf {
-    state_dir.join("remediation.json")
-}
-
 impl RemediationArgs {
     /// The settings, or `None` when remediation is off. Refuses (exit 64) what cannot work:
     /// a reset command that is not there, an empty command, a cluster budget without a node
@@ -231,7 +226,8 @@ impl RemediationArgs {
             pod_resources_socket: self.remediation_pod_resources_socket.clone(),
             node,
             kubeconfig: kubeconfig.map(Path::to_path_buf),
-            state_file: (!state_dir.is_empty()).then(|| state_file_of(Path::new(state_dir))),
+            state_file: (!state_dir.is_empty())
+                .then(|| crate::remediation_state::record::file_of(Path::new(state_dir))),
         }))
     }
 

@@ -25,7 +25,6 @@ use super::command::{self, Outcome};
 use super::drain::Drainer;
 use super::escalation::Escalation;
 use super::need::{Need, need};
-use super::record::{GpuRecord, Records, seconds};
 use super::verify;
 use crate::inventory::model::Gpu;
 use crate::inventory::{HealthState, Snapshot};
@@ -34,6 +33,7 @@ use crate::kube::events::{Kind, NodeEvent};
 use crate::nvml::GpuSignals;
 use crate::nvml::processes::ProcessesRead;
 use crate::remediation_state::metrics::Metrics;
+use crate::remediation_state::record::{GpuRecord, Records, seconds};
 use crate::remediation_state::{GpuRemediation, Phase};
 
 /// How long a reset GPU may take to look clean (its health verdict cleared, its counters
@@ -178,16 +178,7 @@ impl Engine {
         self.records
             .gpus
             .iter()
-            .map(|(uuid, r)| {
-                let since = SystemTime::UNIX_EPOCH + Duration::from_secs(r.since);
-                let view = GpuRemediation {
-                    phase: r.phase,
-                    since: humantime::format_rfc3339_seconds(since).to_string(),
-                    reason: r.reason.clone(),
-                    resets: r.reset_count,
-                };
-                (uuid.clone(), view)
-            })
+            .map(|(uuid, r)| (uuid.clone(), r.view()))
             .collect()
     }
 

@@ -6,7 +6,6 @@
 //! - [`need`]: what a GPU needs (reset, reboot, hardware), from the driver and the verdict;
 //! - [`engine`]: the per-GPU state machine and its safety rules;
 //! - [`drain`], [`budget`], [`command`], [`verify`]: its steps;
-//! - [`record`]: each GPU's phase and resets, kept across restarts;
 //! - [`escalation`]: the Node condition `GPURemediationRequired`;
 //! - [`service`]: the subsystem.
 
@@ -17,7 +16,6 @@ pub mod drain;
 pub mod engine;
 pub mod escalation;
 pub mod need;
-pub mod record;
 pub mod service;
 pub mod verify;
 

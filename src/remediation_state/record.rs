@@ -14,8 +14,13 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::{GpuRemediation, Phase};
 use crate::files;
-use crate::remediation_state::Phase;
+
+/// The record's file in gpud's state directory.
+pub fn file_of(state_dir: &Path) -> PathBuf {
+    state_dir.join("remediation.json")
+}
 
 /// Where Linux says which boot this is.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -48,6 +53,17 @@ pub struct GpuRecord {
 }
 
 impl GpuRecord {
+    /// The inventory's view of it.
+    pub fn view(&self) -> GpuRemediation {
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(self.since);
+        GpuRemediation {
+            phase: self.phase,
+            since: humantime::format_rfc3339_seconds(since).to_string(),
+            reason: self.reason.clone(),
+            resets: self.reset_count,
+        }
+    }
+
     /// A GPU in service.
     pub fn healthy() -> Self {
         GpuRecord {
@@ -187,10 +203,14 @@ impl Records {
     }
 }
 
-/// The record file read for display (`gpud inventory`): each GPU's phase by UUID, when the
-/// file is there and of this boot.
-pub fn phases_in(path: &Path) -> BTreeMap<String, GpuRecord> {
-    Records::load(Some(path.to_path_buf())).gpus
+/// Each GPU's remediation by UUID as the record in `state_dir` has it, for display (`gpud
+/// inventory`): nothing when there is no record of this boot.
+pub fn views_in(state_dir: &Path) -> BTreeMap<String, GpuRemediation> {
+    Records::load(Some(file_of(state_dir)))
+        .gpus
+        .iter()
+        .map(|(uuid, record)| (uuid.clone(), record.view()))
+        .collect()
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
