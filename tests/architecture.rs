@@ -507,7 +507,7 @@ fn the_checker_sees_a_cycle() {
 /// two of them share is a seam below them (`kube`, `xid`, `holdings`, `doctor_report`,
 /// `mig_config`, `mig_state`, `resources`, `inventory`, …). A new subsystem is found by its
 /// `impl Subsystem for` (see [`detected_subsystems`]) and must be added here.
-const SUBSYSTEMS: [&str; 9] = [
+const SUBSYSTEMS: [&str; 10] = [
     "device_plugin",
     "labeller",
     "exporter",
@@ -517,6 +517,7 @@ const SUBSYSTEMS: [&str; 9] = [
     "doctor",
     "mig",
     "mps",
+    "remediation",
 ];
 
 /// Top-level modules that implement `daemon::Subsystem` without being subsystems: the daemon

@@ -10,6 +10,7 @@ pub mod health;
 pub mod mig_profile;
 pub mod model;
 pub mod pci_bus_id;
+pub mod remediation;
 mod rescan;
 pub mod table;
 #[cfg(test)]

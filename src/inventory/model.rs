@@ -83,7 +83,7 @@ pub struct Gpu {
     pub health: Health,
     /// Where gpud's remediation has the GPU, when it is on (`gpud run --remediation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remediation: Option<crate::remediation_state::GpuRemediation>,
+    pub remediation: Option<super::remediation::GpuRemediation>,
 }
 
 /// A GPU's registration with a multi-node NVLink fabric: the NVSwitch trays of a rack join

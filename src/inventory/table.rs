@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::health::HealthState;
 use super::model::{Gpu, Snapshot};
-use crate::remediation_state::Phase;
+use super::remediation::Phase;
 
 /// Renders the snapshot as text for people.
 pub fn render(snapshot: &Snapshot) -> String {

@@ -26,5 +26,5 @@ pub mod readiness;
 pub use call::{ApiError, CALL_TIMEOUT, bounded, within};
 pub use client::connect;
 pub use event_sender::EventSender;
-pub use node::{ConditionRecord, NodeClient, NodeView};
+pub use node::{ConditionRecord, MAX_CONDITION_MESSAGE, NodeClient, NodeView, clip_message};
 pub use readiness::ApiReadiness;

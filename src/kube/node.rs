@@ -40,6 +40,23 @@ pub struct NodeView {
     pub conditions: Vec<(String, String, Option<String>)>,
 }
 
+/// The longest condition message gpud writes; longer ones are cut, ending in `…`.
+pub const MAX_CONDITION_MESSAGE: usize = 1024;
+
+/// `text` cut to [`MAX_CONDITION_MESSAGE`] bytes on a character boundary.
+pub fn clip_message(mut text: String) -> String {
+    if text.len() <= MAX_CONDITION_MESSAGE {
+        return text;
+    }
+    let mut end = MAX_CONDITION_MESSAGE - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+    text
+}
+
 /// One condition as it is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConditionRecord<'a> {

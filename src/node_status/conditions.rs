@@ -20,7 +20,7 @@ pub const GPU_CONDITION: &str = "GPUHealthy";
 /// Condition type for the doctor's verdict on the GPU stack.
 pub const DOCTOR_CONDITION: &str = "GPUStackValidated";
 /// Longest message written; longer ones end in `…`.
-pub const MAX_MESSAGE: usize = 1024;
+pub const MAX_MESSAGE: usize = crate::kube::MAX_CONDITION_MESSAGE;
 
 /// A condition's status, as Kubernetes spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +192,7 @@ pub fn gpu_condition(gpus: &[GpuHealth]) -> Condition {
         kind: GPU_CONDITION,
         status,
         reason,
-        message: truncate(message),
+        message: crate::kube::clip_message(message),
     }
 }
 
@@ -246,22 +246,8 @@ pub fn doctor_condition(report: Option<&Report>) -> Condition {
         kind: DOCTOR_CONDITION,
         status,
         reason,
-        message: truncate(message),
+        message: crate::kube::clip_message(message),
     }
-}
-
-/// Cuts `text` to [`MAX_MESSAGE`] bytes on a character boundary.
-fn truncate(mut text: String) -> String {
-    if text.len() <= MAX_MESSAGE {
-        return text;
-    }
-    let mut end = MAX_MESSAGE - '…'.len_utf8();
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text.push('…');
-    text
 }
 
 #[cfg(test)]
@@ -352,7 +338,7 @@ mod tests {
 
     #[test]
     fn long_messages_are_cut_on_a_character_boundary() {
-        let text = truncate("é".repeat(2000));
+        let text = crate::kube::clip_message("é".repeat(2000));
         assert!(text.len() <= MAX_MESSAGE && text.ends_with('…'));
     }
 

@@ -613,7 +613,7 @@ impl Engine {
                 Escalation {
                     required: true,
                     reason: reason.to_owned(),
-                    message,
+                    message: crate::kube::clip_message(message),
                 }
             }
         };
