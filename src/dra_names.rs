@@ -78,6 +78,14 @@ pub fn find<'a>(snapshot: &'a Snapshot, name: &str) -> Option<DraDevice<'a>> {
     devices(snapshot).find_map(|(candidate, device)| (candidate == name).then_some(device))
 }
 
+/// The GPU a device name says it is or lives on (`gpu-<minor>…`), whether or not the node
+/// still has the device itself (a MIG device destroyed since, a GPU whose MIG mode changed).
+pub fn gpu_named<'a>(snapshot: &'a Snapshot, name: &str) -> Option<&'a Gpu> {
+    let rest = name.strip_prefix("gpu-")?;
+    let minor = rest.split('-').next()?.parse::<u32>().ok()?;
+    snapshot.gpus.iter().find(|gpu| gpu_minor(gpu) == minor)
+}
+
 fn gpu_minor(gpu: &Gpu) -> u32 {
     gpu.minor_number.unwrap_or(gpu.index)
 }
@@ -173,5 +181,13 @@ mod tests {
             Some("MIG-2")
         );
         assert_eq!(find(&snapshot, "gpu-1"), None);
+        // The GPU a name says, even for a device the node no longer has.
+        let uuid = |name: &str| gpu_named(&snapshot, name).map(|g| g.uuid.as_str());
+        assert_eq!(uuid("gpu-1"), Some("GPU-b"));
+        assert_eq!(uuid("gpu-1-mig-1g10gb-19-6"), Some("GPU-b"));
+        assert_eq!(uuid("gpu-0"), Some("GPU-a"));
+        assert_eq!(uuid("gpu-2"), None);
+        assert_eq!(uuid("gpu-x"), None);
+        assert_eq!(uuid("mig-1"), None);
     }
 }

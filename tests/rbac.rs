@@ -763,6 +763,65 @@ mod authorizer {
         );
     }
 
+    /// Remediation's requests: Leases in gpud's namespace (a create names no object, so a
+    /// rule limited to names cannot allow it) and the eviction subresource of pods.
+    #[test]
+    fn leases_and_evictions_are_authorized_by_group_and_subresource() {
+        let objects = vec![
+            json!({"kind": "Role", "metadata": {"name": "slots", "namespace": "gpud"},
+                   "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["get", "update"],
+                              "resourceNames": ["gpud-remediation-0"]},
+                             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "verbs": ["create"], "resourceNames": ["gpud-remediation-0"]}]}),
+            json!({"kind": "RoleBinding", "metadata": {"name": "slots", "namespace": "gpud"},
+                   "roleRef": {"kind": "Role", "name": "slots"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "gpud", "namespace": "gpud"}]}),
+            json!({"kind": "ClusterRole", "metadata": {"name": "evict"},
+                   "rules": [{"apiGroups": [""], "resources": ["pods/eviction"],
+                              "verbs": ["create"]}]}),
+            json!({"kind": "ClusterRoleBinding", "metadata": {"name": "evict"},
+                   "roleRef": {"kind": "ClusterRole", "name": "evict"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "gpud", "namespace": "gpud"}]}),
+        ];
+        let rbac = Rbac::bound_to(&objects, "gpud", "gpud");
+        let leases = "/apis/coordination.k8s.io/v1/namespaces/gpud/leases";
+        let slot = format!("{leases}/gpud-remediation-0");
+        assert_eq!(refuses(&rbac, "GET", &slot), None);
+        assert_eq!(refuses(&rbac, "PUT", &slot), None);
+        assert_eq!(
+            refuses(&rbac, "DELETE", &slot).as_deref(),
+            Some("delete leases.coordination.k8s.io gpud-remediation-0 in namespace gpud")
+        );
+        assert_eq!(
+            refuses(&rbac, "GET", &format!("{leases}/gpud-remediation-1")).as_deref(),
+            Some("get leases.coordination.k8s.io gpud-remediation-1 in namespace gpud")
+        );
+        assert_eq!(
+            refuses(&rbac, "POST", leases).as_deref(),
+            Some("create leases.coordination.k8s.io in namespace gpud")
+        );
+        assert_eq!(
+            refuses(&rbac, "POST", "/api/v1/namespaces/ml/pods/train/eviction"),
+            None
+        );
+        // The subresource grants nothing on the pod itself.
+        assert_eq!(
+            refuses(&rbac, "DELETE", "/api/v1/namespaces/ml/pods/train").as_deref(),
+            Some("delete pods train in namespace ml")
+        );
+        let eviction = Attributes::of(
+            "POST",
+            &"/api/v1/namespaces/ml/pods/train/eviction".parse().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            eviction.forbidden_message("system:serviceaccount:gpud:other"),
+            "pods \"train\" is forbidden: User \"system:serviceaccount:gpud:other\" cannot \
+             create resource \"pods/eviction\" in API group \"\" in the namespace \"ml\""
+        );
+    }
+
     #[test]
     fn the_refusal_reads_as_the_api_servers() {
         let patch = Attributes::of("PATCH", &"/api/v1/nodes/n1/status".parse().unwrap()).unwrap();

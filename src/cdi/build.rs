@@ -393,8 +393,8 @@ fn hooks(driver_version: &str, host: &HostFiles, options: &Options) -> Vec<Hook>
 mod tests {
     use super::*;
     use crate::cdi::host::MigCaps;
-    use crate::inventory::model::{Node, Pci};
-    use crate::inventory::test_support;
+    use crate::inventory::model::Pci;
+    use crate::inventory::test_support::{self, snapshot};
 
     fn gpu(index: u32, minor: Option<u32>, uuid: &str, migs: Vec<MigDevice>) -> Gpu {
         let base = test_support::gpu(index, uuid, "NVIDIA A100-SXM4-80GB", 81920);
@@ -414,20 +414,6 @@ mod tests {
 
     fn mig(index: u32, gi: u32, ci: u32, uuid: &str) -> MigDevice {
         test_support::mig(index, uuid, gi, ci)
-    }
-
-    fn snapshot(gpus: Vec<Gpu>) -> Snapshot {
-        Snapshot {
-            node: Node {
-                hostname: "n".into(),
-                driver_version: "570.133.20".into(),
-                cuda_driver_version: None,
-                nvml_version: None,
-                machine_type: None,
-            },
-            gpus,
-            topology: vec![],
-        }
     }
 
     fn names(spec: &Spec) -> Vec<&str> {

@@ -334,7 +334,7 @@ fn natural(s: &str) -> (u64, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::model::{Gpu, MigDevice, Node, Pci, Placement};
+    use crate::inventory::model::{Gpu, MigDevice, Pci, Placement};
     use crate::inventory::test_support;
     use crate::proto::podresources::{
         ClaimResource, ContainerDevices, ContainerResources, DynamicResource, PodResources,
@@ -366,20 +366,10 @@ mod tests {
     }
 
     fn node() -> Snapshot {
-        Snapshot {
-            node: Node {
-                hostname: "n".into(),
-                driver_version: "570.133.20".into(),
-                cuda_driver_version: None,
-                nvml_version: None,
-                machine_type: None,
-            },
-            gpus: vec![
-                gpu(0, "GPU-aaaa", &[]),
-                gpu(1, "GPU-bbbb", &[(0, "MIG-b-1", 1), (1, "MIG-b-8", 8)]),
-            ],
-            topology: Vec::new(),
-        }
+        test_support::snapshot(vec![
+            gpu(0, "GPU-aaaa", &[]),
+            gpu(1, "GPU-bbbb", &[(0, "MIG-b-1", 1), (1, "MIG-b-8", 8)]),
+        ])
     }
 
     fn whole(gpu: u32) -> DeviceKey {

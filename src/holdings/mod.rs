@@ -9,6 +9,9 @@
 //! - **Device plugin → DRA.** What the device plugin gave to running pods is the kubelet's
 //!   record, read through the pod-resources API ([`pod_resources::device_plugin_holders`]); a
 //!   claim asking for such a GPU gets a per-claim error naming the pod.
+//! - **Pods → remediation.** Every pod that holds a GPU, by either path (device plugin or DRA
+//!   claim, the GPU or one of its MIG devices), from the same `List`
+//!   ([`pod_resources::gpu_holders`]): the pods to evict before the GPU is reset.
 
 pub mod checkpoint;
 pub mod pod_resources;

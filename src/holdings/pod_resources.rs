@@ -1,14 +1,23 @@
-//! What the device plugin gave to running pods, from the kubelet's pod-resources API: the
-//! DRA plugin refuses a claim a GPU that a pod already has.
+//! What running pods hold, from the kubelet's pod-resources API: what the device plugin gave
+//! them (the DRA plugin refuses a claim a GPU that a pod already has), and every pod that
+//! holds a given GPU by either path, device plugin or DRA claim (the pods to evict before the
+//! GPU is reset).
+//!
+//! One `List` call and one mapping of its answer serve both: device-plugin device IDs by
+//! [`uuids_of`], DRA devices by gpud's own device names ([`crate::dra_names`]).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
 use tonic::transport::Endpoint;
 
+use crate::dra_names;
 use crate::inventory::Snapshot;
-use crate::proto::podresources::ListPodResourcesRequest;
 use crate::proto::podresources::pod_resources_lister_client::PodResourcesListerClient;
+use crate::proto::podresources::{
+    ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
+};
 
 /// How long one pod-resources call may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,6 +45,19 @@ impl Holding {
     }
 }
 
+/// A pod, by namespace and name; shown as `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// The GPUs and MIG devices the device plugin has given to running pods, each with the pod
 /// (`namespace/name`) that has it, from the kubelet's pod-resources `List`.
 ///
@@ -46,6 +68,35 @@ pub async fn device_plugin_holders(
     socket: &Path,
     snapshot: &Snapshot,
 ) -> Result<Vec<Holding>, String> {
+    let answer = list(socket).await?;
+    Ok(held(&answer, snapshot, None)
+        .map(|(pod, uuid, gpu_uuid)| Holding {
+            uuid,
+            gpu_uuid,
+            owner: pod.to_string(),
+        })
+        .collect())
+}
+
+/// Every pod that holds GPU `gpu_uuid` or one of its MIG devices, sorted, each once: through
+/// the device plugin (as [`device_plugin_holders`]) or through a DRA claim of driver
+/// `dra_driver` (`gpu.nvidia.com` unless configured), from one pod-resources `List`.
+pub async fn gpu_holders(
+    socket: &Path,
+    snapshot: &Snapshot,
+    dra_driver: &str,
+    gpu_uuid: &str,
+) -> Result<Vec<PodName>, String> {
+    let answer = list(socket).await?;
+    let pods: BTreeSet<PodName> = held(&answer, snapshot, Some(dra_driver))
+        .filter(|(_, _, gpu)| gpu == gpu_uuid)
+        .map(|(pod, _, _)| pod)
+        .collect();
+    Ok(pods.into_iter().collect())
+}
+
+/// The kubelet's pod-resources `List` answer.
+async fn list(socket: &Path) -> Result<ListPodResourcesResponse, String> {
     let what = |e: &dyn std::fmt::Display| {
         format!(
             "cannot ask the kubelet's pod-resources API at {}: {e}",
@@ -57,30 +108,68 @@ pub async fn device_plugin_holders(
         .connect_timeout(Duration::from_secs(1));
     let channel = endpoint.connect().await.map_err(|e| what(&e))?;
     let mut client = PodResourcesListerClient::new(channel);
-    let answer = tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
-        .await
-        .map_err(|_| what(&"no answer within 5s"))?
-        .map_err(|e| what(&e))?
-        .into_inner();
-    let mut out = Vec::new();
-    for pod in answer.pod_resources {
-        let owner = format!("{}/{}", pod.namespace, pod.name);
-        let ids = pod
-            .containers
+    Ok(
+        tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {}))
+            .await
+            .map_err(|_| what(&"no answer within 5s"))?
+            .map_err(|e| what(&e))?
+            .into_inner(),
+    )
+}
+
+/// Every device a pod of `answer` holds, as (pod, device UUID, its GPU's UUID): the device
+/// plugin's (resources `nvidia.com/…`) and, with `dra_driver`, the devices of that driver's
+/// claims.
+fn held<'a>(
+    answer: &'a ListPodResourcesResponse,
+    snapshot: &'a Snapshot,
+    dra_driver: Option<&'a str>,
+) -> impl Iterator<Item = (PodName, String, String)> + 'a {
+    answer.pod_resources.iter().flat_map(move |pod| {
+        let name = PodName {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+        };
+        pod.containers
             .iter()
-            .flat_map(|c| &c.devices)
-            .filter(|d| d.resource_name.starts_with(RESOURCE_PREFIX))
-            .flat_map(|d| &d.device_ids);
-        for id in ids {
-            let (uuid, gpu_uuid) = uuids_of(id, snapshot);
-            out.push(Holding {
-                uuid,
-                gpu_uuid,
-                owner: owner.clone(),
-            });
-        }
+            .flat_map(move |container| container_devices(container, snapshot, dra_driver))
+            .map(move |(uuid, gpu_uuid)| (name.clone(), uuid, gpu_uuid))
+    })
+}
+
+/// The devices one container holds, as (device UUID, its GPU's UUID).
+fn container_devices<'a>(
+    container: &'a ContainerResources,
+    snapshot: &'a Snapshot,
+    dra_driver: Option<&'a str>,
+) -> impl Iterator<Item = (String, String)> + 'a {
+    let plugin = container
+        .devices
+        .iter()
+        .filter(|d| d.resource_name.starts_with(RESOURCE_PREFIX))
+        .flat_map(|d| &d.device_ids)
+        .map(|id| uuids_of(id, snapshot));
+    // The pool is not compared: the kubelet lists only this node's pods, and the driver's
+    // pools are per node. The device name is set by every kubelet that gpud's DRA plugin
+    // serves (1.32 and later), so the CDI device names need not be read.
+    let claimed = container
+        .dynamic_resources
+        .iter()
+        .flat_map(|claim| &claim.claim_resources)
+        .filter(move |r| dra_driver == Some(r.driver_name.as_str()))
+        .filter_map(|r| claimed_uuids(&r.device_name, snapshot));
+    plugin.chain(claimed)
+}
+
+/// The UUID a DRA device name stands for, and its GPU's. A MIG device that no longer exists
+/// (or a GPU whose MIG mode changed since) is taken for the whole GPU its name says: a pod
+/// may still have that GPU open.
+fn claimed_uuids(name: &str, snapshot: &Snapshot) -> Option<(String, String)> {
+    if let Some(device) = dra_names::find(snapshot, name) {
+        return Some((device.uuid().to_owned(), device.gpu().uuid.clone()));
     }
-    Ok(out)
+    let gpu = dra_names::gpu_named(snapshot, name)?;
+    Some((gpu.uuid.clone(), gpu.uuid.clone()))
 }
 
 /// The UUID a device-plugin device ID stands for, and its GPU's.
@@ -102,26 +191,95 @@ fn uuids_of(id: &str, snapshot: &Snapshot) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::model::{MigDevice, Node};
-    use crate::inventory::test_support::{gpu, mig, with_migs};
+    use crate::inventory::model::{MigDevice, Placement};
+    use crate::inventory::test_support::{gpu, mig, snapshot, with_migs};
+    use crate::proto::podresources::{
+        ClaimResource, ContainerDevices, DynamicResource, PodResources,
+    };
+
+    /// A pod whose one container holds `plugin` device IDs of `nvidia.com/gpu` and the DRA
+    /// devices `claimed` as (driver, device name).
+    fn pod(name: &str, plugin: &[&str], claimed: &[(&str, &str)]) -> PodResources {
+        PodResources {
+            name: name.into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerResources {
+                name: "c".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "nvidia.com/gpu".into(),
+                    device_ids: plugin.iter().map(|s| (*s).to_owned()).collect(),
+                    topology: None,
+                }],
+                dynamic_resources: vec![DynamicResource {
+                    claim_name: format!("{name}-claim"),
+                    claim_namespace: "ml".into(),
+                    claim_resources: claimed
+                        .iter()
+                        .map(|(driver, device)| ClaimResource {
+                            driver_name: (*driver).into(),
+                            pool_name: "n".into(),
+                            device_name: (*device).into(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pods_hold_devices_through_the_device_plugin_and_through_claims() {
+        let placed = MigDevice {
+            placement: Some(Placement { start: 0, size: 1 }),
+            gpu_instance_profile_id: Some(19),
+            ..mig(0, "MIG-b0", 1, 0)
+        };
+        let snapshot = snapshot(vec![
+            gpu(0, "GPU-a", "A100", 81920),
+            with_migs(gpu(1, "GPU-b", "A100", 81920), vec![placed]),
+        ]);
+        let driver = "gpu.nvidia.com";
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("plugin", &["GPU-a"], &[]),
+                pod("claim", &[], &[(driver, "gpu-1-mig-1g10gb-19-0")]),
+                pod("other-driver", &[], &[("other.example.com", "gpu-0")]),
+                // A MIG device destroyed since: the name's GPU.
+                pod("stale", &[], &[(driver, "gpu-1-mig-2g20gb-14-4")]),
+            ],
+        };
+        let triple = |p: &str, u: &str, g: &str| {
+            let pod = PodName {
+                namespace: "ml".into(),
+                name: p.into(),
+            };
+            (pod, u.to_owned(), g.to_owned())
+        };
+        assert_eq!(
+            held(&answer, &snapshot, Some(driver)).collect::<Vec<_>>(),
+            [
+                triple("plugin", "GPU-a", "GPU-a"),
+                triple("claim", "MIG-b0", "GPU-b"),
+                triple("stale", "GPU-b", "GPU-b"),
+            ]
+        );
+        // Without a driver, only the device plugin's.
+        assert_eq!(
+            held(&answer, &snapshot, None).collect::<Vec<_>>(),
+            [triple("plugin", "GPU-a", "GPU-a")]
+        );
+        assert_eq!(triple("p", "", "").0.to_string(), "ml/p");
+    }
 
     #[test]
     fn device_plugin_ids_map_to_uuids_in_every_spelling() {
         let migged: MigDevice = mig(1, "MIG-b1", 1, 0);
-        let snapshot = Snapshot {
-            node: Node {
-                hostname: "n".into(),
-                driver_version: "570.133.20".into(),
-                cuda_driver_version: None,
-                nvml_version: None,
-                machine_type: None,
-            },
-            gpus: vec![
-                gpu(0, "GPU-a", "A100", 81920),
-                with_migs(gpu(1, "GPU-b", "A100", 81920), vec![migged]),
-            ],
-            topology: Vec::new(),
-        };
+        let snapshot = snapshot(vec![
+            gpu(0, "GPU-a", "A100", 81920),
+            with_migs(gpu(1, "GPU-b", "A100", 81920), vec![migged]),
+        ]);
         let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
         assert_eq!(uuids_of("GPU-a", &snapshot), pair("GPU-a", "GPU-a"));
         assert_eq!(uuids_of("GPU-a::3", &snapshot), pair("GPU-a", "GPU-a"));

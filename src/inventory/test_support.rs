@@ -1,8 +1,9 @@
 //! Builders of inventory values for unit tests: a plain healthy GPU and MIG device that each
 //! test adjusts with struct-update syntax, instead of every module spelling out every field.
 
+use super::Snapshot;
 use super::health::Health;
-use super::model::{Gpu, Mig, MigDevice, MigEngines, Pci};
+use super::model::{Gpu, Mig, MigDevice, MigEngines, Node, Pci};
 
 /// A healthy, MIG-capable GPU with no MIG devices, no topology and no optional facts; its PCI
 /// bus id is derived from the index so GPUs of one test differ.
@@ -77,5 +78,20 @@ pub fn mig(index: u32, uuid: &str, gpu_instance_id: u32, compute_instance_id: u3
         placement: None,
         gpu_instance_profile_id: None,
         health: Health::healthy(),
+    }
+}
+
+/// A snapshot of node `n` (driver 570.133.20) with `gpus` and no topology.
+pub fn snapshot(gpus: Vec<Gpu>) -> Snapshot {
+    Snapshot {
+        node: Node {
+            hostname: "n".into(),
+            driver_version: "570.133.20".into(),
+            cuda_driver_version: None,
+            nvml_version: None,
+            machine_type: None,
+        },
+        gpus,
+        topology: Vec::new(),
     }
 }

@@ -10,7 +10,10 @@
 //!   [`EventSender`] sends them in the background for subsystems whose loop does not;
 //! - [`ApiReadiness`]: a subsystem that needs the API server is ready while it gets answers;
 //! - [`pods`]: this node's pods as a directory from UID and container ID to names (one list,
-//!   then one watch), for the exporter's per-pod usage.
+//!   then one watch), for the exporter's per-pod usage;
+//! - [`SlotBudget`]: a cluster-wide budget of slots on Leases, so that at most N nodes
+//!   remediate at once; a slot taken is a [`HeldSlot`], renewed while it lives;
+//! - [`evict`]: one pod evicted through the Eviction API, which keeps its disruption budgets.
 //!
 //! Subsystems that write to the API server (labeller, node status, DRA, MIG reconciler, MPS)
 //! use this seam and none of each other's code. Retry pauses come from [`crate::backoff`].
@@ -19,6 +22,8 @@ mod call;
 mod client;
 mod event_sender;
 pub mod events;
+mod eviction;
+mod lease;
 mod node;
 pub mod pods;
 pub mod readiness;
@@ -26,5 +31,7 @@ pub mod readiness;
 pub use call::{ApiError, CALL_TIMEOUT, bounded, within};
 pub use client::connect;
 pub use event_sender::EventSender;
+pub use eviction::{Eviction, evict};
+pub use lease::{HeldSlot, SLOT_PREFIX, SlotBudget, slot_name};
 pub use node::{ConditionRecord, MAX_CONDITION_MESSAGE, NodeClient, NodeView, clip_message};
 pub use readiness::ApiReadiness;

@@ -268,24 +268,8 @@ fn share(name: String, devices: Vec<PluginDevice>, settings: &Settings) -> Resou
 mod tests {
     use super::*;
     use crate::inventory::model::Pci;
-    use crate::inventory::test_support;
+    use crate::inventory::test_support::{self, snapshot};
     use crate::resources::settings::Sharing;
-
-    /// A minimal snapshot for naming tests; discovery-level details are covered by the
-    /// black-box tests on the simulated node.
-    fn snapshot(gpus: Vec<Gpu>) -> Snapshot {
-        Snapshot {
-            node: crate::inventory::model::Node {
-                hostname: "n".into(),
-                driver_version: "570.133.20".into(),
-                cuda_driver_version: None,
-                nvml_version: None,
-                machine_type: None,
-            },
-            gpus,
-            topology: Vec::new(),
-        }
-    }
 
     fn gpu(index: u32, migs: &[(&str, u32, u32)]) -> Gpu {
         let base = test_support::gpu(

@@ -6,7 +6,10 @@
 //! delete, list and watch by the `spec.nodeName`/`spec.driver` field selectors, and
 //! delete-collection, as the kubelet wipes a node's slices) and ResourceClaims (get), in the
 //! versions its discovery document lists (`v1` unless set; objects are kept as written, with
-//! no conversion between versions) and 404 in the others. It can
+//! no conversion between versions) and 404 in the others; `coordination.k8s.io/v1` Leases
+//! (get, list, create, replace with optimistic concurrency, delete; every write logged with
+//! its time, [`FakeApi::lease_writes`]); and pod evictions (the pod deleted, 404 for one that
+//! is not there; a PodDisruptionBudget's refusal is [`Fault::DisruptionBudget`]). It can
 //! fail the next requests with 500, and stop and come back on the same port (an API server
 //! restart) with what it held.
 //!
@@ -95,6 +98,39 @@ pub struct ApiState {
     pub rules: Vec<Rule>,
     /// The rules of the account gpud runs as, when requests are authorized.
     pub rbac: Option<rbac::Rbac>,
+    /// Leases by `namespace/name`.
+    pub leases: BTreeMap<String, Value>,
+    /// The last resourceVersion given to a Lease.
+    pub lease_version: u64,
+    /// Every Lease write taken, in order.
+    pub lease_writes: Vec<LeaseWrite>,
+    /// `namespace/name` of every pod evicted, in order.
+    pub evictions: Vec<String>,
+}
+
+/// One Lease write the fake API server took.
+#[derive(Debug, Clone)]
+pub struct LeaseWrite {
+    /// When it was taken.
+    pub at: Instant,
+    /// `POST`, `PUT` or `DELETE`.
+    pub method: String,
+    /// `namespace/name`.
+    pub key: String,
+    /// The Lease as stored (as it was, for a DELETE).
+    pub lease: Value,
+}
+
+impl LeaseWrite {
+    /// The holder the Lease names after the write (`None` for none, and for a DELETE).
+    pub fn holder(&self) -> Option<&str> {
+        if self.method == "DELETE" {
+            return None;
+        }
+        self.lease["spec"]["holderIdentity"]
+            .as_str()
+            .filter(|h| !h.is_empty())
+    }
 }
 
 /// The changes of one kind of object that watches follow: (resourceVersion, watch event) in
@@ -155,6 +191,14 @@ pub enum Fault {
     /// 429 as a proxy in front of the API server may answer it: `Retry-After` as an HTTP date
     /// (RFC 9110) that many seconds from now, and a plain-text body.
     TooManyRequestsDate(u64),
+    /// 429 as an eviction gets while a PodDisruptionBudget allows no disruption: reason
+    /// TooManyRequests, message "Cannot evict pod as it would violate the pod's disruption
+    /// budget.", `details.causes[0].reason` DisruptionBudget; with `retryAfterSeconds` and
+    /// `Retry-After` when over 0 (the API server asks for 10 s while the budget is still
+    /// being processed, and for nothing when it allows no disruption).
+    DisruptionBudget(u64),
+    /// 404 NotFound, as for an object that does not exist.
+    NotFound,
     /// 403 Forbidden, as RBAC refuses.
     Forbidden,
     /// 422 Invalid.
@@ -351,28 +395,35 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
             r.name.clone().unwrap_or_default(),
         )
     });
-    let qualified = if group.is_empty() {
-        resource.clone()
-    } else {
-        format!("{resource}.{group}")
-    };
+    let qualified = qualified(&group, &resource);
+    if let Some(answer) = about_object(fault, &group, &resource, &name) {
+        return axum::response::IntoResponse::into_response(answer);
+    }
     let details = json!({"name": name, "group": group, "kind": resource});
     match fault {
-        Fault::Conflict => failure(
-            StatusCode::CONFLICT,
-            "Conflict",
-            &format!(
-                "Operation cannot be fulfilled on {qualified} \"{name}\": the object has been \
-                 modified; please apply your changes to the latest version and try again"
-            ),
-            details,
-        ),
-        Fault::AlreadyExists => failure(
-            StatusCode::CONFLICT,
-            "AlreadyExists",
-            &format!("{qualified} \"{name}\" already exists"),
-            details,
-        ),
+        Fault::Conflict | Fault::AlreadyExists | Fault::NotFound => {
+            unreachable!("answered by about_object")
+        }
+        Fault::DisruptionBudget(seconds) => {
+            let mut details = json!({"causes": [{"reason": "DisruptionBudget",
+                "message": "The disruption budget gpu-pdb needs 1 healthy pods and has 1 currently"}]});
+            if *seconds > 0 {
+                details["retryAfterSeconds"] = json!(seconds);
+            }
+            let mut response = failure(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                details,
+            );
+            if *seconds > 0 {
+                response.headers_mut().insert(
+                    "retry-after",
+                    axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
+                );
+            }
+            response
+        }
         Fault::Gone => failure(
             StatusCode::GONE,
             "Expired",
@@ -432,6 +483,45 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
         ),
         Fault::Stall(_) | Fault::Drop => unreachable!("answered by the middleware"),
     }
+}
+
+/// `resource.group` as the API server names a resource in messages (`pods` in the core
+/// group).
+fn qualified(group: &str, resource: &str) -> String {
+    if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    }
+}
+
+/// The 409 or 404 of `fault` about object `name` of `resource` in `group`, in the API
+/// server's words; `None` for a fault not about one object.
+fn about_object(fault: &Fault, group: &str, resource: &str, name: &str) -> Option<Refused> {
+    let qualified = qualified(group, resource);
+    let details = json!({"name": name, "group": group, "kind": resource});
+    let (code, reason, message) = match fault {
+        Fault::Conflict => (
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {qualified} \"{name}\": the object has been \
+                 modified; please apply your changes to the latest version and try again"
+            ),
+        ),
+        Fault::AlreadyExists => (
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{qualified} \"{name}\" already exists"),
+        ),
+        Fault::NotFound => (
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{qualified} \"{name}\" not found"),
+        ),
+        _ => return None,
+    };
+    Some(failure_body(code, reason, &message, details))
 }
 
 /// RBAC's 403 for `request` made as `user`.
@@ -1120,6 +1210,167 @@ async fn get_pod(State(s): State<Shared>, UrlPath((ns, name)): UrlPath<(String, 
         .ok_or_else(|| status(StatusCode::NOT_FOUND, "NotFound"))
 }
 
+type Answer = axum::response::Response;
+/// An error answer: a `Status` body with its code.
+type Refused = (StatusCode, axum::Json<Value>);
+
+/// The API server's answer `code` with `body`.
+fn answer(code: StatusCode, body: Value) -> Answer {
+    axum::response::IntoResponse::into_response((code, axum::Json(body)))
+}
+
+const LEASES: &str = "leases";
+const COORDINATION: &str = "coordination.k8s.io";
+
+/// `GET …/namespaces/{ns}/leases`: the namespace's Leases.
+async fn list_leases(
+    State(s): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+) -> Result<Answer, Refused> {
+    let state = gated(&s)?;
+    let prefix = format!("{ns}/");
+    let items = state
+        .leases
+        .iter()
+        .filter(|(key, _)| key.starts_with(&prefix))
+        .map(|(_, lease)| lease);
+    Ok(list_answer(
+        "coordination.k8s.io/v1",
+        "LeaseList",
+        state.lease_version,
+        items,
+        None,
+    ))
+}
+
+async fn get_lease(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Result<Answer, Refused> {
+    let state = gated(&s)?;
+    match state.leases.get(&format!("{ns}/{name}")) {
+        Some(lease) => Ok(answer(StatusCode::OK, lease.clone())),
+        None => Err(lease_refusal(&Fault::NotFound, &name)),
+    }
+}
+
+/// `POST …/namespaces/{ns}/leases`: 409 AlreadyExists for a name taken.
+async fn create_lease(
+    State(s): State<Shared>,
+    UrlPath(ns): UrlPath<String>,
+    body: Bytes,
+) -> Result<Answer, Refused> {
+    let mut state = gated(&s)?;
+    let mut lease = lease_body(&body)?;
+    let name = lease["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let key = format!("{ns}/{name}");
+    if state.leases.contains_key(&key) {
+        return Err(lease_refusal(&Fault::AlreadyExists, &name));
+    }
+    // What the API server adds on create.
+    lease["metadata"]["namespace"] = json!(ns);
+    lease["metadata"]["uid"] = json!(format!("lease-uid-{name}"));
+    lease["metadata"]["creationTimestamp"] = json!("2025-01-01T00:00:00Z");
+    let stored = store_lease(&mut state, "POST", key, lease);
+    Ok(answer(StatusCode::CREATED, stored))
+}
+
+/// `PUT …/leases/{name}`: 409 Conflict when the body names a resourceVersion that is not the
+/// Lease's (none: an unconditional update, as the API server allows for Leases).
+async fn replace_lease(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    body: Bytes,
+) -> Result<Answer, Refused> {
+    let mut state = gated(&s)?;
+    let mut lease = lease_body(&body)?;
+    let key = format!("{ns}/{name}");
+    let Some(old) = state.leases.get(&key) else {
+        return Err(lease_refusal(&Fault::NotFound, &name));
+    };
+    let wanted = &lease["metadata"]["resourceVersion"];
+    if !wanted.is_null() && *wanted != old["metadata"]["resourceVersion"] {
+        return Err(lease_refusal(&Fault::Conflict, &name));
+    }
+    for kept in ["uid", "creationTimestamp", "namespace"] {
+        lease["metadata"][kept] = old["metadata"][kept].clone();
+    }
+    let stored = store_lease(&mut state, "PUT", key, lease);
+    Ok(answer(StatusCode::OK, stored))
+}
+
+async fn delete_lease(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Result<Answer, Refused> {
+    let mut state = gated(&s)?;
+    let key = format!("{ns}/{name}");
+    let Some(lease) = state.leases.remove(&key) else {
+        return Err(lease_refusal(&Fault::NotFound, &name));
+    };
+    log_lease_write(&mut state, "DELETE", key, lease.clone());
+    Ok(answer(StatusCode::OK, lease))
+}
+
+/// The state, once the 500s asked for are answered.
+fn gated(s: &Shared) -> Result<std::sync::MutexGuard<'_, ApiState>, Refused> {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    Ok(state)
+}
+
+/// The Lease a write sends.
+fn lease_body(body: &[u8]) -> Result<Value, Refused> {
+    serde_json::from_slice(body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))
+}
+
+/// `fault` about Lease `name`, in the API server's words.
+fn lease_refusal(fault: &Fault, name: &str) -> Refused {
+    about_object(fault, COORDINATION, LEASES, name).unwrap()
+}
+
+/// Stores a written Lease with the next resourceVersion, and logs the write.
+fn store_lease(state: &mut ApiState, method: &str, key: String, mut lease: Value) -> Value {
+    state.lease_version += 1;
+    lease["metadata"]["resourceVersion"] = json!(state.lease_version.to_string());
+    log_lease_write(state, method, key.clone(), lease.clone());
+    state.leases.insert(key, lease.clone());
+    lease
+}
+
+fn log_lease_write(state: &mut ApiState, method: &str, key: String, lease: Value) {
+    state.lease_writes.push(LeaseWrite {
+        at: Instant::now(),
+        method: method.to_owned(),
+        key,
+        lease,
+    });
+}
+
+/// `POST …/pods/{name}/eviction`: the pod deleted (as a watch of pods sees it) and 201, or
+/// 404 when there is no such pod. A PodDisruptionBudget's refusal is a fault rule's
+/// ([`Fault::DisruptionBudget`]).
+async fn evict_pod(
+    State(s): State<Shared>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Result<Answer, Refused> {
+    let mut state = gated(&s)?;
+    let key = format!("{ns}/{name}");
+    let Some(mut pod) = state.pods.remove(&key) else {
+        return Err(about_object(&Fault::NotFound, "", "pods", &name).unwrap());
+    };
+    state.pod_changes.record("DELETED", &mut pod);
+    state.evictions.push(key);
+    Ok(answer(
+        StatusCode::CREATED,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+               "code": 201}),
+    ))
+}
+
 async fn get_feature(
     State(s): State<Shared>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
@@ -1190,6 +1441,16 @@ async fn replace_feature(
         json!((version.parse::<u64>().unwrap() + 1).to_string());
     state.node_features.insert(key, stored.clone());
     Ok(axum::Json(stored))
+}
+
+/// `namespace/name` of a namespaced object.
+fn key_of(object: &Value) -> String {
+    let metadata = &object["metadata"];
+    format!(
+        "{}/{}",
+        metadata["namespace"].as_str().unwrap(),
+        metadata["name"].as_str().unwrap()
+    )
 }
 
 /// The serving thread and what stops it.
@@ -1329,14 +1590,9 @@ impl FakeApi {
         wipe(&mut self.state.lock().unwrap(), Some(&selector));
     }
 
-    /// Stores (or replaces) a ResourceClaim; `claim` names its namespace and name.
     /// Adds or replaces a pod (by namespace and name), as a watch of pods sees it.
     pub fn put_pod(&self, mut pod: Value) {
-        let key = format!(
-            "{}/{}",
-            pod["metadata"]["namespace"].as_str().unwrap(),
-            pod["metadata"]["name"].as_str().unwrap()
-        );
+        let key = key_of(&pod);
         let mut state = self.state.lock().unwrap();
         let kind = if state.pods.contains_key(&key) {
             "MODIFIED"
@@ -1355,12 +1611,36 @@ impl FakeApi {
         }
     }
 
+    /// The Leases now, by `namespace/name`.
+    pub fn leases(&self) -> BTreeMap<String, Value> {
+        self.state.lock().unwrap().leases.clone()
+    }
+
+    /// Stores `lease` (its metadata names its namespace and name) with the next
+    /// resourceVersion, as another client's write: `kubectl edit`, another holder.
+    pub fn put_lease(&self, lease: Value) {
+        let key = key_of(&lease);
+        store_lease(&mut self.state.lock().unwrap(), "PUT", key, lease);
+    }
+
+    /// Every Lease write taken so far, in order.
+    pub fn lease_writes(&self) -> Vec<LeaseWrite> {
+        self.state.lock().unwrap().lease_writes.clone()
+    }
+
+    /// `namespace/name` of every pod evicted so far, in order.
+    pub fn evictions(&self) -> Vec<String> {
+        self.state.lock().unwrap().evictions.clone()
+    }
+
+    /// The pods now, by `namespace/name`.
+    pub fn pods(&self) -> BTreeMap<String, Value> {
+        self.state.lock().unwrap().pods.clone()
+    }
+
+    /// Stores (or replaces) a ResourceClaim; `claim` names its namespace and name.
     pub fn put_claim(&self, claim: Value) {
-        let key = format!(
-            "{}/{}",
-            claim["metadata"]["namespace"].as_str().unwrap(),
-            claim["metadata"]["name"].as_str().unwrap()
-        );
+        let key = key_of(&claim);
         self.state.lock().unwrap().claims.insert(key, claim);
     }
 
@@ -1458,6 +1738,18 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             axum::routing::post(create_event),
         )
         .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod))
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/eviction",
+            axum::routing::post(evict_pod),
+        )
+        .route(
+            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+            get(list_leases).post(create_lease),
+        )
+        .route(
+            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+            get(get_lease).put(replace_lease).delete(delete_lease),
+        )
         .route("/api/v1/pods", get(list_pods))
         .route("/apis/resource.k8s.io", get(resource_group))
         .route(
