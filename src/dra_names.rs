@@ -14,6 +14,9 @@
 
 use crate::inventory::model::{Gpu, MigDevice, Snapshot};
 
+/// The DRA driver name gpud publishes under unless configured (NVIDIA's).
+pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
+
 /// One device of the node under its DRA name.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DraDevice<'a> {

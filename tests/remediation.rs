@@ -10,13 +10,15 @@ mod common;
 mod fake_api;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "common/fake_pod_resources.rs"]
+mod fake_pod_resources;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use common::http::{self, free_port};
 use common::{Node, until};
-use fake_api::FakeApi;
+use fake_api::{FakeApi, Fault, Rule};
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use serde_json::Value;
 
@@ -80,11 +82,15 @@ impl Site {
             "100",
             "--remediation-reset-command",
             reset.to_str().unwrap(),
-            "--remediation-max-concurrent",
-            "0",
         ];
-        if !extra.contains(&"--remediation") {
-            args.extend(["--remediation", "reset"]);
+        // Defaults a test may set otherwise: reset mode, no cluster budget.
+        for (flag, value) in [
+            ("--remediation", "reset"),
+            ("--remediation-max-concurrent", "0"),
+        ] {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
         }
         let socket;
         match kubelet {
@@ -544,4 +550,215 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
     }
     assert_eq!(site.resets(), [format!("-i {bus_id}")]);
     site.record_when(&uuid, "GPU 5 back", phase_is("healthy"));
+}
+
+#[test]
+fn the_pods_holding_a_busy_gpu_are_evicted_and_a_disruption_budget_is_respected() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    let socket = site.path("pod-resources.sock");
+    let _pod_resources = fake_pod_resources::FakeKubelet::start(
+        &socket,
+        fake_pod_resources::answer(&[fake_pod_resources::Holder {
+            namespace: "ml",
+            pod: "train",
+            container: "main",
+            resource: "nvidia.com/gpu",
+            ids: &[&uuid],
+        }]),
+    );
+    let api = FakeApi::start(serde_json::json!({}));
+    api.put_pod(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"}}));
+    let path = "/api/v1/namespaces/ml/pods/train/eviction";
+    // The budget allows no disruption the first time and asks for 1 s.
+    api.refuse(Rule::exact("POST", path, Fault::DisruptionBudget(1)).times(1));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let _gpud = site.start(
+        None,
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--remediation-evict",
+            "--remediation-pod-resources-socket",
+            socket.to_str().unwrap(),
+        ],
+    );
+    site.node.inject("process 3 4242 1024 80");
+    site.node.inject("xid 3 95");
+    until("the pod evicted", 20, || {
+        (api.evictions() == ["ml/train"])
+            .then_some(())
+            .ok_or_else(|| format!("{:?}\n{}", api.evictions(), site.log()))
+    });
+    let tries = api.requests_to("POST", path);
+    let statuses: Vec<u16> = tries.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [429, 201]);
+    assert!(
+        tries[1].at - tries[0].at >= std::time::Duration::from_secs(1),
+        "Retry-After honoured"
+    );
+    assert!(
+        site.resets().is_empty(),
+        "reset before the pod's process ended"
+    );
+    // The pod's container stops: its process leaves the GPU.
+    site.node.inject("process-end 3 4242");
+    let record = site.record_when(&uuid, "GPU 3 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1);
+    let body = site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"evict\",result=\"success\"} 1")
+    });
+    assert!(
+        body.contains("gpud_remediation_total{action=\"evict\",result=\"refused\"} 1"),
+        "{body}"
+    );
+}
+
+/// Three gpud processes playing three nodes against one API server, each resetting through a
+/// script that logs when its reset starts and ends (in nanoseconds) to one shared file.
+struct Fleet {
+    api: FakeApi,
+    sites: Vec<Site>,
+    timeline: tempfile::NamedTempFile,
+}
+
+impl Fleet {
+    fn new(hold: &str) -> Fleet {
+        let api = FakeApi::start(serde_json::json!({}));
+        let timeline = tempfile::NamedTempFile::new().unwrap();
+        let sites: Vec<Site> = (0..3).map(|_| Site::new("dgx-h100")).collect();
+        for (n, site) in sites.iter().enumerate() {
+            site.reset_script(&format!(
+                "echo \"start {n} $(date +%s%N)\" >> {t}\n{hold}\necho \"end {n} $(date +%s%N)\" >> {t}",
+                t = timeline.path().display()
+            ));
+        }
+        Fleet {
+            api,
+            sites,
+            timeline,
+        }
+    }
+
+    fn start(&self, n: usize) -> Daemon {
+        let kubeconfig = self.api.kubeconfig(self.sites[n].node.dir.path());
+        let mut cmd = self.sites[n].command(
+            None,
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--remediation-max-concurrent",
+                "1",
+                "--remediation-lease-duration",
+                "2s",
+            ],
+        );
+        cmd.env("NODE_NAME", format!("node-{n}"));
+        let daemon = Daemon(cmd.spawn().unwrap());
+        self.sites[n].wait_ready();
+        daemon
+    }
+
+    /// `(node, start, end)` of every reset, in nanoseconds; `end` is `None` while it runs.
+    fn resets(&self) -> Vec<(usize, u128, Option<u128>)> {
+        let text = std::fs::read_to_string(self.timeline.path()).unwrap();
+        let mut out: Vec<(usize, u128, Option<u128>)> = Vec::new();
+        for line in text.lines() {
+            let words: Vec<&str> = line.split(' ').collect();
+            let (node, at) = (words[1].parse().unwrap(), words[2].parse().unwrap());
+            match words[0] {
+                "start" => out.push((node, at, None)),
+                _ => out.iter_mut().rev().find(|r| r.0 == node).unwrap().2 = Some(at),
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn three_nodes_with_one_slot_never_reset_at_the_same_time() {
+    let fleet = Fleet::new("sleep 0.5");
+    let uuids: Vec<String> = fleet.sites.iter().map(|s| s.gpu(1).0).collect();
+    // Declared after the fleet: stopped before its files go.
+    let _gpuds: Vec<Daemon> = (0..3).map(|n| fleet.start(n)).collect();
+    for site in &fleet.sites {
+        site.node.inject("xid 1 95");
+    }
+    for (site, uuid) in fleet.sites.iter().zip(&uuids) {
+        site.record_when(uuid, "every node's GPU back", phase_is("healthy"));
+    }
+    let mut resets = fleet.resets();
+    assert_eq!(resets.len(), 3, "{resets:?}");
+    resets.sort_by_key(|r| r.1);
+    for pair in resets.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert!(
+            before.2.unwrap() <= after.1,
+            "nodes {} and {} reset at once: {resets:?}",
+            before.0,
+            after.0
+        );
+    }
+    let nodes: std::collections::BTreeSet<usize> = resets.iter().map(|r| r.0).collect();
+    assert_eq!(nodes.len(), 3);
+    // One Lease, free again at the end.
+    let leases = fleet.api.leases();
+    assert_eq!(
+        leases.keys().collect::<Vec<_>>(),
+        ["gpud/gpud-remediation-0"]
+    );
+    until("the slot given back", 10, || {
+        let lease = &fleet.api.leases()["gpud/gpud-remediation-0"];
+        lease["spec"]["holderIdentity"]
+            .is_null()
+            .then_some(())
+            .ok_or_else(|| format!("{lease:#}"))
+    });
+}
+
+#[test]
+fn a_killed_holders_slot_is_taken_only_after_its_lease_expires() {
+    let fleet = Fleet::new("sleep 600");
+    let uuid = fleet.sites[1].gpu(2).0;
+    let mut holder = fleet.start(0);
+    let _waiting = fleet.start(1);
+    fleet.sites[0].node.inject("xid 2 95");
+    until("node 0 resetting", 20, || {
+        (fleet.resets().len() == 1)
+            .then_some(())
+            .ok_or_else(|| fleet.sites[0].log())
+    });
+    fleet.sites[1].node.inject("xid 2 95");
+    fleet.sites[1].record_when(&uuid, "node 1 waiting for a slot", |g| {
+        g["phase"] == "draining"
+            && g["reason"]
+                .as_str()
+                .unwrap()
+                .contains("waiting for a remediation slot")
+    });
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    let killed = std::time::Instant::now();
+    until("node 1 resetting", 20, || {
+        (fleet.resets().len() == 2)
+            .then_some(())
+            .ok_or_else(|| fleet.sites[1].log())
+    });
+    let waited = killed.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(1500),
+        "the slot was taken {waited:?} after its holder died"
+    );
+    let writes = fleet.api.lease_writes();
+    let holders: Vec<Option<&str>> = writes
+        .iter()
+        .map(|w| w.lease["spec"]["holderIdentity"].as_str())
+        .collect();
+    assert_eq!(holders.first(), Some(&Some("node-0")), "{holders:?}");
+    assert_eq!(holders.last(), Some(&Some("node-1")), "{holders:?}");
+    assert_eq!(
+        fleet.resets().iter().map(|r| r.0).collect::<Vec<_>>(),
+        [0, 1]
+    );
 }

@@ -225,7 +225,13 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     )?;
     // The exporter reports the reconciler's applies and state, and the remediation's.
     exporter.mig = reconciler.as_ref().map(|r| r.metrics.clone());
-    let remediation = remediation.map(|settings| Remediation::new(settings, nvml.clone()));
+    let remediation = remediation.map(|mut settings| {
+        // One process, one driver name: the claims this plugin prepares hold GPUs.
+        if let Some(dra) = &dra {
+            settings.dra_driver = dra.driver.clone();
+        }
+        Remediation::new(settings, nvml.clone())
+    });
     exporter.remediation = remediation.as_ref().map(Remediation::metrics);
 
     let initial = Reloadable {

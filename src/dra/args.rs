@@ -12,7 +12,7 @@ use crate::cuda_mps::server::Launch;
 use crate::dns_name;
 
 /// NVIDIA's DRA driver name for GPUs and MIG devices.
-pub const DEFAULT_DRIVER: &str = "gpu.nvidia.com";
+pub const DEFAULT_DRIVER: &str = crate::dra_names::DEFAULT_DRIVER;
 /// Where the kubelet looks for plugin registration sockets.
 pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Where DRA plugins keep their sockets and state (`<dir>/<driver>/`).

@@ -157,6 +157,9 @@ pub struct Settings {
     pub lease_duration: Duration,
     pub namespace: String,
     pub pod_resources_socket: PathBuf,
+    /// The DRA driver whose claims hold GPUs (`gpu.nvidia.com` unless `gpud run --dra` names
+    /// another).
+    pub dra_driver: String,
     /// The Node (conditions, events, Leases' holder); `None` without Kubernetes.
     pub node: Option<String>,
     pub kubeconfig: Option<PathBuf>,
@@ -224,6 +227,7 @@ impl RemediationArgs {
             lease_duration: self.remediation_lease_duration,
             namespace: self.remediation_namespace.clone(),
             pod_resources_socket: self.remediation_pod_resources_socket.clone(),
+            dra_driver: crate::dra_names::DEFAULT_DRIVER.to_owned(),
             node,
             kubeconfig: kubeconfig.map(Path::to_path_buf),
             state_file: (!state_dir.is_empty())

@@ -221,7 +221,7 @@ impl Engine {
                 Next::To(Phase::Healthy, "its health verdict cleared by itself".to_owned())
             }
             Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
-            Phase::Draining => self.drain(gpu, record).await,
+            Phase::Draining => self.drain(snapshot, gpu, record).await,
             Phase::Resetting => Next::To(
                 Phase::Verifying,
                 "gpud restarted while the reset ran; checking the GPU instead of resetting it again"
@@ -291,7 +291,7 @@ impl Engine {
     }
 
     /// A draining GPU: reset once nothing runs on it and a slot is held.
-    async fn drain(&mut self, gpu: &Gpu, record: &GpuRecord) -> Next {
+    async fn drain(&mut self, snapshot: &Snapshot, gpu: &Gpu, record: &GpuRecord) -> Next {
         let now = SystemTime::now();
         let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
         let processes = {
@@ -315,7 +315,9 @@ impl Engine {
         };
         if !running.is_empty() {
             if self.settings.evict {
-                self.drainer.evict_holders(gpu, &self.metrics).await;
+                self.drainer
+                    .evict_holders(snapshot, gpu, &self.metrics)
+                    .await;
             }
             let pids: Vec<String> = running.iter().map(u32::to_string).collect();
             return self.drain_wait(
