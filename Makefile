@@ -91,7 +91,8 @@ demo:
 	kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf $$dir; exit $$status
 
 ## bench: performance measurements (release build): health latency, device plugin (with the
-## :authority rewriter), labeller, the whole daemon (start-up, idle CPU, memory), then the
+## :authority rewriter), labeller, the whole daemon (start-up, idle CPU, memory), a fatal XID
+## to the GPU back in service (remediation), then the
 ## exporter: throughput/p99 against nginx serving the same bytes, a fresh body every interval
 ## (CPU per scrape, p99; GPUD_BENCH_BASELINE=<older gpud> compares builds), nvitop-exporter on
 ## the same simulated node (req/s, p99, RSS, idle CPU), CPU per sample cycle, RSS
@@ -102,6 +103,7 @@ bench:
 	$(CARGO) bench --bench daemon
 	$(CARGO) bench --bench upgrade
 	$(CARGO) bench --bench pod_usage
+	$(CARGO) bench --bench remediation
 	CARGO=$(CARGO) benches/exporter.sh
 
 ## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must

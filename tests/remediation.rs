@@ -762,3 +762,38 @@ fn a_killed_holders_slot_is_taken_only_after_its_lease_expires() {
         [0, 1]
     );
 }
+
+#[test]
+fn a_reset_gpus_mig_layout_is_made_again_with_the_same_devices() {
+    let site = Site::new("h100-mig");
+    let (uuid, _) = site.gpu(4);
+    let mig_devices = |site: &Site| -> Vec<(String, Value)> {
+        let out = common::stdout_ok(&site.node.run(&["inventory"]));
+        let inventory: Value = serde_json::from_str(&out).unwrap();
+        inventory["gpus"][4]["mig"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["uuid"].as_str().unwrap().to_owned(),
+                    m["placement"].clone(),
+                )
+            })
+            .collect()
+    };
+    let before = mig_devices(&site);
+    assert_eq!(before.len(), 7);
+    let _gpud = site.start(None, &[]);
+    site.node.inject("xid 4 95");
+    let record = site.record_when(&uuid, "GPU 4 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1);
+    assert!(
+        site.log()
+            .contains("Made the GPU's MIG layout again after its reset"),
+        "{}",
+        site.log()
+    );
+    assert!(site.log().contains("gpu_instances=7"), "{}", site.log());
+    assert_eq!(mig_devices(&site), before);
+}

@@ -6,11 +6,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use crate::cli::DEFAULT_RESCAN_INTERVAL;
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs};
 use crate::daemon::{Daemon, Error};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::node_status::{NodeStatus, NodeStatusArgs};
+use crate::nvml::Rescanner;
 use crate::remediation::{Remediation, RemediationArgs};
 
 /// Keep the GPUs' health on this node's Node object: the GPUHealthy condition, an event per
@@ -71,7 +73,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let inventory = nvml.inventory(&args.node.facts())?;
     let mut daemon = Daemon::fixed("node-status");
     if let Some(settings) = remediation {
-        daemon.add_fixed(Remediation::new(settings, nvml.clone()));
+        // No periodic rescans here: one after a GPU's MIG layout is made again.
+        let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), DEFAULT_RESCAN_INTERVAL);
+        daemon.add_fixed(Remediation::new(settings, nvml.clone()).with_rescanner(rescanner));
     }
     daemon.add_support(HealthWatcher::required(nvml, health));
     daemon.add_fixed(

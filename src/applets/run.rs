@@ -230,7 +230,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         if let Some(dra) = &dra {
             settings.dra_driver = dra.driver.clone();
         }
-        Remediation::new(settings, nvml.clone())
+        Remediation::new(settings, nvml.clone()).with_rescanner(rescanner.clone())
     });
     exporter.remediation = remediation.as_ref().map(Remediation::metrics);
 

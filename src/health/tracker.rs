@@ -434,26 +434,33 @@ impl Tracker {
         }
     }
 
-    /// GPU `gpu` was reset by gpud itself (its remediation ran the reset command and saw it
-    /// succeed), whether or not NVML leaves a trace of it: everything a reset clears is gone,
-    /// and so are the XIDs from before it, which described a GPU that no longer runs that way.
-    pub fn observe_reset(&mut self, gpu: u32, at: SystemTime) {
+    /// GPU `gpu` was reset by gpud itself at `reset` (its remediation ran the reset command
+    /// and saw it succeed), whether or not NVML leaves a trace of it: every condition last
+    /// seen before then that a reset clears is gone, and so are the XIDs from before it, which
+    /// described a GPU that no longer runs that way. What was seen after it stays.
+    pub fn observe_reset(&mut self, gpu: u32, reset: SystemTime, at: SystemTime) {
         let history_len = self.config.history_len;
         let Some(state) = self.gpus.get_mut(&gpu) else {
             return;
         };
-        push_history(
-            state,
-            history_len,
-            at,
-            "GPU was reset by gpud's remediation".to_owned(),
-        );
-        let from_before = |kind: &Kind, condition: &Condition| {
-            !condition.until_reset && !matches!(kind, Kind::Xid(_))
+        let cleared = |kind: &Kind, condition: &Condition| {
+            (condition.until_reset || matches!(kind, Kind::Xid(_))) && condition.last_seen <= reset
         };
-        state.conditions.retain(|kind, c| from_before(kind, c));
+        let before = state.conditions.len();
+        state.conditions.retain(|kind, c| !cleared(kind, c));
+        let mut gone = before - state.conditions.len();
         for set in state.mig_conditions.values_mut() {
-            set.retain(|kind, c| from_before(kind, c));
+            let before = set.len();
+            set.retain(|kind, c| !cleared(kind, c));
+            gone += before - set.len();
+        }
+        if gone > 0 {
+            push_history(
+                state,
+                history_len,
+                at,
+                "GPU was reset by gpud's remediation".to_owned(),
+            );
         }
     }
 
@@ -703,17 +710,22 @@ mod tests {
             HealthState::Unhealthy,
             "no trace, no reset seen"
         );
-        tr.observe_reset(2, t(3));
+        // A fault after the reset is not the reset's to clear.
+        tr.observe_signals(&signals(5), t(0));
+        tr.observe_xid(5, 95, None, t(4));
+        tr.observe_reset(2, t(3), t(5));
+        tr.observe_reset(5, t(3), t(5));
         assert_eq!(tr.verdict(2), Health::healthy());
+        assert_eq!(tr.verdict(5).state, HealthState::Unhealthy);
         // Polled conditions stay what NVML says: a remap still pending is still there.
         tr.observe_signals(
             &GpuSignals {
                 remap_pending: Some(true),
                 ..signals(2)
             },
-            t(4),
+            t(6),
         );
-        tr.observe_reset(2, t(5));
+        tr.observe_reset(2, t(7), t(7));
         assert_eq!(tr.verdict(2).state, HealthState::Unhealthy);
     }
 

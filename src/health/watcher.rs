@@ -27,7 +27,7 @@ use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
 use crate::nvml::{Nvml, NvmlError};
-use crate::remediation_state::{GpuRemediation, Phase, record};
+use crate::remediation_state::{GpuRemediation, record};
 use crate::xid::catalog::XidPolicy;
 use crate::xid::counts::DropSource;
 use crate::xid::kmsg::KmsgEvent;
@@ -204,8 +204,8 @@ struct State {
     forgotten: u64,
     /// Where the verdicts only an event proves are kept, if anywhere.
     kept: Option<KeptVerdicts>,
-    /// The resets gpud's remediation reported for each GPU (by UUID), as last seen.
-    resets_seen: BTreeMap<String, u32>,
+    /// When the last reset gpud's remediation reported for each GPU (by UUID) finished.
+    resets_seen: BTreeMap<String, u64>,
     /// The remediation record file, when there is a state directory.
     record: Option<RecordFollower>,
 }
@@ -363,21 +363,24 @@ impl State {
     }
 
     /// One XID occurrence, after de-duplication: counted, then judged.
-    /// Clears what a reset clears on each GPU gpud's remediation reports reset: its reset
-    /// count grew while it verifies the GPU (a count already there when this watcher started
-    /// counts while it verifies: a reset finished just before a restart). `reported` is
-    /// `(index, uuid, remediation)` of each GPU, from the inventory of this process or from
-    /// the record another process wrote.
+    /// Clears what a reset clears on each GPU gpud's remediation reports reset since this
+    /// watcher last looked (at start: any reset it reports), as of when that reset finished.
+    /// `reported` is `(index, uuid, remediation)` of each GPU, from the inventory of this
+    /// process or from the record another process wrote.
     fn on_resets<'a>(
         &mut self,
         reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
     ) {
         for (index, uuid, remediation) in reported {
+            let Some(reset_ms) = remediation.last_reset_ms else {
+                continue;
+            };
             let seen = self.resets_seen.entry(uuid.to_owned()).or_insert(0);
-            if remediation.phase == Phase::Verifying && remediation.resets > *seen {
-                self.tracker.observe_reset(index, SystemTime::now());
+            if reset_ms > *seen {
+                *seen = reset_ms;
+                let reset = SystemTime::UNIX_EPOCH + Duration::from_millis(reset_ms);
+                self.tracker.observe_reset(index, reset, SystemTime::now());
             }
-            *seen = remediation.resets;
         }
     }
 

@@ -61,8 +61,11 @@ pub struct GpuRemediation {
     pub since: String,
     /// Why it is there, in words.
     pub reason: String,
-    /// How many resets gpud has run on this GPU. The health watcher clears what only a reset
-    /// clears when this grows while the phase is [`Phase::Verifying`]: gpud knows it reset the
-    /// GPU even when NVML leaves no trace of it.
+    /// How many resets gpud has run on this GPU.
     pub resets: u32,
+    /// When the last reset gpud ran finished (milliseconds since the epoch). Every health
+    /// watcher on the node clears what it saw before then that a reset clears: gpud knows it
+    /// reset the GPU even when NVML leaves no trace of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reset_ms: Option<u64>,
 }

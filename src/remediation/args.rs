@@ -65,7 +65,8 @@ pub struct RemediationArgs {
     pub remediation_reset_timeout: Duration,
 
     /// A command that must exit 0 before a reset GPU goes back to work (e.g. a short DCGM
-    /// diagnostic); it gets GPUD_GPU_UUID and GPUD_GPU_BUS_ID. Split on white space.
+    /// diagnostic); it gets GPUD_GPU_UUID, GPUD_GPU_BUS_ID and GPUD_GPU_INDEX. Split on white
+    /// space.
     #[arg(
         long = "remediation-verify-command",
         value_name = "COMMAND",

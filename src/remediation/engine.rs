@@ -24,6 +24,7 @@ use super::budget::{Budget, Slot};
 use super::command::{self, Outcome};
 use super::drain::Drainer;
 use super::escalation::Escalation;
+use super::mig_layout;
 use super::need::{Need, need};
 use super::verify;
 use crate::inventory::model::Gpu;
@@ -31,9 +32,10 @@ use crate::inventory::{HealthState, Snapshot};
 use crate::kube::EventSender;
 use crate::kube::events::{Kind, NodeEvent};
 use crate::nvml::GpuSignals;
+use crate::nvml::mig_admin::GpuInstance;
 use crate::nvml::processes::ProcessesRead;
 use crate::remediation_state::metrics::Metrics;
-use crate::remediation_state::record::{GpuRecord, Records, seconds};
+use crate::remediation_state::record::{GpuRecord, Records, millis, seconds};
 use crate::remediation_state::{GpuRemediation, Phase};
 
 /// How long a reset GPU may take to look clean (its health verdict cleared, its counters
@@ -87,6 +89,10 @@ pub struct Engine {
     recent_faults: VecDeque<SystemTime>,
     /// GPUs whose verify command passed in their current verification.
     verified: Vec<String>,
+    /// The MIG layout each GPU had before its reset, until it is made again.
+    layouts: BTreeMap<String, Vec<GpuInstance>>,
+    /// A MIG layout was made again: the inventory should be read afresh.
+    rescan: bool,
 }
 
 impl Engine {
@@ -113,7 +119,14 @@ impl Engine {
             escalation,
             recent_faults: VecDeque::new(),
             verified: Vec::new(),
+            layouts: BTreeMap::new(),
+            rescan: false,
         }
+    }
+
+    /// Whether the node should be rescanned (MIG devices made again); asking clears it.
+    pub fn take_rescan(&mut self) -> bool {
+        std::mem::take(&mut self.rescan)
     }
 
     /// Whether any GPU is on its way back (the loop then polls; otherwise it only waits for a
@@ -215,18 +228,27 @@ impl Engine {
             Phase::Healthy if healthy => Next::Stay,
             Phase::Healthy => Next::To(
                 Phase::Quarantined,
-                gpu.health.reason.clone().unwrap_or_else(|| "unhealthy".to_owned()),
+                gpu.health
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "unhealthy".to_owned()),
             ),
-            Phase::Quarantined | Phase::Draining | Phase::Escalated if healthy => {
-                Next::To(Phase::Healthy, "its health verdict cleared by itself".to_owned())
-            }
+            Phase::Quarantined | Phase::Draining | Phase::Escalated if healthy => Next::To(
+                Phase::Healthy,
+                "its health verdict cleared by itself".to_owned(),
+            ),
             Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
             Phase::Draining => self.drain(snapshot, gpu, record).await,
-            Phase::Resetting => Next::To(
-                Phase::Verifying,
-                "gpud restarted while the reset ran; checking the GPU instead of resetting it again"
-                    .to_owned(),
-            ),
+            Phase::Resetting => {
+                // The reset command outlives a killed gpud (it runs in its own process group):
+                // it is taken as done, and the GPU checked.
+                self.reset_finished(&gpu.uuid);
+                Next::To(
+                    Phase::Verifying,
+                    "gpud restarted while the reset ran; checking the GPU instead of resetting it again"
+                        .to_owned(),
+                )
+            }
             Phase::Verifying => self.verify(gpu, record, signals).await,
             Phase::Escalated => {
                 self.reboot_if_asked(record).await;
@@ -371,6 +393,7 @@ impl Engine {
             .retain(|&at| seconds(now).saturating_sub(at) < window);
         record.reset_count += 1;
         let bus_id = gpu.pci.bus_id.to_string();
+        let layout = mig_layout::read(&self.nvml, gpu.index).await;
         self.apply(
             gpu,
             record,
@@ -399,7 +422,11 @@ impl Engine {
         );
         match outcome {
             Outcome::Succeeded => {
+                self.reset_finished(&gpu.uuid);
                 self.verified.retain(|u| *u != gpu.uuid);
+                if let Some(layout) = layout {
+                    self.layouts.insert(gpu.uuid.clone(), layout);
+                }
                 Next::To(
                     Phase::Verifying,
                     "reset; checking it before it goes back to work".to_owned(),
@@ -431,6 +458,21 @@ impl Engine {
                 ),
                 false => Next::Note(format!("checking: {fault}")),
             };
+        }
+        if let Some(layout) = self.layouts.remove(&gpu.uuid) {
+            match mig_layout::restore(&self.nvml, gpu.index, layout).await {
+                Ok(0) => {}
+                Ok(made) => {
+                    info!(gpu = gpu.index, uuid = %gpu.uuid, gpu_instances = made, "Made the GPU's MIG layout again after its reset");
+                    self.rescan = true;
+                }
+                Err(why) => {
+                    return Next::Escalate(
+                        RESET_FAILED,
+                        format!("reset, but its MIG layout could not be made again: {why}"),
+                    );
+                }
+            }
         }
         if let Some(line) = self.settings.verify_command.clone()
             && !self.verified.contains(&gpu.uuid)
@@ -475,6 +517,15 @@ impl Engine {
                 "reset, verified and back in service".to_owned(),
             ),
         }
+    }
+
+    /// Records that a reset of `uuid` finished now: the health watchers clear what they saw
+    /// before it.
+    fn reset_finished(&mut self, uuid: &str) {
+        let mut record = self.records.get(uuid);
+        record.last_reset_ms = Some(millis(SystemTime::now()));
+        self.records.set(uuid, record);
+        self.records.save();
     }
 
     /// Runs the reboot command once for an escalation that asks for a reboot, when one is set.

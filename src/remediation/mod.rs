@@ -5,7 +5,7 @@
 //! - [`args`]: the flags and the settings they resolve to;
 //! - [`need`]: what a GPU needs (reset, reboot, hardware), from the driver and the verdict;
 //! - [`engine`]: the per-GPU state machine and its safety rules;
-//! - [`drain`], [`budget`], [`command`], [`verify`]: its steps;
+//! - [`drain`], [`budget`], [`command`], [`verify`], [`mig_layout`]: its steps;
 //! - [`escalation`]: the Node condition `GPURemediationRequired`;
 //! - [`service`]: the subsystem.
 
@@ -15,6 +15,7 @@ pub mod command;
 pub mod drain;
 pub mod engine;
 pub mod escalation;
+pub mod mig_layout;
 pub mod need;
 pub mod service;
 pub mod verify;

@@ -11,7 +11,7 @@ use super::escalation;
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
 use crate::kube::EventSender;
-use crate::nvml::Nvml;
+use crate::nvml::{Nvml, Rescanner};
 use crate::remediation_state::metrics::Metrics;
 
 /// How often a GPU on its way back is looked at (its processes, NVML's signals).
@@ -23,6 +23,8 @@ pub struct Remediation {
     settings: Settings,
     nvml: Nvml,
     metrics: Metrics,
+    /// Reads the node again after a MIG layout is made again (its MIG devices are new).
+    rescanner: Option<Rescanner>,
 }
 
 impl Remediation {
@@ -31,7 +33,14 @@ impl Remediation {
             settings,
             nvml,
             metrics: Metrics::default(),
+            rescanner: None,
         }
+    }
+
+    /// Rescans with `rescanner` once a GPU's MIG layout is made again after its reset.
+    pub fn with_rescanner(mut self, rescanner: Rescanner) -> Self {
+        self.rescanner = Some(rescanner);
+        self
     }
 
     /// Its counters, for the exporter of the same process.
@@ -56,6 +65,7 @@ impl Subsystem for Remediation {
             .map(|(node, config)| EventSender::start(&helpers, node, config));
         let condition = kube.map(|(node, config)| escalation::start(&helpers, node, config));
         let nvml = self.nvml.clone();
+        let rescanner = self.rescanner;
         let mut engine = Engine::new(self.settings, self.nvml, self.metrics, events, condition);
         let mut changes = inventory.subscribe();
         ctx.set_ready();
@@ -73,6 +83,12 @@ impl Subsystem for Remediation {
                 signals: signals.into_iter().map(|s| (s.gpu, s)).collect(),
             };
             engine.step(&snapshot, &observed).await;
+            if engine.take_rescan()
+                && let Some(rescanner) = &rescanner
+                && let Err(err) = rescanner.rescan(&inventory).await
+            {
+                tracing::warn!(error = %crate::logging::error_chain(&err), "Cannot read the node again after making a MIG layout again");
+            }
             let views = engine.views();
             inventory.update(|s| {
                 for gpu in &mut s.gpus {

@@ -50,6 +50,9 @@ pub struct GpuRecord {
     /// The reboot command ran for this escalation (it runs once).
     #[serde(default)]
     pub reboot_asked: bool,
+    /// When the last reset gpud ran finished (milliseconds since the epoch).
+    #[serde(default)]
+    pub last_reset_ms: Option<u64>,
 }
 
 impl GpuRecord {
@@ -61,6 +64,7 @@ impl GpuRecord {
             since: humantime::format_rfc3339_seconds(since).to_string(),
             reason: self.reason.clone(),
             resets: self.reset_count,
+            last_reset_ms: self.last_reset_ms,
         }
     }
 
@@ -75,6 +79,7 @@ impl GpuRecord {
             reset_count: 0,
             escalation: None,
             reboot_asked: false,
+            last_reset_ms: None,
         }
     }
 
@@ -220,6 +225,16 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     files::write_atomic(path, bytes, 0o600).map_err(|e| crate::logging::error_chain(&e))
 }
 
+/// Milliseconds since the epoch.
+pub fn millis(at: SystemTime) -> u64 {
+    u64::try_from(
+        at.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
 /// Seconds since the epoch.
 pub fn seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
@@ -247,6 +262,7 @@ mod tests {
                 reset_count: 1,
                 escalation: None,
                 reboot_asked: false,
+                last_reset_ms: None,
             },
         );
         records.save();

@@ -515,11 +515,23 @@ impl Runtime {
                 f.reset();
                 if live {
                     self.apply_pending_mig_mode(node, gpu);
+                    self.drop_instances(node, gpu);
                 }
                 None
             }
         };
         Ok(emitted.filter(|_| live))
+    }
+
+    /// What a GPU reset does to the MIG devices of a GPU that stays in MIG mode: they are gone
+    /// (GPU and compute instances do not survive a reset; the mode does).
+    pub fn drop_instances(&mut self, node: &Node, gpu: usize) {
+        self.sync_state(node);
+        let mig = &mut self.mig[gpu];
+        if !mig.gpu_instances.is_empty() {
+            mig.gpu_instances.clear();
+            self.persist(node);
+        }
     }
 
     /// What a GPU reset does to MIG: the pending mode becomes current, dropping instances.
