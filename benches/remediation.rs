@@ -6,6 +6,8 @@
 //! 1 run a process each (a pod's work): they must never leave `Healthy`, and the reset command
 //! must only ever be given the failed GPU. Prints median, p90 and max.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/common/fake_kubelet.rs"]
 mod fake_kubelet;
 

@@ -26,7 +26,7 @@ pub enum Budget {
     /// Leases, through a client made on first use.
     Leases {
         lease: LeaseSettings,
-        budget: Option<SlotBudget>,
+        budget: Option<Box<SlotBudget>>,
     },
 }
 
@@ -74,13 +74,13 @@ impl Budget {
                     Some(budget) => budget,
                     None => {
                         let client = kube::connect(lease.kubeconfig.as_deref()).await?;
-                        budget.insert(SlotBudget::new(
+                        budget.insert(Box::new(SlotBudget::new(
                             client,
                             lease.namespace.clone(),
                             lease.holder.clone(),
                             lease.slots,
                             lease.duration,
-                        ))
+                        )))
                     }
                 };
                 let held = budget.try_acquire().await?;

@@ -161,11 +161,8 @@ mod tests {
             .unwrap();
         // The grandchild went with the group (a zombie until reaped by init at most).
         let alive = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                !s.split_whitespace()
-                    .nth(2)
-                    .is_some_and(|state| state == "Z")
-            })
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"))
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while alive() && std::time::Instant::now() < deadline {
