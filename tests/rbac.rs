@@ -3,13 +3,15 @@
 //! stand-in API server's authorizer, and every container that talks to the API server runs as
 //! the DaemonSet configures it (its command, its environment from ConfigMaps and the downward
 //! API, its mounted ConfigMaps) against the simulated node, through everything it writes: its
-//! first publication, a fatal XID, a DRA claim prepared, a MIG config asked for. A request the
-//! rules do not allow is answered 403, as the API server does, and fails the test with the
-//! combination, the container and the request.
+//! first publication, a fatal XID, a DRA claim prepared, a MIG config asked for, a GPU
+//! remediated (the pod holding it evicted, a Lease slot taken, the GPU reset and given back). A
+//! request the rules do not allow is answered 403, as the API server does, and fails the test
+//! with the combination, the container and the request.
 //!
 //! The only changes to a container's configuration are the ones a host needs: host paths lie
-//! under a temporary root, the API server is the stand-in (a kubeconfig), ports are free ones,
-//! and the health poll is fast.
+//! under a temporary root (the kubelet's pod-resources socket is a stand-in kubelet's there),
+//! the API server is the stand-in (a kubeconfig), ports are free ones, the health poll is fast,
+//! and a GPU reset is the simulated driver's (a script in place of `nvidia-smi -r`).
 //!
 //! Needs kubectl (for kustomize); skipped without it, except in CI.
 
@@ -20,6 +22,8 @@ mod common;
 mod fake_api;
 #[path = "common/fake_dra_kubelet.rs"]
 mod fake_dra_kubelet;
+#[path = "common/fake_pod_resources.rs"]
+mod fake_pod_resources;
 #[path = "common/raw_grpc.rs"]
 mod raw_grpc;
 
@@ -40,6 +44,14 @@ const ACCOUNT: (&str, &str) = ("gpud", "gpud");
 const POD_NAME: &str = "gpud-x7k2p";
 const NODE: &str = "test-node";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+/// The kubelet's pod-resources folder, where the remediation finds the pods holding a GPU.
+const POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources";
+/// The GPU the remediation drains, resets and gives back (GPU 3's XID 79 asks for a reboot,
+/// which it escalates), and the process a pod runs on it.
+const RESET_GPU: usize = 5;
+const TRAINING_PID: u32 = 4242;
+/// The pod holding that GPU, as the kubelet's pod-resources API and the API server know it.
+const TRAINING_POD: (&str, &str) = ("ml", "train");
 
 /// Whether kubectl can render; fails in CI without it.
 fn kubectl_present() -> bool {
@@ -194,6 +206,12 @@ impl Container {
             mig: self.argv.starts_with(&["mig".into(), "reconcile".into()])
                 || (run && self.env.contains_key("GPUD_MIG_CONFIG_FILE")),
             pods: (self.applet() == "exporter" || run) && self.on("GPUD_POD_USAGE"),
+            remediation: (self.applet() == "node-status" || run)
+                && self
+                    .env
+                    .get("GPUD_REMEDIATION")
+                    .is_some_and(|mode| mode != "off"),
+            evict: self.on("GPUD_REMEDIATION_EVICT"),
         }
     }
 }
@@ -209,6 +227,10 @@ struct Uses {
     mig: bool,
     /// This node's pods, for per-pod usage.
     pods: bool,
+    /// Leases, the Node's escalation condition and events.
+    remediation: bool,
+    /// Evictions of the pods holding a GPU to be reset.
+    evict: bool,
 }
 
 impl Uses {
@@ -217,9 +239,10 @@ impl Uses {
     }
 }
 
-/// The flags (with the value they get here) that put a host path under the test's root or
-/// make a run fast; each is given to the applets that take it.
-fn host_flags(root: &Path, kubeconfig: &Path) -> Vec<(&'static str, String)> {
+/// The flags (with the value they get here) that put a host path under the test's root, make
+/// a run fast or reset a simulated GPU (`reset`, in place of the driver's `nvidia-smi -r`);
+/// each is given to the applets that take it.
+fn host_flags(root: &Path, kubeconfig: &Path, reset: &Path) -> Vec<(&'static str, String)> {
     let under = |p: &str| root.join(p.trim_start_matches('/')).display().to_string();
     vec![
         ("--kubeconfig", kubeconfig.display().to_string()),
@@ -258,7 +281,37 @@ fn host_flags(root: &Path, kubeconfig: &Path) -> Vec<(&'static str, String)> {
             under("/run/nvidia/driver/usr/bin/nvidia-smi"),
         ),
         ("--mig-retry-interval", "200ms".into()),
+        (
+            "--remediation-pod-resources-socket",
+            under("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        ),
+        ("--remediation-reset-command", reset.display().to_string()),
     ]
+}
+
+/// A reset command for `node`'s simulated GPUs: called as `nvidia-smi -r` is (`-i <bus id>`
+/// appended), it resets that GPU through the control file.
+fn reset_script(node: &Node) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = node.dir.path().join("reset.sh");
+    let script = format!(
+        "#!/bin/sh\necho \"reset $2\" >> {}\n",
+        node.control_path().display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The UUID and PCI bus id of GPU `index` of `node`, from `gpud inventory`.
+fn gpu_ids(node: &Node, index: usize) -> (String, String) {
+    let out = common::stdout_ok(&node.run(&["inventory"]));
+    let inventory: Value = serde_json::from_str(&out).unwrap();
+    let gpu = &inventory["gpus"][index];
+    (
+        gpu["uuid"].as_str().unwrap().to_owned(),
+        gpu["pci"]["bus_id"].as_str().unwrap().to_owned(),
+    )
 }
 
 /// Whether `gpud <applet…>` takes `flag`, from its help.
@@ -288,6 +341,10 @@ struct Running {
     child: Child,
     api: FakeApi,
     what: String,
+    /// The GPU the remediation is to reset (UUID, PCI bus id), and the stand-in kubelet's
+    /// pod-resources server that names the pod holding it, when the container remediates.
+    remediated: Option<(String, String)>,
+    _pod_resources: Option<fake_pod_resources::FakeKubelet>,
 }
 
 impl Drop for Running {
@@ -335,10 +392,20 @@ impl Running {
             )
             .unwrap();
         }
+        let (remediated, pod_resources) = if uses.remediation {
+            let (uuid, bus_id) = gpu_ids(&node, RESET_GPU);
+            let pod_resources = uses
+                .evict
+                .then(|| serve_pod_resources(&api, &under(POD_RESOURCES), container, &uuid));
+            (Some((uuid, bus_id)), pod_resources)
+        } else {
+            (None, None)
+        };
         let kubeconfig = api.kubeconfig(node.dir.path());
+        let reset = reset_script(&node);
         let words = applet_words(&container.argv);
         let mut argv = container.argv.clone();
-        for (flag, value) in host_flags(&root, &kubeconfig) {
+        for (flag, value) in host_flags(&root, &kubeconfig, &reset) {
             if takes(&words, flag) {
                 argv.extend([flag.to_owned(), value]);
             }
@@ -379,11 +446,30 @@ impl Running {
             child,
             api,
             what,
+            remediated,
+            _pod_resources: pod_resources,
         }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(self.node.dir.path().join("gpud.log")).unwrap_or_default()
+    }
+
+    /// Waits until `fact` holds, failing at once on a refused request; after 30 s fails with
+    /// `what`, the requests and gpud's log.
+    fn until(&self, what: &str, fact: impl Fn() -> bool) {
+        common::until(&format!("{}: {what}", self.what), 30, || {
+            self.no_refusals();
+            if fact() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "requests: {:#?}\ngpud's log:\n{}",
+                    self.requests(),
+                    self.log()
+                ))
+            }
+        });
     }
 
     /// Fails at once with the requests RBAC refused, if any.
@@ -583,6 +669,104 @@ async fn exercise(running: &Running, uses: &Uses) {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    if uses.remediation {
+        remediate(running, uses.evict);
+    }
+}
+
+/// The stand-in kubelet's pod-resources server in `dir` (which the container must mount), its
+/// one GPU pod holding GPU `uuid`; the pod exists in the API server too, to be evicted.
+fn serve_pod_resources(
+    api: &FakeApi,
+    dir: &Path,
+    container: &Container,
+    uuid: &str,
+) -> fake_pod_resources::FakeKubelet {
+    assert!(
+        container
+            .mounts
+            .iter()
+            .any(|(path, _)| path == POD_RESOURCES),
+        "container {} evicts pods but does not mount {POD_RESOURCES}",
+        container.name
+    );
+    let (namespace, pod) = TRAINING_POD;
+    api.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": namespace, "uid": "uid-train"}}));
+    fake_pod_resources::FakeKubelet::start(
+        &dir.join("kubelet.sock"),
+        fake_pod_resources::answer(&[fake_pod_resources::Holder {
+            namespace,
+            pod,
+            container: "main",
+            resource: "nvidia.com/gpu",
+            ids: &[uuid],
+        }]),
+    )
+}
+
+/// A fatal XID that a reset fixes on a GPU a pod's process holds: the pod is evicted (with
+/// `evict`), its process ends, a Lease slot is taken, the GPU is reset and given back.
+fn remediate(running: &Running, evict: bool) {
+    let api = &running.api;
+    let (uuid, bus_id) = running.remediated.clone().unwrap();
+    let (namespace, pod) = TRAINING_POD;
+    if evict {
+        running
+            .node
+            .inject(&format!("process {RESET_GPU} {TRAINING_PID} 1024"));
+    }
+    running.node.inject(&format!("xid {RESET_GPU} 95"));
+    if evict {
+        running.until("the pod holding the GPU evicted", || {
+            api.evictions() == [format!("{namespace}/{pod}")]
+        });
+        assert!(
+            !api.pods().contains_key(&format!("{namespace}/{pod}")),
+            "{}: the evicted pod is still there",
+            running.what
+        );
+        // Its container stops: the process leaves the GPU.
+        running
+            .node
+            .inject(&format!("process-end {RESET_GPU} {TRAINING_PID}"));
+    }
+    let reset = format!("reset {bus_id}");
+    running.until("the GPU reset", || {
+        std::fs::read_to_string(running.node.control_path())
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line == reset)
+    });
+    let record = running.node.dir.path().join("state/remediation.json");
+    running.until("the GPU back in service", || {
+        let text = std::fs::read_to_string(&record).unwrap_or_default();
+        let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        record["gpus"][&uuid]["phase"] == "healthy" && record["gpus"][&uuid]["reset_count"] == 1
+    });
+    running.until("the GPURemediated event", || {
+        api.events().iter().any(|e| e["reason"] == "GPURemediated")
+    });
+    // The slot was a Lease of gpud's namespace, held by this node while the GPU was reset.
+    let slot = format!("{}/gpud-remediation-0", ACCOUNT.0);
+    assert!(
+        api.leases().contains_key(&slot),
+        "{}: no Lease {slot}: {:?}",
+        running.what,
+        api.leases()
+    );
+    assert!(
+        api.lease_writes()
+            .iter()
+            .any(|w| w.key == slot && w.holder() == Some(NODE)),
+        "{}: {slot} never held by {NODE}",
+        running.what
+    );
+    // GPU 3's XID 79 asks for a reboot: escalated on the Node.
+    running.until("the escalation on the Node", || {
+        api.condition("GPURemediationRequired")
+            .is_some_and(|c| c["status"] == "True")
+    });
 }
 
 fn wait_for_socket(running: &Running, socket: &Path) {
@@ -644,6 +828,11 @@ async fn node_status_taints_need_nothing_their_roles_do_not_grant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remediation_needs_nothing_its_roles_do_not_grant() {
+    check_component("remediation", "remediation", &["node-status"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dra_plugin_needs_nothing_its_role_does_not_grant() {
     check_component("dra", "dra", &["dra"]).await;
 }
@@ -660,22 +849,25 @@ async fn the_mig_reconciler_needs_nothing_its_role_does_not_grant() {
 
 /// Every API client in one `gpud run`, with every role: what one client does must not rely on
 /// a rule another's role brings only by chance (the single ones above), and together they
-/// still ask for nothing refused.
+/// still ask for nothing refused. The node status comes with taints or with the remediation
+/// (both include the node-status component, so they do not go together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpud_run_with_every_api_client_needs_nothing_the_roles_do_not_grant() {
     if !kubectl_present() {
         return;
     }
-    let components = [
-        "labeller-node",
-        "node-status-taints",
-        "dra",
-        "mig-manager-run",
-        "pod-usage",
-    ];
-    let ran = check("all-in-one", &components).await;
-    assert_eq!(ran.len(), 1, "{ran:?}");
-    eprintln!("RBAC all-in-one + {components:?}: allowed {ran:?}");
+    for status in ["node-status-taints", "remediation"] {
+        let components = [
+            "labeller-node",
+            status,
+            "dra",
+            "mig-manager-run",
+            "pod-usage",
+        ];
+        let ran = check("all-in-one", &components).await;
+        assert_eq!(ran.len(), 1, "{ran:?}");
+        eprintln!("RBAC all-in-one + {components:?}: allowed {ran:?}");
+    }
 }
 
 /// The authorizer itself: rules by group, resource, verb, name and namespace, as RBAC applies
@@ -849,15 +1041,55 @@ mod authorizer {
     /// itself can fail.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_missing_rule_is_caught() {
+        missing_rule_is_caught(
+            "node-status",
+            ("gpud-node-status", "nodes/status"),
+            |_| {},
+            &format!("patch nodes/status {NODE}"),
+            "cannot patch resource \"nodes/status\"",
+        );
+    }
+
+    /// The same for the remediation's eviction rule: the pod holding a GPU to be reset is not
+    /// evicted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_eviction_rule_is_caught() {
+        let (namespace, pod) = TRAINING_POD;
+        missing_rule_is_caught(
+            "remediation",
+            ("gpud-remediation", "pods/eviction"),
+            |running| {
+                // The health watcher runs once the node status has published.
+                running.answered(1, "PATCH", &format!("/api/v1/nodes/{NODE}/status"), || {});
+                running
+                    .node
+                    .inject(&format!("process {RESET_GPU} {TRAINING_PID} 1024"));
+                running.node.inject(&format!("xid {RESET_GPU} 95"));
+            },
+            &format!("create pods/eviction {pod} in namespace {namespace}"),
+            "cannot create resource \"pods/eviction\"",
+        );
+    }
+
+    /// Runs the node-status container of base + `component` with the rules for `resource`
+    /// dropped from the (Cluster)Role `role`, driven by `drive`: the first request refused is
+    /// `refused`, and gpud's log says so in the API server's words (`words`).
+    fn missing_rule_is_caught(
+        component: &str,
+        (role, resource): (&str, &str),
+        drive: impl FnOnce(&Running),
+        refused: &str,
+        words: &str,
+    ) {
         if !kubectl_present() {
             return;
         }
-        let mut objects = render("base", &["node-status"]);
-        // Drop the nodes/status rule from the node status's ClusterRole.
+        let mut objects = render("base", &[component]);
         for object in &mut objects {
-            if object["kind"] == "ClusterRole" && object["metadata"]["name"] == "gpud-node-status" {
+            let kind = object["kind"].as_str().unwrap_or_default();
+            if kind.ends_with("Role") && object["metadata"]["name"] == role {
                 let rules = object["rules"].as_array_mut().unwrap();
-                rules.retain(|r| r["resources"] != json!(["nodes/status"]));
+                rules.retain(|r| r["resources"] != json!([resource]));
             }
         }
         let rbac = Rbac::bound_to(&objects, ACCOUNT.0, ACCOUNT.1);
@@ -870,27 +1102,21 @@ mod authorizer {
             .find(|c| c["name"] == "node-status")
             .unwrap();
         let container = Container::from_manifest(manifest, pod, &objects);
-        let running = Running::start("node-status without nodes/status".into(), &container, rbac);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let refused = loop {
-            if let Some(refused) = running.api.forbidden().into_iter().next() {
-                break refused;
-            }
-            assert!(Instant::now() < deadline, "no refusal:\n{}", running.log());
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert_eq!(refused.0, format!("patch nodes/status {NODE}"));
-        // gpud says what was refused, in the API server's words.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !running
-            .log()
-            .contains("cannot patch resource \\\"nodes/status\\\"")
-            && !running
-                .log()
-                .contains("cannot patch resource \"nodes/status\"")
-        {
-            assert!(Instant::now() < deadline, "{}", running.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("{component} without {resource}");
+        let running = Running::start(what.clone(), &container, rbac);
+        drive(&running);
+        let first = common::until(&format!("{what}: a refusal"), 30, || {
+            let forbidden = running.api.forbidden();
+            forbidden.into_iter().next().ok_or_else(|| running.log())
+        });
+        assert_eq!(first.0, refused);
+        // gpud says what was refused, in the API server's words (quoted in its log or not).
+        let escaped = words.replace('"', "\\\"");
+        common::until(&format!("{what}: {words:?} in gpud's log"), 30, || {
+            let log = running.log();
+            (log.contains(words) || log.contains(&escaped))
+                .then_some(())
+                .ok_or(log)
+        });
     }
 }

@@ -9,7 +9,9 @@ binary (`--check-config`, exit 0); and every container keeps the least-privilege
 docs promise. The PrometheusRule must carry exactly packaging/prometheus/gpud-alerts.yaml. The
 node status runs once, where the layout puts it (its own container in base, `gpud run` in
 all-in-one), with taints only from node-status-taints; so does the DRA plugin, with its
-DeviceClasses and RBAC only from the dra component. Every DaemonSet rolls with a surge
+DeviceClasses and RBAC only from the dra component; so does the remediation (the remediation
+component: in the node status's process, privileged, with the kubelet's pod-resources folder
+and its Lease and eviction RBAC). Every DaemonSet rolls with a surge
 (maxSurge 1, maxUnavailable 0: the new pod takes over from the old one on the same node), no pod
 claims a host port (the surge pod could not be scheduled next to the old one), and every
 container mounts gpud's state directory, where the handover socket and the state live. The DRA
@@ -47,14 +49,22 @@ TOGGLES = ["sharing-config", "servicemonitor", "prometheus-rule", "runtime-class
 MIG = {"base": "mig-manager", "all-in-one": "mig-manager-run"}
 # The MPS control daemons: their own container beside the applets, or inside `gpud run`.
 MPS = {"base": "mps", "all-in-one": "mps-run"}
-# The containers that may run privileged: the one running the MIG reconciler and the one
-# running the MPS control daemons.
+# The remediation (GPU resets): in the node status's process, the node-status container in
+# base, `gpud run` in all-in-one.
+REMEDIATION = {"base": "node-status", "all-in-one": "gpud"}
+# The containers that may run privileged: the one running the MIG reconciler, the one running
+# the MPS control daemons and the one resetting GPUs.
 PRIVILEGED_CONTAINER = {
     "mig-manager": "mig-manager",
     "mig-manager-run": "gpud",
     "mps": "mps-control-daemon",
     "mps-run": "gpud",
 }
+# The kubelet's pod-resources folder: where the remediation finds the pods holding a GPU.
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+# What the NVIDIA container runtime puts on the PATH of a container that asks for the driver's
+# "utility" capability (NVIDIA_DRIVER_CAPABILITIES): the reset command's default program.
+RUNTIME_TOOLS = ["nvidia-smi"]
 
 
 def combinations():
@@ -95,6 +105,12 @@ def combinations():
                 if sink is None:
                     for extra in [[], ["dra"]]:
                         yield overlay, (["no-exporter"] if no_exporter else []) + ["toolkit"] + extra
+                # The remediation (with the node status it includes), alone, next to the DRA
+                # plugin and next to the MIG reconciler (two privileged parts).
+                for extra in [[], ["dra"], [MIG[overlay]]]:
+                    yield overlay, (["no-exporter"] if no_exporter else []) + (
+                        [sink] if sink else []
+                    ) + ["remediation"] + extra
                 # MPS sharing, alone, next to the node status and next to the MIG reconciler
                 # (one DaemonSet, distinct ports, one config).
                 for extra in [[], ["node-status"], [MIG[overlay]]]:
@@ -181,6 +197,22 @@ def mounted_config_maps(pod, container, objects, files_dir):
     return pairs
 
 
+def runtime_path(env, files_dir):
+    """The container's PATH: the image's, plus the driver's tools (stand-ins that do nothing)
+    where the NVIDIA container runtime would mount them: for a container that sees GPUs and
+    asks for the "utility" capability."""
+    path = "/usr/bin:/bin"
+    capabilities = env.get("NVIDIA_DRIVER_CAPABILITIES", "").split(",")
+    if env.get("NVIDIA_VISIBLE_DEVICES") and ("utility" in capabilities or "all" in capabilities):
+        tools = Path(files_dir, "nvidia-container-runtime")
+        tools.mkdir(exist_ok=True)
+        for tool in RUNTIME_TOOLS:
+            (tools / tool).write_text("#!/bin/sh\nexit 0\n")
+            (tools / tool).chmod(0o755)
+        path = f"{tools}:{path}"
+    return path
+
+
 def check_command(gpud, pod, container, objects, cache):
     command = container.get("command", []) + container.get("args", [])
     with tempfile.TemporaryDirectory() as files_dir:
@@ -196,7 +228,7 @@ def check_command(gpud, pod, container, objects, cache):
             return
         for mount_path, local in mounts:
             env = {k: v.replace(mount_path, local) if v.startswith(mount_path) else v for k, v in env.items()}
-        env_run = dict(env, PATH="/usr/bin:/bin")
+        env_run = dict(env, PATH=runtime_path(env, files_dir))
         out = subprocess.run(
             [Path(command[0]).name] + command[1:] + ["--check-config"],
             executable=gpud,
@@ -218,8 +250,11 @@ def check_security(container, privileged_ok):
     assert ctx.get("readOnlyRootFilesystem") is True, f"{name}: readOnlyRootFilesystem"
     if privileged_ok:
         # MIG changes need the driver's capability devices and a GPU reset (docs/mig.md);
-        # MPS needs compute mode, the shm tmpfs and a Bidirectional mount (docs/mps.md).
-        assert ctx.get("privileged") is True, f"{name}: the MIG reconciler / MPS daemons run privileged"
+        # MPS needs compute mode, the shm tmpfs and a Bidirectional mount (docs/mps.md); the
+        # remediation resets GPUs (docs/remediation.md).
+        assert ctx.get("privileged") is True, (
+            f"{name}: the MIG reconciler / MPS daemons / remediation run privileged"
+        )
     else:
         assert ctx.get("allowPrivilegeEscalation") is False, f"{name}: allowPrivilegeEscalation"
         assert not ctx.get("privileged"), f"{name}: privileged"
@@ -235,7 +270,7 @@ def check_security(container, privileged_ok):
     assert resources["requests"]["memory"] and resources["limits"]["memory"], f"{name}: memory"
 
 
-def check_objects(objects, gpud, cache, version, components):
+def check_objects(overlay, objects, gpud, cache, version, components):
     kinds = [o["kind"] for o in objects]
     toolkits = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == TOOLKIT]
     assert len(toolkits) == ("toolkit" in components), f"DaemonSets {TOOLKIT}: {len(toolkits)}"
@@ -250,6 +285,8 @@ def check_objects(objects, gpud, cache, version, components):
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"], "a node selector on GPU nodes"
     privileged = {PRIVILEGED_CONTAINER[c] for c in components if c in PRIVILEGED_CONTAINER}
+    if "remediation" in components:
+        privileged.add(REMEDIATION[overlay])
     check_mps(components, daemonsets[0], pod, objects)
     ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
     assert len(ports) == len(set(ports)), f"containers share a port: {sorted(ports)}"
@@ -409,7 +446,8 @@ def check_node_status(overlay, components, objects):
     """The node status runs exactly once, where the layout puts it: a gpud-node-status
     container in the per-applet base, `gpud run` with GPUD_NODE_STATUS=true in all-in-one;
     taints (and the permission they need) only with node-status-taints."""
-    status = any(c in NODE_STATUS for c in components)
+    # The remediation component includes the node status.
+    status = any(c in NODE_STATUS + ["remediation"] for c in components)
     taints = "node-status-taints" in components
     pod = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpud")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
@@ -435,6 +473,102 @@ def check_node_status(overlay, components, objects):
     roles = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
     assert ("gpud-node-status" in roles) == status, f"ClusterRoles: {sorted(roles)}"
     assert ("gpud-node-status-taints" in roles) == taints, f"ClusterRoles: {sorted(roles)}"
+
+
+def env_sources(container, objects, var):
+    """Where the container's environment sets `var`: each ConfigMap of its envFrom that has the
+    key, and each env entry naming it."""
+    config_maps = {
+        o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"
+    }
+    sources = [
+        f"ConfigMap {s['configMapRef']['name']}"
+        for s in container.get("envFrom", [])
+        if var in config_maps.get(s["configMapRef"]["name"], {})
+    ]
+    sources += [f"env {v['name']}" for v in container.get("env", []) if v["name"] == var]
+    return sources
+
+
+# The remediation's settings, as the remediation component sets them.
+REMEDIATION_ENV = {
+    "GPUD_REMEDIATION": "reset",
+    "GPUD_REMEDIATION_EVICT": "true",
+    "GPUD_REMEDIATION_NAMESPACE": "gpud",
+}
+# Its RBAC: exactly what it asks for (src/kube/lease.rs, src/kube/eviction.rs; tests/rbac.rs
+# runs it against these rules): the budget's Leases in gpud's namespace, evictions anywhere.
+REMEDIATION_ROLE = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+]
+REMEDIATION_CLUSTER_ROLE = [
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+]
+
+
+def check_remediation(overlay, components, objects):
+    """The remediation runs exactly once, where the layout puts it (the node-status container in
+    base, `gpud run` in all-in-one), in reset mode with eviction, each setting from one source;
+    that container is privileged and mounts the kubelet's pod-resources folder (read-only,
+    once); the Lease Role (in the namespace the Leases are written to) and the eviction
+    ClusterRole, bound to gpud's service account, come with the remediation component and
+    only with it."""
+    remediation = "remediation" in components
+    pod = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpud")["spec"]["template"]["spec"]
+    runners = [
+        c["name"] for c in pod["containers"] if env_sources(c, objects, "GPUD_REMEDIATION")
+    ]
+    assert runners == ([REMEDIATION[overlay]] if remediation else []), (
+        f"containers with GPUD_REMEDIATION: {runners}"
+    )
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"].endswith("Role")}
+    bindings = {
+        (o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"].endswith("RoleBinding")
+    }
+    for kind in ["Role", "ClusterRole"]:
+        assert ((kind, "gpud-remediation") in roles) == remediation, f"{kind}s: {sorted(roles)}"
+        assert ((f"{kind}Binding", "gpud-remediation") in bindings) == remediation, (
+            f"{kind}Bindings: {sorted(bindings)}"
+        )
+    if not remediation:
+        return
+    container = next(c for c in pod["containers"] if c["name"] == runners[0])
+    env = container_env(container, objects, None)
+    for var, value in REMEDIATION_ENV.items():
+        sources = env_sources(container, objects, var)
+        assert len(sources) == 1, f"{var} set by {sources}, expected once"
+        assert env[var] == value, f"{var}={env[var]!r}, expected {value!r}"
+    assert container.get("securityContext", {}).get("privileged") is True, (
+        f"{runners[0]}: resets GPUs, not privileged"
+    )
+    assert pod["automountServiceAccountToken"] is True, "the remediation without its token"
+    # The kubelet's pod-resources socket, where the pods to evict are found.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"] == POD_RESOURCES]
+    assert len(mounts) == 1, f"{runners[0]}: mounts at {POD_RESOURCES}: {mounts}"
+    assert mounts[0].get("readOnly") is True, f"{runners[0]}: {POD_RESOURCES} is writable"
+    host = volumes[mounts[0]["name"]].get("hostPath", {}).get("path")
+    assert host == POD_RESOURCES, f"{runners[0]}: {POD_RESOURCES} mounted from {host}"
+    paths = [m["mountPath"] for m in container["volumeMounts"]]
+    assert len(paths) == len(set(paths)), f"{runners[0]}: a path mounted twice: {paths}"
+    socket = env.get("GPUD_REMEDIATION_POD_RESOURCES_SOCKET", f"{POD_RESOURCES}/kubelet.sock")
+    assert socket.startswith(POD_RESOURCES + "/"), f"the pod-resources socket {socket} is not mounted"
+    # The rules, each bound to gpud's service account, the Role where the Leases are written.
+    role = roles[("Role", "gpud-remediation")]
+    assert role["metadata"]["namespace"] == env["GPUD_REMEDIATION_NAMESPACE"], (
+        f"Role in {role['metadata']['namespace']}, Leases in {env['GPUD_REMEDIATION_NAMESPACE']}"
+    )
+    assert role["rules"] == REMEDIATION_ROLE, f"Role rules: {role['rules']}"
+    cluster_role = roles[("ClusterRole", "gpud-remediation")]
+    assert cluster_role["rules"] == REMEDIATION_CLUSTER_ROLE, f"ClusterRole rules: {cluster_role['rules']}"
+    for kind in ["RoleBinding", "ClusterRoleBinding"]:
+        binding = bindings[(kind, "gpud-remediation")]
+        assert binding["roleRef"]["name"] == "gpud-remediation", binding["roleRef"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpud", "namespace": "gpud"}
+        ], binding["subjects"]
+        if kind == "RoleBinding":
+            assert binding["metadata"]["namespace"] == role["metadata"]["namespace"], binding["metadata"]
 
 
 def validate(unique):
@@ -553,9 +687,10 @@ def main():
     for overlay, components in combos:
         objects = render(overlay, components)
         try:
-            check_objects(objects, gpud, cache, version, components)
+            check_objects(overlay, objects, gpud, cache, version, components)
             check_node_status(overlay, components, objects)
             check_dra(overlay, components, objects)
+            check_remediation(overlay, components, objects)
         except AssertionError as err:
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)
