@@ -85,8 +85,8 @@ pub struct Engine {
     drainer: Drainer,
     events: Option<EventSender>,
     escalation: Option<watch::Sender<Escalation>>,
-    /// When GPUs left service lately, for the circuit breaker.
-    recent_faults: VecDeque<SystemTime>,
+    /// When which GPU left service lately, for the circuit breaker.
+    recent_faults: VecDeque<(SystemTime, String)>,
     /// GPUs whose verify command passed in their current verification.
     verified: Vec<String>,
     /// The MIG layout each GPU had before its reset, until it is made again.
@@ -151,7 +151,7 @@ impl Engine {
     pub async fn step(&mut self, snapshot: &Snapshot, observed: &Observed) {
         let now = SystemTime::now();
         self.recent_faults
-            .retain(|at| now.duration_since(*at).is_ok_and(|d| d < NODE_FAULT_WINDOW));
+            .retain(|(at, _)| now.duration_since(*at).is_ok_and(|d| d < NODE_FAULT_WINDOW));
         // Every GPU that failed is quarantined first, so the circuit breaker sees all the
         // GPUs that failed together before any of them is reset.
         for gpu in &snapshot.gpus {
@@ -267,7 +267,13 @@ impl Engine {
     ) -> Next {
         let fault = gpu.health.reason.clone().unwrap_or_default();
         let total = snapshot.gpus.len();
-        let failing = self.recent_faults.len();
+        // Distinct GPUs: one GPU failing again is the reset limit's to judge.
+        let failing = self
+            .recent_faults
+            .iter()
+            .map(|(_, uuid)| uuid)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         if total >= 2 && failing * 2 > total {
             return Next::Escalate(
                 REBOOT_REQUIRED,
@@ -580,7 +586,7 @@ impl Engine {
         let from = record.phase;
         match phase {
             Phase::Quarantined => {
-                self.recent_faults.push_back(now);
+                self.recent_faults.push_back((now, gpu.uuid.clone()));
                 record.out_since = Some(gpu.health.since.map_or_else(|| seconds(now), seconds));
             }
             Phase::Healthy => {
