@@ -87,11 +87,8 @@ impl Backoff {
     /// The pause before the next attempt: the current step plus up to a quarter of it; the
     /// step then doubles, up to the cap.
     pub fn next_delay(&mut self) -> Duration {
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
         let step = self.next;
-        let jitter = step.mul_f64((self.seed % 1000) as f64 / 4000.0);
+        let jitter = step.mul_f64((next_random(&mut self.seed) % 1000) as f64 / 4000.0);
         self.next = (self.next * 2).min(self.max);
         step + jitter
     }
@@ -106,6 +103,21 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.next = self.start;
     }
+}
+
+/// The next number of the xorshift generator whose state is `seed` (never zero).
+fn next_random(seed: &mut u64) -> u64 {
+    *seed |= 1;
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+/// A pause drawn uniformly from `[0, window)` ("full jitter"): for a fleet that must not
+/// arrive together, where [`Backoff`]'s quarter of jitter would keep it in step.
+pub fn spread(seed: &mut u64, window: Duration) -> Duration {
+    window.mul_f64((next_random(seed) % 1_000_000) as f64 / 1_000_000.0)
 }
 
 /// A jitter seed from a name (the node's), stable across restarts and different per node.
@@ -173,6 +185,19 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(timed.next_delay_at(now), plain.next_delay());
         }
+    }
+
+    #[test]
+    fn a_spread_pause_is_uniform_in_its_window() {
+        let mut seed = seed_from("node-a");
+        let window = Duration::from_secs(10);
+        let pauses: Vec<Duration> = (0..1000).map(|_| spread(&mut seed, window)).collect();
+        assert!(pauses.iter().all(|p| *p < window));
+        let early = pauses.iter().filter(|p| **p < window / 2).count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 in the first half"
+        );
     }
 
     #[test]

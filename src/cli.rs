@@ -101,6 +101,17 @@ pub struct ApiArgs {
     #[arg(long, value_name = "DURATION", env = "GPUD_API_UNREADY_AFTER", default_value = "2m",
           value_parser = crate::values::positive_duration)]
     pub api_unready_after: std::time::Duration,
+
+    /// Requests per second this gpud sends the API server at most, all its parts together (a
+    /// client-side token bucket); past it requests wait their turn, none is dropped.
+    #[arg(long, value_name = "QPS", env = "GPUD_API_QPS", default_value = "5",
+          value_parser = crate::values::positive_rate)]
+    pub api_qps: f64,
+
+    /// Requests this gpud may send at once after a quiet spell, above --api-qps.
+    #[arg(long, value_name = "N", env = "GPUD_API_BURST", default_value = "10",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_burst: u32,
 }
 
 impl ApiArgs {

@@ -18,9 +18,26 @@ pub fn duration(text: &str) -> Result<std::time::Duration, String> {
     })
 }
 
+/// A clap value parser for a rate above zero, such as requests per second ("5", "0.5").
+pub fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err("must be a number above zero, e.g. 5 or 0.5".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rate_must_be_a_number_above_zero() {
+        assert_eq!(positive_rate("0.5"), Ok(0.5));
+        let expected = "must be a number above zero, e.g. 5 or 0.5";
+        for bad in ["0", "-1", "fast", "inf", "NaN", ""] {
+            assert_eq!(positive_rate(bad).unwrap_err(), expected, "{bad}");
+        }
+    }
 
     #[test]
     fn bad_durations_get_an_example() {

@@ -55,6 +55,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let (health, _) = args.health.resolve("dra")?;
     let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
     let config = args

@@ -68,6 +68,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     crate::logging::init(args.common.log_format);
     let (health, _) = args.health.resolve("labeller")?;
     let rescan_interval = rescan_interval(&args.rescan)?;

@@ -366,6 +366,7 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
         ));
     }
     args.reconcile.validate(args.node_name.as_deref())?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let nvml = args.common.start()?;
     let facts = NodeFacts {
         node_name: args.node_name.clone(),

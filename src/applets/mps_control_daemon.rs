@@ -54,6 +54,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let settings = settings_source::load_at_start(&args.plugin)?;
     if settings.mps_root.is_none() {
         return Err(Error::config(

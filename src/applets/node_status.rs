@@ -62,6 +62,7 @@ pub fn node_name(name: Option<&str>, what: &str) -> Result<String, Error> {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let (health, _) = args.health.resolve("node-status")?;
     let node = node_name(args.node.node_name.as_deref(), "the node status")?;
     let remediation = args.remediation.resolve(

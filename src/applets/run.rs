@@ -152,6 +152,7 @@ struct Reloadable {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let enabled = |subsystem| !args.disable.contains(&subsystem);
     // Everything that reads a file or a flag is checked before NVML is opened, so a bad
     // config exits with its reason and nothing half-started.

@@ -141,9 +141,15 @@ impl ApiError {
     }
 
     /// The pause before the next attempt: the backoff's `delay`, or longer if the API
-    /// server asked for longer.
+    /// server asked for longer, lengthened by up to a half at random
+    /// ([`super::pace::spread`]; a `Retry-After` by up to as long again): every node of a
+    /// fleet that failed in the same second (an outage, a 429 to all) must not retry in the
+    /// same second again, which the backoff's quarter of jitter alone does not prevent.
     pub fn paced(&self, delay: Duration) -> Duration {
-        self.retry_after().map_or(delay, |after| after.max(delay))
+        let factor = super::pace::spread();
+        let delay = delay.mul_f64(factor);
+        self.retry_after()
+            .map_or(delay, |after| after.mul_f64(2.0 * factor - 1.0).max(delay))
     }
 
     /// Says how long the API server asked gpud to wait, when it did: the caller's next try
@@ -285,10 +291,18 @@ mod tests {
         let err = failed(refused(429, 7)).await;
         assert_eq!(err.status(), Some(429));
         assert_eq!(err.retry_after(), Some(Duration::from_secs(7)));
-        assert_eq!(err.paced(Duration::from_secs(1)), Duration::from_secs(7));
-        assert_eq!(err.paced(Duration::from_secs(9)), Duration::from_secs(9));
+        let secs = Duration::from_secs;
+        for _ in 0..50 {
+            let paced = err.paced(secs(1));
+            assert!(paced >= secs(7) && paced < secs(14), "{paced:?}");
+            let paced = err.paced(secs(9));
+            assert!(paced >= secs(9) && paced < secs(14), "{paced:?}");
+        }
         let plain = failed(refused(500, 0)).await;
-        assert_eq!(plain.paced(Duration::from_secs(1)), Duration::from_secs(1));
+        for _ in 0..50 {
+            let paced = plain.paced(secs(2));
+            assert!(paced >= secs(2) && paced < secs(3), "{paced:?}");
+        }
     }
 
     #[tokio::test]

@@ -31,7 +31,9 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
     // No retries hidden inside one call: kube-rs would otherwise repeat a 429, 503 or 504 up
     // to 15 times from 5 ms within the call's time limit, unseen by gpud's log and backoff.
     // Each call is one request; its caller retries on gpud's backoff, lengthened to what the
-    // API server asks for ([`ApiError::paced`]).
+    // API server asks for ([`ApiError::paced`]). Every request of the process passes one
+    // pacer first: the client-side rate limit and the gate that spreads a fleet's return
+    // after an outage ([`super::pace`]).
     let mut config = config;
     config.default_retry = false;
     let builder = ::kube::client::ClientBuilder::try_from(config)
@@ -39,6 +41,7 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, ApiErr
     let keep_retry_after: fn(Reply) -> Reply = retry_after_status;
     let bounded: fn(Reply) -> Reply = limit_body;
     Ok(builder
+        .with_layer(&super::pace::PaceLayer(super::pace::pacer()))
         .with_layer(&tower::util::MapResponseLayer::new(keep_retry_after))
         .with_layer(&tower::util::MapResponseLayer::new(bounded))
         .build())

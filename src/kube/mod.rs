@@ -1,6 +1,9 @@
 //! The Kubernetes seam: the one way gpud talks to the API server.
 //!
 //! - [`connect`]: a client from a kubeconfig file or the in-cluster service account;
+//! - [`pace`]: every request of the process through one token bucket (`--api-qps`,
+//!   `--api-burst`) and a gate that, while the API server cannot be reached, lets one probe
+//!   through after a fully jittered pause, so a fleet comes back spread out;
 //! - [`bounded`]: every call with a time limit, failures as one [`ApiError`]; a call is one
 //!   request (kube-rs's own retry layer is off), and its caller retries on gpud's backoff,
 //!   lengthened by [`ApiError::paced`] to the `retryAfterSeconds` of a 429;
@@ -25,6 +28,7 @@ pub mod events;
 mod eviction;
 mod lease;
 mod node;
+pub mod pace;
 pub mod pods;
 pub mod readiness;
 
@@ -33,5 +37,7 @@ pub use client::connect;
 pub use event_sender::EventSender;
 pub use eviction::{Eviction, evict};
 pub use lease::{HeldSlot, SLOT_PREFIX, SlotBudget, slot_name};
-pub use node::{ConditionRecord, MAX_CONDITION_MESSAGE, NodeClient, NodeView, clip_message};
+pub use node::{
+    ConditionRecord, MAX_CONDITION_MESSAGE, NodeClient, NodeView, Watched, clip_message,
+};
 pub use readiness::ApiReadiness;
