@@ -2162,3 +2162,61 @@ async fn gpus_carry_their_pcie_root_numa_node_and_nvlink_domain() {
     // No sysfs link for GPU 3: no root complex rather than a wrong one.
     assert_eq!(placement(&slices, "gpu-3"), (Value::Null, json!(1), clique));
 }
+
+/// What a thousand nodes' plugins cost the API server: after its first list the publisher
+/// lists from the API server's cache (`resourceVersion=0`), and a watch that breaks resumes
+/// from the last version it saw, replaying nothing, instead of starting again from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_first_list_slices_are_listed_from_the_cache_and_watched_from_a_version() {
+    let mut dra = Dra::new("pcie-4gpu");
+    // The first watch breaks without an answer, as when the API server goes away.
+    dra.api.refuse(
+        Rule::exact(
+            "GET",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            Fault::Drop,
+        )
+        .query("watch=true")
+        .nth(1),
+    );
+    // A real API server's versions are never 0 ("any"), the fake's first one is.
+    dra.api.state.lock().unwrap().slice_version = 100;
+    dra.start();
+    let first = dra.slices_when("slices", |_| true);
+    dra.api.wipe_slices("test-node");
+    dra.slices_when("slices again", |s| generation(s) > generation(&first));
+    let calls: Vec<String> = dra
+        .api
+        .log()
+        .into_iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path
+                    .starts_with("/apis/resource.k8s.io/v1/resourceslices?")
+        })
+        .map(|r| r.path)
+        .collect();
+    let (watches, lists): (Vec<&String>, Vec<&String>) =
+        calls.iter().partition(|p| p.contains("watch=true"));
+    let version = |path: &str| {
+        path.split(['?', '&'])
+            .find_map(|pair| pair.strip_prefix("resourceVersion="))
+            .map(str::to_owned)
+    };
+    assert!(lists.len() >= 2, "{lists:?}");
+    let bare = lists.iter().filter(|p| version(p).is_none()).count();
+    assert!(bare <= 1, "more than the first list read etcd: {lists:?}");
+    assert!(
+        lists[1..]
+            .iter()
+            .all(|p| version(p).as_deref() == Some("0")),
+        "{lists:?}"
+    );
+    assert!(watches.len() >= 2, "{watches:?}");
+    assert!(
+        watches[1..]
+            .iter()
+            .all(|p| version(p).is_some_and(|v| v != "0")),
+        "a watch started again from 0: {watches:?}"
+    );
+}

@@ -7,6 +7,12 @@
 //! change), the kubelet (re-)registering the plugin, any watch event on the node's slices,
 //! the periodic resync — and a sync that finds nothing to do costs one list.
 //!
+//! What it costs the API server, per node: the first list reads from etcd; every later one
+//! (`resourceVersion=0`) is answered from the API server's watch cache. The watch resumes from
+//! the last version it saw (bookmarks keep that current while nothing changes), so renewing it
+//! every few minutes replays nothing and lists nothing; only a watch that fails (410 Gone after
+//! a long break, an outage) makes the publisher list again.
+//!
 //! Why watch as well as re-list on registration: the kubelet deletes the node's slices when it
 //! starts and again 30 s after it loses the plugin, in a retried `DeleteCollection` whose
 //! timing relative to the plugin's (re-)registration is not fixed. Re-listing only when the
@@ -21,7 +27,7 @@ use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use tracing::{debug, info};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion};
 use super::objects::{Device, SliceSpec};
@@ -42,6 +48,9 @@ pub struct Publisher {
     node: String,
     /// The highest generation written or seen.
     generation: i64,
+    /// The resourceVersion the watch resumes from: the last list's or event's, shared with
+    /// the clone that watches; `None` until the first list, and after a failed watch.
+    seen: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -68,6 +77,7 @@ impl Publisher {
             driver: driver.to_owned(),
             node: node.to_owned(),
             generation: 0,
+            seen: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -86,14 +96,32 @@ impl Publisher {
         Ok((Api::all_with(self.api.client(), &version.slices()), version))
     }
 
+    /// Whether the watch can resume from a version it saw, missing nothing.
+    pub fn resumable(&self) -> bool {
+        self.seen().is_some()
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     async fn list(&self) -> Result<Vec<Existing>, ResourceApiError> {
         let (api, version) = self.slices().await?;
-        let params = ListParams::default().fields(&self.selector());
+        let mut params = ListParams::default().fields(&self.selector());
+        // After the first list, from the API server's cache: not older than what the watch
+        // has seen, which is all a sync needs, and no read of etcd.
+        if self.seen().is_some() {
+            params = params.match_any();
+        }
         let list = bounded(
             || format!("listing the ResourceSlices of node {}", self.node),
             api.list(&params),
         )
         .await?;
+        // "0" is no position to resume from (a watch from it replays the current state).
+        if let Some(at) = list.metadata.resource_version.clone().filter(|v| v != "0") {
+            self.seen().get_or_insert(at);
+        }
         let out: Vec<Existing> = list
             .items
             .into_iter()
@@ -167,25 +195,43 @@ impl Publisher {
         Ok(true)
     }
 
-    /// Watches the node's slices and wakes `changed` on every event, until the watch fails
-    /// (the caller restarts it after a pause).
+    /// Watches the node's slices and wakes `changed` on every event, until the watch ends
+    /// (the caller opens it again at once) or fails (the caller lists again, then watches
+    /// after a pause).
     pub async fn watch(&self, changed: &Notify) -> Result<(), ResourceApiError> {
         let (api, _) = self.slices().await?;
         let params = WatchParams::default()
             .fields(&self.selector())
             .timeout(WATCH_SECONDS);
+        let from = self.seen().clone();
         // Bounded like every call: an API server that never answers the watch request is
         // reported and the watch reopened, instead of waiting on it forever.
         let stream = bounded(
             || format!("watching the ResourceSlices of node {}", self.node),
-            api.watch(&params, "0"),
+            api.watch(&params, from.as_deref().unwrap_or("0")),
         )
         .await?;
-        // A slice deleted while no watch was open (between a failed watch and this one) sends
+        // Without a version to resume from, a slice deleted while no watch was open sends
         // this watch no event: the publisher lists again once the watch is open.
-        changed.notify_one();
+        if from.is_none() {
+            changed.notify_one();
+        }
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
+            let at = match &event {
+                Ok(
+                    WatchEvent::Added(object)
+                    | WatchEvent::Modified(object)
+                    | WatchEvent::Deleted(object),
+                ) => object.metadata.resource_version.clone(),
+                Ok(WatchEvent::Bookmark(bookmark)) => {
+                    Some(bookmark.metadata.resource_version.clone())
+                }
+                _ => None,
+            };
+            if let Some(at) = at.filter(|v| v != "0") {
+                *self.seen() = Some(at);
+            }
             match event {
                 Ok(WatchEvent::Deleted(object)) => {
                     debug!(slice = ?object.metadata.name, "ResourceSlice deleted");
@@ -194,6 +240,8 @@ impl Publisher {
                 Ok(WatchEvent::Added(_) | WatchEvent::Modified(_)) => changed.notify_one(),
                 Ok(WatchEvent::Bookmark(_)) => {}
                 Ok(WatchEvent::Error(status)) => {
+                    // 410 Gone: the version is older than the API server keeps; list anew.
+                    *self.seen() = None;
                     return Err(ResourceApiError::Call(ApiError::Api {
                         what: format!("watching the ResourceSlices of node {}", self.node),
                         source: kube::Error::Api(status),

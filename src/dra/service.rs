@@ -221,11 +221,13 @@ async fn watch_slices(
                     backoff.reset();
                     continue;
                 }
-                Err(err) => info!(error = %logging::error_chain(&err), "ResourceSlice watch failed; listing again, then watching again after a pause"),
+                Err(err) => info!(error = %logging::error_chain(&err), "ResourceSlice watch failed; watching again after a pause"),
             },
         }
-        // A watch that reopens may have missed events.
-        events.notify_one();
+        // A watch that cannot resume from where it was may have missed events: list again.
+        if !publisher.resumable() {
+            events.notify_one();
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(backoff.next_delay()) => {}

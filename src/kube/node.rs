@@ -27,6 +27,15 @@ use super::ApiError;
 use super::call::bounded;
 use super::events::NodeEvent;
 
+/// What [`NodeClient::changed`] saw.
+#[derive(Debug)]
+pub enum Watched {
+    /// The Node changed; this is it now.
+    Changed(Box<Node>),
+    /// Nothing changed; the watch goes on from this version.
+    Quiet(String),
+}
+
 /// The namespace events about the Node are created in.
 pub const EVENTS_NAMESPACE: &str = "default";
 
@@ -38,6 +47,9 @@ pub struct NodeView {
     pub taints: Vec<Taint>,
     /// `(type, status, lastTransitionTime)` of every condition.
     pub conditions: Vec<(String, String, Option<String>)>,
+    /// `(type, reason, message)` of every condition, to tell whether a write would change
+    /// anything.
+    pub said: Vec<(String, String, String)>,
 }
 
 /// The longest condition message gpud writes; longer ones are cut, ending in `…`.
@@ -114,10 +126,18 @@ impl NodeClient {
     /// The Node's conditions, taints and version.
     pub async fn read(&self) -> Result<NodeView, ApiError> {
         let node = self.get().await?;
-        let conditions = node
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
+        let all = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        let said = all
+            .iter()
+            .map(|c| {
+                (
+                    c.type_.clone(),
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let conditions = all
             .into_iter()
             .map(|c| {
                 (
@@ -132,6 +152,7 @@ impl NodeClient {
             resource_version: node.metadata.resource_version,
             taints: node.spec.and_then(|s| s.taints).unwrap_or_default(),
             conditions,
+            said,
         })
     }
 
@@ -200,8 +221,11 @@ impl NodeClient {
     }
 
     /// Waits until the Node changes after `version`, or `limit` passes, or the API server
-    /// ends the watch (which it may do at any time: callers read again after every wake).
-    pub async fn changed(&self, version: &str, limit: Duration) -> Result<(), ApiError> {
+    /// ends the watch (which it may do at any time). A change comes with the Node as the
+    /// watch sent it, so the caller need not read it again; a quiet end comes with the
+    /// version to watch from next (bookmarks move it on while other objects change), so a
+    /// watch renewed every few minutes costs one request and no read.
+    pub async fn changed(&self, version: &str, limit: Duration) -> Result<Watched, ApiError> {
         let seconds = u32::try_from(limit.as_secs().clamp(1, 290)).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.node))
@@ -209,19 +233,35 @@ impl NodeClient {
         let what = || format!("watching node {}", self.node);
         let stream = bounded(what, self.nodes.watch(&params, version)).await?;
         let mut stream = std::pin::pin!(stream);
-        match tokio::time::timeout(limit, stream.next()).await {
-            Ok(Some(Err(source))) => Err(ApiError::Api {
-                what: what(),
-                source,
-            }),
-            // The API server ends a watch with an ERROR event, a 410 Gone when `version` is
-            // too old: an error, so that the caller reads again and a watch that keeps failing
-            // is paced by the caller's backoff rather than reopened at once.
-            Ok(Some(Ok(WatchEvent::Error(status)))) => Err(ApiError::Api {
-                what: what(),
-                source: ::kube::Error::Api(status),
-            }),
-            _ => Ok(()),
+        let mut at = version.to_owned();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Err(source))) => {
+                    return Err(ApiError::Api {
+                        what: what(),
+                        source,
+                    });
+                }
+                // The API server ends a watch with an ERROR event, a 410 Gone when `version`
+                // is too old: an error, so that the caller reads again and a watch that keeps
+                // failing is paced by the caller's backoff rather than reopened at once.
+                Ok(Some(Ok(WatchEvent::Error(status)))) => {
+                    return Err(ApiError::Api {
+                        what: what(),
+                        source: ::kube::Error::Api(status),
+                    });
+                }
+                Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
+                    at = bookmark.metadata.resource_version;
+                }
+                Ok(Some(Ok(
+                    WatchEvent::Added(node)
+                    | WatchEvent::Modified(node)
+                    | WatchEvent::Deleted(node),
+                ))) => return Ok(Watched::Changed(Box::new(node))),
+                Ok(None) | Err(_) => return Ok(Watched::Quiet(at)),
+            }
         }
     }
 

@@ -164,6 +164,13 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How long labels the API sink found or wrote on the object count as still there: within
+/// it, a pass with the same labels reads nothing. Each read is a GET of the Node (or the
+/// NodeFeature and the pod); every `sleepInterval` (60 s) on every node of a large cluster
+/// would be most of what gpud asks the API server while nothing changes. A label someone
+/// removed is put back within this long.
+pub const API_RECHECK: Duration = Duration::from_secs(300);
+
 /// Pending work for the API sink: the labels still to write, and when to try next.
 #[derive(Debug)]
 struct ApiState {
@@ -171,6 +178,8 @@ struct ApiState {
     pending: Option<Labels>,
     retry_at: Option<Instant>,
     backoff: Backoff,
+    /// The labels last found on (or written to) the object, and when.
+    confirmed: Option<(Labels, Instant)>,
 }
 
 impl ApiState {
@@ -181,7 +190,21 @@ impl ApiState {
             pending: None,
             retry_at: None,
             backoff: Backoff::new(seed ^ timestamp),
+            confirmed: None,
         }
+    }
+
+    /// Asks for `labels` on the object at `now`: nothing to do when they are the ones
+    /// confirmed there within [`API_RECHECK`].
+    fn want(&mut self, labels: &Labels, now: Instant) {
+        let fresh = self.confirmed.as_ref().is_some_and(|(held, at)| {
+            held == labels && now.saturating_duration_since(*at) < API_RECHECK
+        });
+        if fresh && self.pending.is_none() {
+            return;
+        }
+        self.pending = Some(labels.clone());
+        self.retry_at = Some(now);
     }
 
     /// Tries to write the pending labels once; schedules a retry on failure.
@@ -211,6 +234,7 @@ impl ApiState {
                 self.pending = None;
                 self.retry_at = None;
                 self.backoff.reset();
+                self.confirmed = Some((wanted, Instant::now()));
                 Ok(())
             }
             Err(err) => {
@@ -315,8 +339,7 @@ pub async fn run(
                 file_written = true;
             }
             if let Some(api) = &mut api {
-                api.pending = Some(current.clone());
-                api.retry_at = Some(Instant::now());
+                api.want(&current, Instant::now());
             }
             written = Some(core);
         }

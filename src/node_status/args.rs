@@ -13,8 +13,8 @@ pub struct NodeStatusArgs {
           value_parser = crate::values::positive_duration)]
     pub node_status_hold: Duration,
 
-    /// The conditions are re-applied this often even when nothing changed (their heartbeat),
-    /// which also restores them if someone removed them.
+    /// The Node is read this often even when nothing changed, and gpud's conditions and
+    /// taints written again only if someone removed or changed them.
     #[arg(long, value_name = "DURATION", env = "GPUD_NODE_STATUS_RESYNC", default_value = "5m",
           value_parser = crate::values::positive_duration)]
     pub node_status_resync: Duration,

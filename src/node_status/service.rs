@@ -28,7 +28,7 @@ use crate::doctor_report::LatestReport;
 use crate::inventory::Inventory;
 use crate::inventory::transitions;
 use crate::kube::events::Outbox;
-use crate::kube::{self, ApiError, ApiReadiness, ConditionRecord, NodeClient};
+use crate::kube::{self, ApiError, ApiReadiness, ConditionRecord, NodeClient, NodeView};
 
 /// The node-status subsystem for one node.
 /// The field manager of gpud's conditions and taints, and the component of its events.
@@ -214,7 +214,10 @@ impl Subsystem for NodeStatus {
             if now >= next_attempt && pending {
                 let attempt = async {
                     if due {
-                        uid = write(&api, &want, settings.taints.any()).await?;
+                        // A resync with nothing changed, or the first write of a process
+                        // (a restart), writes only what the Node does not show already.
+                        let resync = wrote.as_ref().is_none_or(|w| w == &want);
+                        uid = write(&api, &want, settings.taints.any(), resync).await?;
                     } else if !answered {
                         uid = api.read().await?.uid;
                     }
@@ -308,13 +311,21 @@ async fn next_report(
 
 /// One write of the whole desired state from a fresh read: gpud's taints first (the read's
 /// resourceVersion guards them), then the conditions. Returns the Node's uid for events.
+///
+/// A `resync` (nothing changed since the last write, or nothing written yet by this process)
+/// writes nothing when the Node still shows all of it: re-applying identical conditions only to move `lastHeartbeatTime` would cost
+/// every node a write per resync, which a large cluster's API server pays for all of them.
 async fn write(
     api: &NodeClient,
     want: &Wrote,
     taints_on: bool,
+    resync: bool,
 ) -> Result<Option<String>, ApiError> {
     let view = api.read().await?;
     let now = SystemTime::now();
+    if resync && shows(&view, want, taints_on) {
+        return Ok(view.uid);
+    }
     if taints_on {
         let added = Time(
             k8s_openapi::jiff::Timestamp::try_from(now)
@@ -357,6 +368,23 @@ async fn write(
         .collect();
     api.apply_conditions(&records).await?;
     Ok(view.uid)
+}
+
+/// Whether the Node in `view` already shows `want`: every condition with its status, reason
+/// and message, and gpud's taints as wanted.
+fn shows(view: &NodeView, want: &Wrote, taints_on: bool) -> bool {
+    let conditions = want.conditions.iter().all(|condition| {
+        let status = view.conditions.iter().any(|(kind, status, _)| {
+            kind == condition.kind && Status::parse(status) == condition.status
+        });
+        let said = view.said.iter().any(|(kind, reason, message)| {
+            kind == condition.kind && reason == condition.reason && *message == condition.message
+        });
+        status && said
+    });
+    let added = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let taints = !taints_on || taints::plan(&view.taints, &want.taints, &added).is_none();
+    conditions && taints
 }
 
 /// Sends the waiting events, oldest first, until one fails.

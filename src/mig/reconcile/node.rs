@@ -4,8 +4,9 @@
 //! Node client ([`crate::kube::NodeClient`]) with field manager [`FIELD_MANAGER`].
 //!
 //! Changes are waited for with a watch on the one Node (field selector on its name) from the
-//! version last read; the loop re-reads the Node after every wake, so a watch that ends early
-//! (the API server closes watches at will) costs one GET, never a missed change.
+//! version last seen; a change brings the Node with it, and a watch that ends quietly (the API
+//! server closes watches at will) is opened again from the version its bookmarks reached, so
+//! a Node that does not change costs one watch request per renewal and no read.
 
 use serde_json::{Value, json};
 
@@ -51,15 +52,19 @@ pub fn report_patch(state: State, reason: Option<&str>) -> Value {
 
 /// Reads the requested config, the state and the reason from the Node.
 pub async fn read(client: &NodeClient) -> Result<View, ApiError> {
-    let node = client.get().await?;
+    Ok(view_of(client.get().await?))
+}
+
+/// The reconciler's view of `node` (as read, or as a watch sent it).
+pub fn view_of(node: k8s_openapi::api::core::v1::Node) -> View {
     let labels = node.metadata.labels.unwrap_or_default();
     let annotations = node.metadata.annotations.unwrap_or_default();
-    Ok(View {
+    View {
         wanted: labels.get(CONFIG_LABEL).filter(|v| !v.is_empty()).cloned(),
         state: labels.get(STATE_LABEL).cloned(),
         reason: annotations.get(REASON_ANNOTATION).cloned(),
         version: node.metadata.resource_version.unwrap_or_default(),
-    })
+    }
 }
 
 /// Writes `state` and `reason` on the Node.

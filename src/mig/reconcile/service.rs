@@ -24,7 +24,7 @@ use super::node::{self, FIELD_MANAGER, State, View};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::Inventory;
-use crate::kube::{self, ApiReadiness, NodeClient};
+use crate::kube::{self, ApiReadiness, NodeClient, Watched};
 use crate::mig::apply::{ApplyError, Outcome};
 use crate::mig_state::metrics::Metrics;
 use crate::mig_state::record::{self, Record};
@@ -365,10 +365,40 @@ impl Reconciler {
         let mut watch_backoff = Backoff::new(backoff::seed_from(&self.node).rotate_left(1));
         let mut done: Option<String> = None;
         let mut retry: Option<Retry> = None;
+        // What the last watch brought: the Node as it sent it, or the version a quiet watch
+        // ended at; either spares a read.
+        let mut watched: Option<Watched> = None;
+        // When a failed config is retried, if the Node still asks for it.
+        let mut retry_due: Option<Instant> = None;
         loop {
-            let read = tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                read = node::read(&client) => read,
+            let read = match watched.take() {
+                Some(Watched::Changed(object)) => Ok(node::view_of(*object)),
+                Some(Watched::Quiet(version)) => {
+                    let limit = retry_due
+                        .map_or(WATCH_MAX, |at| at.saturating_duration_since(Instant::now()));
+                    if limit.is_zero() {
+                        // A retry is due: read, so the attempt starts from the Node now.
+                        tokio::select! {
+                            () = cancel.cancelled() => return Ok(()),
+                            read = node::read(&client) => read,
+                        }
+                    } else {
+                        let waited = tokio::select! {
+                            () = cancel.cancelled() => return Ok(()),
+                            waited = client.changed(&version, limit.min(WATCH_MAX)) => waited,
+                        };
+                        match self.after_watch(waited, &mut watch_backoff, &cancel).await {
+                            Some(next) => watched = Some(next),
+                            None if cancel.is_cancelled() => return Ok(()),
+                            None => {}
+                        }
+                        continue;
+                    }
+                }
+                None => tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    read = node::read(&client) => read,
+                },
             };
             let view = match read {
                 Ok(view) => {
@@ -430,27 +460,45 @@ impl Reconciler {
                 }
                 continue;
             }
-            let limit = retry
+            retry_due = retry
                 .as_ref()
                 .filter(|r| view.wanted.as_ref() == Some(&r.label))
-                .map_or(WATCH_MAX, |r| {
-                    r.at.saturating_duration_since(Instant::now())
-                })
+                .map(|r| r.at);
+            let limit = retry_due
+                .map_or(WATCH_MAX, |at| at.saturating_duration_since(Instant::now()))
                 .min(WATCH_MAX);
             let waited = tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 waited = client.changed(&view.version, limit) => waited,
             };
-            match waited {
-                Ok(()) => watch_backoff.reset(),
-                Err(err) => {
-                    let delay = err.paced(watch_backoff.next_delay());
-                    warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; reading it again after a pause");
-                    tokio::select! {
-                        () = cancel.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(delay) => {}
-                    }
+            watched = self.after_watch(waited, &mut watch_backoff, &cancel).await;
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// What to do after a watch: go on from what it saw, or, when it failed, read the Node
+    /// again (`None`) after a pause.
+    async fn after_watch(
+        &self,
+        waited: Result<Watched, kube::ApiError>,
+        watch_backoff: &mut Backoff,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Option<Watched> {
+        match waited {
+            Ok(watched) => {
+                watch_backoff.reset();
+                Some(watched)
+            }
+            Err(err) => {
+                let delay = err.paced(watch_backoff.next_delay());
+                warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; reading it again after a pause");
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(delay) => {}
                 }
+                None
             }
         }
     }
