@@ -42,6 +42,8 @@ use tokio::sync::oneshot;
 
 #[path = "rbac.rs"]
 pub mod rbac;
+#[path = "rebind.rs"]
+mod rebind;
 
 /// What the fake API server saw and holds.
 #[derive(Default)]
@@ -1498,17 +1500,7 @@ impl FakeApi {
     /// Serves again on the same port, with what it held before.
     pub fn restart(&mut self) {
         self.stop();
-        // The port was ours a moment ago; a connection the stop closed may hold it briefly.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match std::net::TcpListener::bind(("127.0.0.1", self.port)) {
-                Ok(listener) => break listener,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Err(err) => panic!("rebinding 127.0.0.1:{}: {err}", self.port),
-            }
-        };
+        let listener = rebind::rebind(self.port);
         self.serving = Some(serve(listener, Arc::clone(&self.state)));
     }
 
