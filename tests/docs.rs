@@ -93,6 +93,14 @@ const FOREIGN_ENV: &[(&str, &str)] = &[
     ("GPUD_BLESS", "the test harness: rewrite golden files"),
     ("GPUD_BENCH_BASELINE", "make bench"),
     ("GPUD_BENCH_INTERVALS", "make bench"),
+    (
+        "GPUD_FLEET_GPUD",
+        "make fleet: another gpud binary to measure",
+    ),
+    (
+        "GPUD_FLEET_ARGS",
+        "make fleet: more gpud run flags for every node",
+    ),
 ];
 
 fn repo() -> PathBuf {
