@@ -43,10 +43,10 @@ impl Site {
     }
 
     /// The reset command: logs its arguments, runs `before` (a hang, a failure), then resets
-    /// the GPU named by `-i <bus id>` through the control file.
+    /// the GPUs named by `-i <bus id>[,<bus id>…]` through the control file.
     fn reset_script(&self, before: &str) {
         let script = format!(
-            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\necho \"reset $2\" >> {control}\n",
+            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\nfor id in $(echo \"$2\" | tr , ' '); do echo \"reset $id\" >> {control}; done\n",
             log = self.path("resets.log").display(),
             control = self.node.control_path().display(),
         );
@@ -243,6 +243,85 @@ async fn an_idle_gpu_is_reset_verified_and_given_back_to_the_kubelet() {
         let needle = format!("from={from} to={to}");
         assert_eq!(log.matches(&needle).count(), 1, "{needle} once in:\n{log}");
     }
+}
+
+/// Two PCIe GPUs joined by an NVLink bridge are reset as one: the sound peer is withdrawn
+/// from the kubelet with the faulty GPU, drained (its own process waited for), reset by the
+/// same command and given back with it; the other pair is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_is_reset_together_with_its_nvlink_bridged_peer() {
+    let site = Site::new("pcie-4gpu");
+    let (faulty, faulty_bus) = site.gpu(0);
+    let (peer, peer_bus) = site.gpu(1);
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &[]);
+    let registration = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let first = next_list(&mut stream, 10).await;
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+
+    site.node.inject("process 1 4343 1024 50");
+    site.node.inject("xid 0 95");
+    // The kubelet sees GPU 0, then GPU 0 and its peer, withdrawn; then both back (the peer
+    // let go a moment after the GPU it was held for).
+    let mut withdrawn_together = false;
+    loop {
+        let list = next_list(&mut stream, 20).await;
+        let mut sick: Vec<&str> = list
+            .devices
+            .iter()
+            .filter(|d| d.health != "Healthy")
+            .map(|d| d.id.as_str())
+            .collect();
+        sick.sort_unstable();
+        let mut pair = [faulty.as_str(), peer.as_str()];
+        pair.sort_unstable();
+        if sick == pair {
+            withdrawn_together = true;
+        } else if sick.is_empty() && withdrawn_together {
+            break;
+        } else if withdrawn_together {
+            assert_eq!(sick, [peer.as_str()], "withdrawn after the pair");
+        } else {
+            assert!(
+                sick == [faulty.as_str()] || sick.is_empty(),
+                "withdrawn: {sick:?}"
+            );
+        }
+        if withdrawn_together && site.resets().is_empty() {
+            // Held, not reset: the peer's own process still runs.
+            let held = site.record_when(&peer, "GPU 1 held for GPU 0", phase_is("draining"));
+            assert_eq!(held["leader"], faulty.as_str());
+            let reason = held["held_for"].as_str().unwrap();
+            assert!(reason.contains("NVLink peer"), "{reason}");
+            site.record_when(&faulty, "GPU 0 waits for GPU 1's process", |g| {
+                g["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("pid 4343")
+            });
+            assert!(site.resets().is_empty(), "reset under the peer's process");
+            site.node.inject("process-end 1 4343");
+        }
+    }
+    assert_eq!(site.resets(), [format!("-i {faulty_bus},{peer_bus}")]);
+    let leader = site.record_when(&faulty, "GPU 0 back", phase_is("healthy"));
+    assert_eq!(leader["reset_count"], 1);
+    let held = site.record_when(&peer, "GPU 1 let go", phase_is("healthy"));
+    assert_eq!(
+        held["reset_count"], 0,
+        "the peer's own reset budget is untouched"
+    );
+    assert!(
+        held.get("leader").is_none() && held.get("held_for").is_none(),
+        "{held}"
+    );
+    let log = site.log();
+    assert!(
+        log.contains("GPU remediation (held for its NVLink peer)"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -364,7 +364,8 @@ impl State {
 
     /// One XID occurrence, after de-duplication: counted, then judged.
     /// Clears what a reset clears on each GPU gpud's remediation reports reset since this
-    /// watcher last looked (at start: any reset it reports), as of when that reset finished.
+    /// watcher last looked (at start: any reset it reports), as of when that reset finished,
+    /// and holds out of service the GPUs it holds for a peer's reset.
     /// `reported` is `(index, uuid, remediation)` of each GPU, from the inventory of this
     /// process or from the record another process wrote.
     fn on_resets<'a>(
@@ -372,6 +373,8 @@ impl State {
         reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
     ) {
         for (index, uuid, remediation) in reported {
+            self.tracker
+                .observe_hold(index, remediation.held_for.as_deref(), SystemTime::now());
             let Some(reset_ms) = remediation.last_reset_ms else {
                 continue;
             };

@@ -6,6 +6,7 @@
 //! - [`need`]: what a GPU needs (reset, reboot, hardware), from the driver and the verdict;
 //! - [`engine`]: the per-GPU state machine and its safety rules;
 //! - [`drain`], [`budget`], [`command`], [`verify`], [`mig_layout`]: its steps;
+//! - [`peers`]: the NVLink peers a reset takes together;
 //! - [`escalation`]: the Node condition `GPURemediationRequired`;
 //! - [`service`]: the subsystem.
 
@@ -17,6 +18,7 @@ pub mod engine;
 pub mod escalation;
 pub mod mig_layout;
 pub mod need;
+pub mod peers;
 pub mod service;
 pub mod verify;
 

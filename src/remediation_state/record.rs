@@ -53,6 +53,13 @@ pub struct GpuRecord {
     /// When the last reset gpud ran finished (milliseconds since the epoch).
     #[serde(default)]
     pub last_reset_ms: Option<u64>,
+    /// The GPU (UUID) whose reset takes this sound one too, as its NVLink peer: while set,
+    /// this GPU follows that one's phases and is held out of service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Why it is held, in words (stable while held: the health verdict quotes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_for: Option<String>,
 }
 
 impl GpuRecord {
@@ -65,6 +72,7 @@ impl GpuRecord {
             reason: self.reason.clone(),
             resets: self.reset_count,
             last_reset_ms: self.last_reset_ms,
+            held_for: self.held_for.clone(),
         }
     }
 
@@ -80,6 +88,8 @@ impl GpuRecord {
             escalation: None,
             reboot_asked: false,
             last_reset_ms: None,
+            leader: None,
+            held_for: None,
         }
     }
 
@@ -263,6 +273,8 @@ mod tests {
                 escalation: None,
                 reboot_asked: false,
                 last_reset_ms: None,
+                leader: None,
+                held_for: None,
             },
         );
         records.save();
