@@ -410,6 +410,55 @@ fn reboot_asked_by_the_driver_escalates_on_the_node() {
     assert!(site.resets().is_empty());
 }
 
+/// A reset GPU must pass the doctor's checks of it before it goes back: an NVLink that stayed
+/// down (a degradation the health verdict tolerates, a failure for the doctor) keeps it out
+/// and escalates, naming the check; the user's verify command then never runs.
+#[test]
+fn a_reset_gpu_that_fails_the_doctors_checks_is_escalated_not_given_back() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(4);
+    let verified = site.path("verified");
+    let verify = format!("touch {}", verified.display());
+    let _gpud = site.start(None, &["--remediation-verify-command", &verify]);
+    site.node.inject("nvlink-down 4 2");
+    site.node.inject("xid 4 95");
+    let record = site.record_when(&uuid, "GPU 4 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed");
+    assert_eq!(
+        record["reason"],
+        "reset, but the doctor's checks fail: gpu.nvlink: GPU 4: NVLink 2 down"
+    );
+    assert_eq!(record["reset_count"], 1);
+    assert!(
+        !verified.exists(),
+        "the verify command ran after a failed check"
+    );
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"verify\",result=\"failed\"} 1")
+    });
+
+    // A GPU that passes them runs the verify command and goes back.
+    let (other, _) = site.gpu(5);
+    site.node.inject("xid 5 95");
+    site.record_when(&other, "GPU 5 back", phase_is("healthy"));
+    assert!(verified.exists(), "the verify command did not run");
+    // GPU 4's verdict is only degraded now (the reset cleared its XID), yet it stays out:
+    // held until a reboot, not given back by its verdict.
+    let record = site.record_when(&uuid, "GPU 4 still escalated", phase_is("escalated"));
+    assert_eq!(
+        record["held_for"],
+        "it failed its checks after gpud reset it; it returns to service after the node reboots"
+    );
+    assert!(
+        !site.log().contains("from=escalated to=healthy"),
+        "{}",
+        site.log()
+    );
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"verify\",result=\"success\"} 1")
+    });
+}
+
 #[test]
 fn a_failing_reset_escalates_and_a_gpu_that_keeps_failing_is_suspected_hardware() {
     let site = Site::new("dgx-h100");

@@ -26,7 +26,7 @@ use super::drain::Drainer;
 use super::escalation::Escalation;
 use super::mig_layout;
 use super::need::{Need, need};
-use super::{peers, verify};
+use super::{doctor, peers, verify};
 use crate::inventory::health::HealthSource;
 use crate::inventory::model::Gpu;
 use crate::inventory::{HealthState, Snapshot};
@@ -57,6 +57,10 @@ const URGENCY: [&str; 4] = [
     HARDWARE_SUSPECTED,
 ];
 
+/// Why a GPU that failed its checks after a reset stays out of service (its verdict quotes it).
+pub const WITHHELD: &str =
+    "it failed its checks after gpud reset it; it returns to service after the node reboots";
+
 /// What NVML says of every GPU at one step.
 #[derive(Debug)]
 pub struct Observed {
@@ -71,6 +75,9 @@ enum Next {
     Note(String),
     To(Phase, String),
     Escalate(&'static str, String),
+    /// Escalate as `ResetFailed` and hold it out of service: it failed the checks after its
+    /// reset although its health verdict may look fine.
+    Withhold(String),
 }
 
 /// The state machine of every GPU of the node.
@@ -171,7 +178,7 @@ impl Engine {
             for _ in 0..4 {
                 let record = self.records.get(&gpu.uuid);
                 let next = self.next(snapshot, gpu, &record, Some(observed)).await;
-                let moved = matches!(next, Next::To(..) | Next::Escalate(..));
+                let moved = matches!(next, Next::To(..) | Next::Escalate(..) | Next::Withhold(..));
                 // Read again: a reset records itself before its command runs.
                 let record = self.records.get(&gpu.uuid);
                 self.apply(gpu, record, next);
@@ -238,10 +245,15 @@ impl Engine {
                     .clone()
                     .unwrap_or_else(|| "unhealthy".to_owned()),
             ),
-            Phase::Quarantined | Phase::Draining | Phase::Escalated if healthy => Next::To(
-                Phase::Healthy,
-                "its health verdict cleared by itself".to_owned(),
-            ),
+            // A GPU withheld after failed checks waits for a reboot, whatever its verdict says.
+            Phase::Quarantined | Phase::Draining | Phase::Escalated
+                if healthy && record.held_for.is_none() =>
+            {
+                Next::To(
+                    Phase::Healthy,
+                    "its health verdict cleared by itself".to_owned(),
+                )
+            }
             Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
             Phase::Draining => self.drain(snapshot, gpu, record).await,
             Phase::Resetting => {
@@ -592,30 +604,13 @@ impl Engine {
                 }
             }
         }
-        if let Some(line) = self.settings.verify_command.clone()
-            && !self.verified.contains(&gpu.uuid)
-        {
-            let bus_id = gpu.pci.bus_id.to_string();
-            let index = gpu.index.to_string();
-            let env = [
-                ("GPUD_GPU_UUID", gpu.uuid.as_str()),
-                ("GPUD_GPU_BUS_ID", bus_id.as_str()),
-                ("GPUD_GPU_INDEX", index.as_str()),
-            ];
-            let outcome = command::run(&line, &[], &env, self.settings.verify_timeout).await;
-            self.metrics.count(
-                "verify",
-                if outcome.succeeded() {
-                    "success"
-                } else {
-                    "failed"
-                },
-            );
-            if !outcome.succeeded() {
-                return Next::Escalate(
-                    RESET_FAILED,
-                    format!("reset, but the verify command {} {outcome}", line.join(" ")),
-                );
+        if !self.verified.contains(&gpu.uuid) {
+            let indices: Vec<u32> = group.iter().map(|g| g.index).collect();
+            let checked = self.checks(gpu, &indices).await;
+            self.metrics
+                .count("verify", if checked.is_ok() { "success" } else { "failed" });
+            if let Err(why) = checked {
+                return Next::Withhold(format!("reset, but {why}"));
             }
             self.verified.push(gpu.uuid.clone());
         }
@@ -634,6 +629,45 @@ impl Engine {
                 Phase::Healthy,
                 "reset, verified and back in service".to_owned(),
             ),
+        }
+    }
+
+    /// The checks a reset GPU (with the peers reset with it, `indices`) passes before it goes
+    /// back: the doctor's per-GPU checks, then the user's verify command. `Err` says which
+    /// failed.
+    async fn checks(&mut self, gpu: &Gpu, indices: &[u32]) -> Result<(), String> {
+        match &self.settings.gpud_binary {
+            Some(gpud) => {
+                let lib = self.nvml.library_path().to_path_buf();
+                let limit = self.settings.verify_timeout.min(doctor::LIMIT);
+                let warnings = doctor::check(gpud, &lib, indices, limit).await;
+                let warnings =
+                    warnings.map_err(|why| format!("the doctor's checks fail: {why}"))?;
+                if !warnings.is_empty() {
+                    warn!(gpu = gpu.index, uuid = %gpu.uuid, warnings = %warnings.join("; "), "The reset GPU passes the doctor's checks with warnings");
+                }
+            }
+            None => {
+                warn!(
+                    gpu = gpu.index,
+                    "Cannot find gpud's own binary (/proc/self/exe): the reset GPU is verified without the doctor's checks"
+                );
+            }
+        }
+        let Some(line) = self.settings.verify_command.clone() else {
+            return Ok(());
+        };
+        let bus_id = gpu.pci.bus_id.to_string();
+        let index = gpu.index.to_string();
+        let env = [
+            ("GPUD_GPU_UUID", gpu.uuid.as_str()),
+            ("GPUD_GPU_BUS_ID", bus_id.as_str()),
+            ("GPUD_GPU_INDEX", index.as_str()),
+        ];
+        let outcome = command::run(&line, &[], &env, self.settings.verify_timeout).await;
+        match outcome.succeeded() {
+            true => Ok(()),
+            false => Err(format!("the verify command {} {outcome}", line.join(" "))),
         }
     }
 
@@ -694,6 +728,10 @@ impl Engine {
             }
             Next::To(phase, reason) => (phase, reason, None),
             Next::Escalate(why, reason) => (Phase::Escalated, reason, Some(why)),
+            Next::Withhold(reason) => {
+                record.held_for = Some(WITHHELD.to_owned());
+                (Phase::Escalated, reason, Some(RESET_FAILED))
+            }
         };
         let from = record.phase;
         match phase {
