@@ -410,6 +410,98 @@ fn reboot_asked_by_the_driver_escalates_on_the_node() {
     assert!(site.resets().is_empty());
 }
 
+/// With `--remediation-reboot-command`, an escalation that asks for a reboot runs it, once
+/// however many GPUs ask (the node reboots once); the escalation stays on the Node for the
+/// reboot to answer.
+#[test]
+fn the_reboot_command_runs_once_for_the_gpus_that_ask_for_a_reboot() {
+    let site = Site::new("dgx-h100");
+    let (first, _) = site.gpu(1);
+    let (second, _) = site.gpu(2);
+    let reboots = site.path("reboots.log");
+    let reboot = site.path("reboot.sh");
+    std::fs::write(
+        &reboot,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", reboots.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&reboot, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let command = format!("{} --now", reboot.display());
+    let _gpud = site.start(None, &["--remediation-reboot-command", &command]);
+    site.node.inject("xid 1 79");
+    let record = site.record_when(&first, "GPU 1 escalated, reboot asked", |g| {
+        g["phase"] == "escalated" && g["reboot_asked"] == true
+    });
+    assert_eq!(record["escalation"], "RebootRequired");
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"reboot\",result=\"success\"} 1")
+    });
+    assert_eq!(std::fs::read_to_string(&reboots).unwrap(), "--now\n");
+    // A second GPU asking for a reboot escalates too, but the node reboots once.
+    site.node.inject("xid 2 79");
+    site.record_when(&second, "GPU 2 escalated", phase_is("escalated"));
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"escalate\",result=\"RebootRequired\"} 2")
+    });
+    assert_eq!(std::fs::read_to_string(&reboots).unwrap(), "--now\n");
+    assert!(site.resets().is_empty());
+}
+
+/// The budget's Leases live in the API server: while it does not answer, a drained GPU waits
+/// for a slot and is never reset; when it answers again the slot is taken and the GPU reset.
+#[test]
+fn with_the_api_server_down_a_drained_gpu_waits_for_its_slot_and_is_not_reset() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    let mut api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let mut cmd = site.command(
+        None,
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--remediation-max-concurrent",
+            "1",
+            "--remediation-lease-duration",
+            "2s",
+        ],
+    );
+    cmd.env("NODE_NAME", "node-a");
+    let _gpud = Daemon(cmd.spawn().unwrap());
+    site.wait_ready();
+    api.stop();
+    site.node.inject("xid 3 95");
+    site.record_when(&uuid, "GPU 3 waiting for a slot", |g| {
+        g["phase"] == "draining"
+            && g["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("idle; waiting for a remediation slot")
+    });
+    until("the budget's warning", 20, || {
+        let log = site.log();
+        log.contains("Cannot take a remediation slot: no GPU is reset until the API server answers")
+            .then_some(())
+            .ok_or(log)
+    });
+    assert!(site.resets().is_empty(), "reset without a slot");
+    api.restart();
+    site.record_when(&uuid, "GPU 3 back", phase_is("healthy"));
+    assert_eq!(site.resets().len(), 1);
+    let lease = &api.leases()["gpud/gpud-remediation-0"];
+    let writes = api.lease_writes();
+    assert!(
+        writes.iter().any(|w| w.holder() == Some("node-a")),
+        "{writes:?} {lease:#}"
+    );
+    assert!(
+        site.log().contains("The API server answers again"),
+        "{}",
+        site.log()
+    );
+}
+
 /// A reset GPU must pass the doctor's checks of it before it goes back: an NVLink that stayed
 /// down (a degradation the health verdict tolerates, a failure for the doctor) keeps it out
 /// and escalates, naming the check; the user's verify command then never runs.
@@ -653,6 +745,32 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
             .spawn()
             .unwrap(),
     );
+    // And the exporter's container: the remediation's metrics come from the record.
+    let address = format!("127.0.0.1:{}", site.port);
+    let _exporter = Daemon(
+        site.node
+            .gpud(&[
+                "exporter",
+                "-a",
+                &address,
+                "-c",
+                "100",
+                "--kmsg",
+                "",
+                "--health-poll-interval",
+                "50ms",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    site.wait_ready();
+    let before = site.metrics_when(|b| b.contains("DCGM_FI_DEV_GPU_TEMP"));
+    assert!(
+        !before.contains("gpud_remediation"),
+        "no record, no families"
+    );
     let registration = kubelet.next_registration(10).await;
     let mut client = kubelet.plugin(&registration.endpoint).await;
     let mut stream = list_and_watch(&mut client).await;
@@ -678,6 +796,39 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
     }
     assert_eq!(site.resets(), [format!("-i {bus_id}")]);
     site.record_when(&uuid, "GPU 5 back", phase_is("healthy"));
+    // The exporter reads the counters at its next render, its health watcher the phases at
+    // its next poll.
+    let back = format!("{uuid}\",pci_bus_id=\"{bus_id}\"");
+    let body = site.metrics_when(|b| {
+        b.contains("gpud_remediation_duration_seconds_count 1")
+            && b.lines().any(|l| {
+                l.starts_with("gpud_remediation_state{")
+                    && l.contains(&back)
+                    && l.ends_with("state=\"healthy\"} 1")
+            })
+    });
+    assert!(
+        body.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1"),
+        "{body}"
+    );
+    let states: Vec<&str> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpud_remediation_state{") && l.contains(&uuid) && l.ends_with(" 1")
+        })
+        .collect();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert!(states[0].contains("state=\"healthy\""), "{states:?}");
+    // A phase other than healthy reaches the exporter's container too.
+    let (escalated, _) = site.gpu(6);
+    site.node.inject("xid 6 79");
+    site.metrics_when(|b| {
+        b.lines().any(|l| {
+            l.starts_with("gpud_remediation_state{")
+                && l.contains(&escalated)
+                && l.ends_with("state=\"escalated\"} 1")
+        })
+    });
 }
 
 #[test]

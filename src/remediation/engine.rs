@@ -111,7 +111,8 @@ impl Engine {
         events: Option<EventSender>,
         escalation: Option<watch::Sender<Escalation>>,
     ) -> Self {
-        let records = Records::load(settings.state_file.clone());
+        let mut records = Records::load(settings.state_file.clone());
+        records.keep_counters(&metrics);
         let budget = Budget::new(&settings);
         let drainer = Drainer::new(&settings);
         Engine {
