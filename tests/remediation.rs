@@ -149,6 +149,12 @@ impl Site {
         std::fs::read_to_string(self.path("stderr.log")).unwrap_or_default()
     }
 
+    /// Asserts that gpud's log has `needle`, showing the log when it has not.
+    fn assert_logged(&self, needle: &str) {
+        let log = self.log();
+        assert!(log.contains(needle), "no {needle:?} in:\n{log}");
+    }
+
     fn metrics_when(&self, accept: impl Fn(&str) -> bool) -> String {
         http::wait_for(self.port, "/metrics", 20, |a| accept(&a.body)).body
     }
@@ -317,11 +323,7 @@ async fn a_gpu_is_reset_together_with_its_nvlink_bridged_peer() {
         held.get("leader").is_none() && held.get("held_for").is_none(),
         "{held}"
     );
-    let log = site.log();
-    assert!(
-        log.contains("GPU remediation (held for its NVLink peer)"),
-        "{log}"
-    );
+    site.assert_logged("GPU remediation (held for its NVLink peer)");
 }
 
 #[test]
@@ -495,11 +497,7 @@ fn with_the_api_server_down_a_drained_gpu_waits_for_its_slot_and_is_not_reset() 
         writes.iter().any(|w| w.holder() == Some("node-a")),
         "{writes:?} {lease:#}"
     );
-    assert!(
-        site.log().contains("The API server answers again"),
-        "{}",
-        site.log()
-    );
+    site.assert_logged("The API server answers again");
 }
 
 /// A reset GPU must pass the doctor's checks of it before it goes back: an NVLink that stayed
@@ -638,11 +636,7 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
     let record = site.record_when(&uuid, "GPU 6 back", phase_is("healthy"));
     assert_eq!(record["reset_count"], 1);
     assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
-    assert!(
-        site.log().contains("gpud restarted while the reset ran"),
-        "{}",
-        site.log()
-    );
+    site.assert_logged("gpud restarted while the reset ran");
 }
 
 #[test]
@@ -1073,6 +1067,6 @@ fn a_reset_gpus_mig_layout_is_made_again_with_the_same_devices() {
         "{}",
         site.log()
     );
-    assert!(site.log().contains("gpu_instances=7"), "{}", site.log());
+    site.assert_logged("gpu_instances=7");
     assert_eq!(mig_devices(&site), before);
 }

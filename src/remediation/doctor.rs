@@ -95,39 +95,26 @@ mod tests {
 
     #[test]
     fn failures_keep_the_gpu_out_and_warnings_let_it_go() {
-        let report = Report::new(
-            "/".into(),
-            vec![
-                result("gpu.present", Status::Ok, "1 GPUs answer"),
-                result(
-                    "gpu.pcie",
-                    Status::Warn,
-                    "GPU 3: PCIe Gen4 x8, maximum Gen5 x16",
-                ),
-                result("gpu.nvlink", Status::Fail, "GPU 3: NVLinks 2, 5 down"),
-                result("gpu.memory", Status::Fail, "GPU 3: a row remap is pending"),
-            ],
+        let present = result("gpu.present", Status::Ok, "1 GPUs answer");
+        let pcie = result(
+            "gpu.pcie",
+            Status::Warn,
+            "GPU 3: PCIe Gen4 x8, maximum Gen5 x16",
         );
+        let nvlink = result("gpu.nvlink", Status::Fail, "GPU 3: NVLinks 2, 5 down");
+        let memory = result("gpu.memory", Status::Fail, "GPU 3: a row remap is pending");
+        let report = |checks: &[&CheckResult]| {
+            Report::new("/".into(), checks.iter().map(|&c| c.clone()).collect())
+        };
         assert_eq!(
-            judge(&report),
+            judge(&report(&[&present, &pcie, &nvlink, &memory])),
             Err(
                 "gpu.nvlink: GPU 3: NVLinks 2, 5 down; gpu.memory: GPU 3: a row remap is pending"
                     .to_owned()
             )
         );
-        let report = Report::new(
-            "/".into(),
-            vec![
-                result("gpu.present", Status::Ok, "1 GPUs answer"),
-                result(
-                    "gpu.pcie",
-                    Status::Warn,
-                    "GPU 3: PCIe Gen4 x8, maximum Gen5 x16",
-                ),
-            ],
-        );
         assert_eq!(
-            judge(&report),
+            judge(&report(&[&present, &pcie])),
             Ok(vec![
                 "gpu.pcie: GPU 3: PCIe Gen4 x8, maximum Gen5 x16".to_owned()
             ])
