@@ -381,6 +381,38 @@ fn nvlink_down() {
     );
 }
 
+/// `--gpu` judges only the GPUs named: GPU 1's link is not GPU 4's problem, and a GPU NVML
+/// does not list is a failure naming the ones it does.
+#[test]
+fn the_per_gpu_checks_judge_only_the_gpus_named() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    node.inject("nvlink-down 1 3");
+    let others = doctor(
+        &node,
+        &host,
+        &["--only", "gpu.nvlink,gpu.present", "--gpu", "4,5"],
+    );
+    assert_eq!(others.problems(), Vec::<String>::new());
+    assert_eq!(others.found("gpu.present"), "2 GPUs answer");
+    assert_eq!(others.found("gpu.nvlink"), "all 36 NVLinks up");
+    doctor(&node, &host, &["--only", "gpu.nvlink", "--gpu", "1"]).only_problem(
+        "gpu.nvlink",
+        "fail",
+        "GPU 1: NVLink 3 down",
+        "drain the GPU and reset it; if the link stays down, inspect the NVLink cabling or baseboard (nvidia-smi nvlink -s)",
+    );
+    let missing = doctor(&node, &host, &["--only", "gpu.nvlink", "--gpu", "9"]);
+    assert_eq!(missing.code, 2);
+    assert!(
+        missing.found("driver.nvml").ends_with(
+            "--gpu names GPU 9, which NVML does not list (it lists [0, 1, 2, 3, 4, 5, 6, 7])"
+        ),
+        "{}",
+        missing.found("driver.nvml")
+    );
+}
+
 #[test]
 fn hot_gpu_is_throttled() {
     let node = Node::new("dgx-h100");

@@ -784,34 +784,34 @@ fn wait_for_socket(running: &Running, socket: &Path) {
     }
 }
 
-/// Checks `component` alone in each layout: its own container in base, `gpud run` in
-/// all-in-one (`run_component` where the layout has one of its own).
-async fn check_component(component: &str, run_component: &str, expect: &[&str]) {
+/// Checks `components` (a component, with what it needs) in each layout: its own container in
+/// base, `gpud run` in all-in-one (`run_components` where the layout has its own).
+async fn check_component(components: &[&str], run_components: &[&str], expect: &[&str]) {
     if !kubectl_present() {
         return;
     }
-    for (overlay, component) in [("base", component), ("all-in-one", run_component)] {
-        let ran = check(overlay, &[component]).await;
+    for (overlay, component) in [("base", components), ("all-in-one", run_components)] {
+        let ran = check(overlay, component).await;
         let names: Vec<&str> = ran.iter().map(|r| r.split(':').next().unwrap()).collect();
         let expected = if overlay == "base" { expect } else { &["gpud"] };
         assert_eq!(
             names, expected,
-            "{overlay} + {component}: containers run: {ran:?}"
+            "{overlay} + {component:?}: containers run: {ran:?}"
         );
-        eprintln!("RBAC {overlay} + {component}: allowed {ran:?}");
+        eprintln!("RBAC {overlay} + {component:?}: allowed {ran:?}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_label_sink_needs_nothing_its_role_does_not_grant() {
-    check_component("labeller-node", "labeller-node", &["labeller"]).await;
+    check_component(&["labeller-node"], &["labeller-node"], &["labeller"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_feature_sink_needs_nothing_its_role_does_not_grant() {
     check_component(
-        "labeller-node-feature",
-        "labeller-node-feature",
+        &["labeller-node-feature"],
+        &["labeller-node-feature"],
         &["labeller"],
     )
     .await;
@@ -819,55 +819,63 @@ async fn the_node_feature_sink_needs_nothing_its_role_does_not_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_status_needs_nothing_its_role_does_not_grant() {
-    check_component("node-status", "node-status", &["node-status"]).await;
+    check_component(&["node-status"], &["node-status"], &["node-status"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_status_taints_need_nothing_their_roles_do_not_grant() {
-    check_component("node-status-taints", "node-status-taints", &["node-status"]).await;
+    check_component(
+        &["node-status-taints"],
+        &["node-status-taints"],
+        &["node-status"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_remediation_needs_nothing_its_roles_do_not_grant() {
-    check_component("remediation", "remediation", &["node-status"]).await;
+    check_component(
+        &["node-status-taints", "remediation"],
+        &["node-status", "remediation"],
+        &["node-status"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dra_plugin_needs_nothing_its_role_does_not_grant() {
-    check_component("dra", "dra", &["dra"]).await;
+    check_component(&["dra"], &["dra"], &["dra"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_pod_usage_needs_nothing_its_role_does_not_grant() {
-    check_component("pod-usage", "pod-usage", &["exporter"]).await;
+    check_component(&["pod-usage"], &["pod-usage"], &["exporter"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mig_reconciler_needs_nothing_its_role_does_not_grant() {
-    check_component("mig-manager", "mig-manager-run", &["mig-manager"]).await;
+    check_component(&["mig-manager"], &["mig-manager-run"], &["mig-manager"]).await;
 }
 
 /// Every API client in one `gpud run`, with every role: what one client does must not rely on
 /// a rule another's role brings only by chance (the single ones above), and together they
-/// still ask for nothing refused. The node status comes with taints or with the remediation
-/// (both include the node-status component, so they do not go together).
+/// still ask for nothing refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpud_run_with_every_api_client_needs_nothing_the_roles_do_not_grant() {
     if !kubectl_present() {
         return;
     }
-    for status in ["node-status-taints", "remediation"] {
-        let components = [
-            "labeller-node",
-            status,
-            "dra",
-            "mig-manager-run",
-            "pod-usage",
-        ];
-        let ran = check("all-in-one", &components).await;
-        assert_eq!(ran.len(), 1, "{ran:?}");
-        eprintln!("RBAC all-in-one + {components:?}: allowed {ran:?}");
-    }
+    let components = [
+        "labeller-node",
+        "node-status-taints",
+        "remediation",
+        "dra",
+        "mig-manager-run",
+        "pod-usage",
+    ];
+    let ran = check("all-in-one", &components).await;
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    eprintln!("RBAC all-in-one + {components:?}: allowed {ran:?}");
 }
 
 /// The authorizer itself: rules by group, resource, verb, name and namespace, as RBAC applies
@@ -1042,7 +1050,7 @@ mod authorizer {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_missing_rule_is_caught() {
         missing_rule_is_caught(
-            "node-status",
+            &["node-status"],
             ("gpud-node-status", "nodes/status"),
             |_| {},
             &format!("patch nodes/status {NODE}"),
@@ -1056,7 +1064,7 @@ mod authorizer {
     async fn a_missing_eviction_rule_is_caught() {
         let (namespace, pod) = TRAINING_POD;
         missing_rule_is_caught(
-            "remediation",
+            &["node-status", "remediation"],
             ("gpud-remediation", "pods/eviction"),
             |running| {
                 // The health watcher runs once the node status has published.
@@ -1071,11 +1079,11 @@ mod authorizer {
         );
     }
 
-    /// Runs the node-status container of base + `component` with the rules for `resource`
+    /// Runs the node-status container of base + `components` with the rules for `resource`
     /// dropped from the (Cluster)Role `role`, driven by `drive`: the first request refused is
     /// `refused`, and gpud's log says so in the API server's words (`words`).
     fn missing_rule_is_caught(
-        component: &str,
+        components: &[&str],
         (role, resource): (&str, &str),
         drive: impl FnOnce(&Running),
         refused: &str,
@@ -1084,7 +1092,7 @@ mod authorizer {
         if !kubectl_present() {
             return;
         }
-        let mut objects = render("base", &[component]);
+        let mut objects = render("base", components);
         for object in &mut objects {
             let kind = object["kind"].as_str().unwrap_or_default();
             if kind.ends_with("Role") && object["metadata"]["name"] == role {
@@ -1102,7 +1110,7 @@ mod authorizer {
             .find(|c| c["name"] == "node-status")
             .unwrap();
         let container = Container::from_manifest(manifest, pod, &objects);
-        let what = format!("{component} without {resource}");
+        let what = format!("{components:?} without {resource}");
         let running = Running::start(what.clone(), &container, rbac);
         drive(&running);
         let first = common::until(&format!("{what}: a refusal"), 30, || {

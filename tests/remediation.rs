@@ -43,10 +43,10 @@ impl Site {
     }
 
     /// The reset command: logs its arguments, runs `before` (a hang, a failure), then resets
-    /// the GPU named by `-i <bus id>` through the control file.
+    /// the GPUs named by `-i <bus id>[,<bus id>…]` through the control file.
     fn reset_script(&self, before: &str) {
         let script = format!(
-            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\necho \"reset $2\" >> {control}\n",
+            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\nfor id in $(echo \"$2\" | tr , ' '); do echo \"reset $id\" >> {control}; done\n",
             log = self.path("resets.log").display(),
             control = self.node.control_path().display(),
         );
@@ -149,6 +149,12 @@ impl Site {
         std::fs::read_to_string(self.path("stderr.log")).unwrap_or_default()
     }
 
+    /// Asserts that gpud's log has `needle`, showing the log when it has not.
+    fn assert_logged(&self, needle: &str) {
+        let log = self.log();
+        assert!(log.contains(needle), "no {needle:?} in:\n{log}");
+    }
+
     fn metrics_when(&self, accept: impl Fn(&str) -> bool) -> String {
         http::wait_for(self.port, "/metrics", 20, |a| accept(&a.body)).body
     }
@@ -245,6 +251,81 @@ async fn an_idle_gpu_is_reset_verified_and_given_back_to_the_kubelet() {
     }
 }
 
+/// Two PCIe GPUs joined by an NVLink bridge are reset as one: the sound peer is withdrawn
+/// from the kubelet with the faulty GPU, drained (its own process waited for), reset by the
+/// same command and given back with it; the other pair is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_is_reset_together_with_its_nvlink_bridged_peer() {
+    let site = Site::new("pcie-4gpu");
+    let (faulty, faulty_bus) = site.gpu(0);
+    let (peer, peer_bus) = site.gpu(1);
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &[]);
+    let registration = kubelet.next_registration(10).await;
+    let mut client = kubelet.plugin(&registration.endpoint).await;
+    let mut stream = list_and_watch(&mut client).await;
+    let first = next_list(&mut stream, 10).await;
+    assert!(first.devices.iter().all(|d| d.health == "Healthy"));
+
+    site.node.inject("process 1 4343 1024 50");
+    site.node.inject("xid 0 95");
+    // The kubelet sees GPU 0, then GPU 0 and its peer, withdrawn; then both back (the peer
+    // let go a moment after the GPU it was held for).
+    let mut withdrawn_together = false;
+    loop {
+        let list = next_list(&mut stream, 20).await;
+        let mut sick: Vec<&str> = list
+            .devices
+            .iter()
+            .filter(|d| d.health != "Healthy")
+            .map(|d| d.id.as_str())
+            .collect();
+        sick.sort_unstable();
+        let mut pair = [faulty.as_str(), peer.as_str()];
+        pair.sort_unstable();
+        if sick == pair {
+            withdrawn_together = true;
+        } else if sick.is_empty() && withdrawn_together {
+            break;
+        } else if withdrawn_together {
+            assert_eq!(sick, [peer.as_str()], "withdrawn after the pair");
+        } else {
+            assert!(
+                sick == [faulty.as_str()] || sick.is_empty(),
+                "withdrawn: {sick:?}"
+            );
+        }
+        if withdrawn_together && site.resets().is_empty() {
+            // Held, not reset: the peer's own process still runs.
+            let held = site.record_when(&peer, "GPU 1 held for GPU 0", phase_is("draining"));
+            assert_eq!(held["leader"], faulty.as_str());
+            let reason = held["held_for"].as_str().unwrap();
+            assert!(reason.contains("NVLink peer"), "{reason}");
+            site.record_when(&faulty, "GPU 0 waits for GPU 1's process", |g| {
+                g["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("pid 4343")
+            });
+            assert!(site.resets().is_empty(), "reset under the peer's process");
+            site.node.inject("process-end 1 4343");
+        }
+    }
+    assert_eq!(site.resets(), [format!("-i {faulty_bus},{peer_bus}")]);
+    let leader = site.record_when(&faulty, "GPU 0 back", phase_is("healthy"));
+    assert_eq!(leader["reset_count"], 1);
+    let held = site.record_when(&peer, "GPU 1 let go", phase_is("healthy"));
+    assert_eq!(
+        held["reset_count"], 0,
+        "the peer's own reset budget is untouched"
+    );
+    assert!(
+        held.get("leader").is_none() && held.get("held_for").is_none(),
+        "{held}"
+    );
+    site.assert_logged("GPU remediation (held for its NVLink peer)");
+}
+
 #[test]
 fn a_busy_gpu_waits_for_its_process_to_end_before_the_reset() {
     let site = Site::new("dgx-h100");
@@ -329,6 +410,143 @@ fn reboot_asked_by_the_driver_escalates_on_the_node() {
             .ok_or_else(|| format!("{events:#?}"))
     });
     assert!(site.resets().is_empty());
+}
+
+/// With `--remediation-reboot-command`, an escalation that asks for a reboot runs it, once
+/// however many GPUs ask (the node reboots once); the escalation stays on the Node for the
+/// reboot to answer.
+#[test]
+fn the_reboot_command_runs_once_for_the_gpus_that_ask_for_a_reboot() {
+    let site = Site::new("dgx-h100");
+    let (first, _) = site.gpu(1);
+    let (second, _) = site.gpu(2);
+    let reboots = site.path("reboots.log");
+    let reboot = site.path("reboot.sh");
+    std::fs::write(
+        &reboot,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", reboots.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&reboot, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let command = format!("{} --now", reboot.display());
+    let _gpud = site.start(None, &["--remediation-reboot-command", &command]);
+    site.node.inject("xid 1 79");
+    let record = site.record_when(&first, "GPU 1 escalated, reboot asked", |g| {
+        g["phase"] == "escalated" && g["reboot_asked"] == true
+    });
+    assert_eq!(record["escalation"], "RebootRequired");
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"reboot\",result=\"success\"} 1")
+    });
+    assert_eq!(std::fs::read_to_string(&reboots).unwrap(), "--now\n");
+    // A second GPU asking for a reboot escalates too, but the node reboots once.
+    site.node.inject("xid 2 79");
+    site.record_when(&second, "GPU 2 escalated", phase_is("escalated"));
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"escalate\",result=\"RebootRequired\"} 2")
+    });
+    assert_eq!(std::fs::read_to_string(&reboots).unwrap(), "--now\n");
+    assert!(site.resets().is_empty());
+}
+
+/// The budget's Leases live in the API server: while it does not answer, a drained GPU waits
+/// for a slot and is never reset; when it answers again the slot is taken and the GPU reset.
+#[test]
+fn with_the_api_server_down_a_drained_gpu_waits_for_its_slot_and_is_not_reset() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    let mut api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let mut cmd = site.command(
+        None,
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--remediation-max-concurrent",
+            "1",
+            "--remediation-lease-duration",
+            "2s",
+        ],
+    );
+    cmd.env("NODE_NAME", "node-a");
+    let _gpud = Daemon(cmd.spawn().unwrap());
+    site.wait_ready();
+    api.stop();
+    site.node.inject("xid 3 95");
+    site.record_when(&uuid, "GPU 3 waiting for a slot", |g| {
+        g["phase"] == "draining"
+            && g["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("idle; waiting for a remediation slot")
+    });
+    until("the budget's warning", 20, || {
+        let log = site.log();
+        log.contains("Cannot take a remediation slot: no GPU is reset until the API server answers")
+            .then_some(())
+            .ok_or(log)
+    });
+    assert!(site.resets().is_empty(), "reset without a slot");
+    api.restart();
+    site.record_when(&uuid, "GPU 3 back", phase_is("healthy"));
+    assert_eq!(site.resets().len(), 1);
+    let lease = &api.leases()["gpud/gpud-remediation-0"];
+    let writes = api.lease_writes();
+    assert!(
+        writes.iter().any(|w| w.holder() == Some("node-a")),
+        "{writes:?} {lease:#}"
+    );
+    site.assert_logged("The API server answers again");
+}
+
+/// A reset GPU must pass the doctor's checks of it before it goes back: an NVLink that stayed
+/// down (a degradation the health verdict tolerates, a failure for the doctor) keeps it out
+/// and escalates, naming the check; the user's verify command then never runs.
+#[test]
+fn a_reset_gpu_that_fails_the_doctors_checks_is_escalated_not_given_back() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(4);
+    let verified = site.path("verified");
+    let verify = format!("touch {}", verified.display());
+    let _gpud = site.start(None, &["--remediation-verify-command", &verify]);
+    site.node.inject("nvlink-down 4 2");
+    site.node.inject("xid 4 95");
+    let record = site.record_when(&uuid, "GPU 4 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed");
+    assert_eq!(
+        record["reason"],
+        "reset, but the doctor's checks fail: gpu.nvlink: GPU 4: NVLink 2 down"
+    );
+    assert_eq!(record["reset_count"], 1);
+    assert!(
+        !verified.exists(),
+        "the verify command ran after a failed check"
+    );
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"verify\",result=\"failed\"} 1")
+    });
+
+    // A GPU that passes them runs the verify command and goes back.
+    let (other, _) = site.gpu(5);
+    site.node.inject("xid 5 95");
+    site.record_when(&other, "GPU 5 back", phase_is("healthy"));
+    assert!(verified.exists(), "the verify command did not run");
+    // GPU 4's verdict is only degraded now (the reset cleared its XID), yet it stays out:
+    // held until a reboot, not given back by its verdict.
+    let record = site.record_when(&uuid, "GPU 4 still escalated", phase_is("escalated"));
+    assert_eq!(
+        record["held_for"],
+        "it failed its checks after gpud reset it; it returns to service after the node reboots"
+    );
+    assert!(
+        !site.log().contains("from=escalated to=healthy"),
+        "{}",
+        site.log()
+    );
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"verify\",result=\"success\"} 1")
+    });
 }
 
 #[test]
@@ -418,11 +636,7 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
     let record = site.record_when(&uuid, "GPU 6 back", phase_is("healthy"));
     assert_eq!(record["reset_count"], 1);
     assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
-    assert!(
-        site.log().contains("gpud restarted while the reset ran"),
-        "{}",
-        site.log()
-    );
+    site.assert_logged("gpud restarted while the reset ran");
 }
 
 #[test]
@@ -525,6 +739,32 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
             .spawn()
             .unwrap(),
     );
+    // And the exporter's container: the remediation's metrics come from the record.
+    let address = format!("127.0.0.1:{}", site.port);
+    let _exporter = Daemon(
+        site.node
+            .gpud(&[
+                "exporter",
+                "-a",
+                &address,
+                "-c",
+                "100",
+                "--kmsg",
+                "",
+                "--health-poll-interval",
+                "50ms",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    site.wait_ready();
+    let before = site.metrics_when(|b| b.contains("DCGM_FI_DEV_GPU_TEMP"));
+    assert!(
+        !before.contains("gpud_remediation"),
+        "no record, no families"
+    );
     let registration = kubelet.next_registration(10).await;
     let mut client = kubelet.plugin(&registration.endpoint).await;
     let mut stream = list_and_watch(&mut client).await;
@@ -550,6 +790,39 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
     }
     assert_eq!(site.resets(), [format!("-i {bus_id}")]);
     site.record_when(&uuid, "GPU 5 back", phase_is("healthy"));
+    // The exporter reads the counters at its next render, its health watcher the phases at
+    // its next poll.
+    let back = format!("{uuid}\",pci_bus_id=\"{bus_id}\"");
+    let body = site.metrics_when(|b| {
+        b.contains("gpud_remediation_duration_seconds_count 1")
+            && b.lines().any(|l| {
+                l.starts_with("gpud_remediation_state{")
+                    && l.contains(&back)
+                    && l.ends_with("state=\"healthy\"} 1")
+            })
+    });
+    assert!(
+        body.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1"),
+        "{body}"
+    );
+    let states: Vec<&str> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpud_remediation_state{") && l.contains(&uuid) && l.ends_with(" 1")
+        })
+        .collect();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert!(states[0].contains("state=\"healthy\""), "{states:?}");
+    // A phase other than healthy reaches the exporter's container too.
+    let (escalated, _) = site.gpu(6);
+    site.node.inject("xid 6 79");
+    site.metrics_when(|b| {
+        b.lines().any(|l| {
+            l.starts_with("gpud_remediation_state{")
+                && l.contains(&escalated)
+                && l.ends_with("state=\"escalated\"} 1")
+        })
+    });
 }
 
 #[test]
@@ -794,6 +1067,6 @@ fn a_reset_gpus_mig_layout_is_made_again_with_the_same_devices() {
         "{}",
         site.log()
     );
-    assert!(site.log().contains("gpu_instances=7"), "{}", site.log());
+    site.assert_logged("gpu_instances=7");
     assert_eq!(mig_devices(&site), before);
 }

@@ -76,6 +76,11 @@ struct Args {
     #[arg(long, value_name = "CHECKS", value_delimiter = ',')]
     only: Vec<String>,
 
+    /// Judge only these GPUs (NVML indices, comma-separated) in the per-GPU checks, e.g. the
+    /// GPUs just reset [default: every GPU].
+    #[arg(long, value_name = "INDICES", value_delimiter = ',')]
+    gpu: Vec<u32>,
+
     /// Leave out these checks or groups (comma-separated).
     #[arg(long, value_name = "CHECKS", value_delimiter = ',')]
     skip: Vec<String>,
@@ -126,6 +131,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         mig_selected: args.mig_selected_config.clone(),
         mig_state_dir: args.mig_state_dir.clone(),
         mps_workload_uid: args.mps_workload_uid,
+        gpus: args.gpu.clone(),
     };
     let (report, driver) = runner::run(options.clone(), &selection, None);
     let text = if args.json {

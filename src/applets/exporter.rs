@@ -61,6 +61,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = args.common.start()?;
     let mut config = args.exporter.config(&counters, &nvml)?;
     config.usage = usage;
+    config.remediation_record = watcher.remediation_record.clone();
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
 

@@ -37,6 +37,8 @@ pub struct Options {
     pub mig_state_dir: PathBuf,
     /// The UID MPS workloads run as (`mps.uid`); `None` skips that check.
     pub mps_workload_uid: Option<u32>,
+    /// The GPUs (NVML indices) the per-GPU checks judge; empty: every GPU.
+    pub gpus: Vec<u32>,
 }
 
 impl Default for Options {
@@ -52,6 +54,7 @@ impl Default for Options {
             mig_selected: None,
             mig_state_dir: PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR),
             mps_workload_uid: None,
+            gpus: Vec::new(),
         }
     }
 }

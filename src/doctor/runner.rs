@@ -117,12 +117,25 @@ pub fn gather(options: &Options, nvml: Option<Nvml>, busy: &Busy) -> Driver {
                 .map_err(|err| crate::logging::error_chain(&err))
         })
     });
+    let chosen = |index: u32| options.gpus.is_empty() || options.gpus.contains(&index);
     let snapshot = wait(discovered, deadline, timeout)
         .unwrap_or_else(|missing| Err(format!("NVML discovery {}", missing.describe())))
-        .map(Arc::new);
+        .map(|mut snapshot| {
+            snapshot.gpus.retain(|g| chosen(g.index));
+            Arc::new(snapshot)
+        });
     let preflight = wait(preflight, deadline, timeout)
-        .map(Arc::new)
-        .map_err(|missing| format!("NVML health queries {}", missing.describe()));
+        .map_err(|missing| format!("NVML health queries {}", missing.describe()))
+        .and_then(|mut gpus| {
+            let listed: Vec<u32> = gpus.iter().map(|g| g.signals.gpu).collect();
+            if let Some(missing) = options.gpus.iter().find(|i| !listed.contains(i)) {
+                return Err(format!(
+                    "--gpu names GPU {missing}, which NVML does not list (it lists {listed:?})"
+                ));
+            }
+            gpus.retain(|g| chosen(g.signals.gpu));
+            Ok(Arc::new(gpus))
+        });
     let mig = match mig {
         None => Err("no MIG config file given".to_owned()),
         Some(started) => wait(started, deadline, timeout)

@@ -236,6 +236,7 @@ impl ExporterArgs {
             http: self.http.limits(),
             mig: None,
             remediation: None,
+            remediation_record: None,
             usage: None,
         }
     }

@@ -78,6 +78,10 @@ pub struct ExporterConfig {
     pub mig: Option<crate::mig_state::metrics::Metrics>,
     /// The remediation's counters, when it runs in the same process (`gpud run`).
     pub remediation: Option<crate::remediation_state::metrics::Metrics>,
+    /// The remediation record of this node (`<state-dir>/remediation.json`): without the
+    /// remediation in this process, its counters are read from there (a DaemonSet runs it in
+    /// the node-status container) once the file exists.
+    pub remediation_record: Option<std::path::PathBuf>,
     /// Per-pod usage from per-process data, when enabled.
     pub usage: Option<usage::UsageConfig>,
 }
@@ -254,6 +258,12 @@ async fn render_loop(
     let ledger = xids.unwrap_or_else(|| XidLedger::new(config.xid_window));
     let mut xid_changes = ledger.subscribe();
     let mut capacity = 16 * 1024;
+    let mut record = config
+        .remediation_record
+        .clone()
+        .filter(|_| config.remediation.is_none())
+        .map(crate::remediation_state::record::Follower::new);
+    let mut recorded = None;
     // Without pod attribution the pods channel's sender is gone at once; stop watching it.
     let mut pods_live = true;
     // A sampler stuck in NVML sends nothing: this tick notices, and re-renders.
@@ -298,7 +308,16 @@ async fn render_loop(
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
             http: Some(publisher.http_stats.snapshot()),
             mig: config.mig.as_ref().map(|m| m.read()),
-            remediation: config.remediation.as_ref().map(|m| m.read()),
+            remediation: match &config.remediation {
+                Some(metrics) => Some(metrics.read()),
+                None => {
+                    // Read when the file changed (a stat otherwise), never on a scrape.
+                    if let Some(view) = record.as_mut().and_then(|r| r.changed()) {
+                        recorded = Some(view.counters.unwrap_or_default());
+                    }
+                    recorded.clone()
+                }
+            },
         };
         let frame = Frame {
             selection: &config.selection,

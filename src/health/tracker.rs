@@ -76,6 +76,8 @@ pub struct Finding {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     // Declared from least to most urgent: the most urgent condition names the state.
+    /// Held out of service by gpud's remediation: a reset of an NVLink peer takes it too.
+    Held,
     NvLinkDown(u32),
     Thermal,
     Xid(u32),
@@ -464,6 +466,27 @@ impl Tracker {
         }
     }
 
+    /// GPU `gpu` is held out of service by gpud's remediation (`Some(why)`: the reset of an
+    /// NVLink peer takes it too), or no longer (`None`). While held it is unhealthy, so every
+    /// reader withdraws it as it would a faulty GPU; a fault of its own still names the state.
+    pub fn observe_hold(&mut self, gpu: u32, held: Option<&str>, at: SystemTime) {
+        let state = self.gpus.entry(gpu).or_default();
+        let reason = held.map(|why| format!("held out of service by gpud's remediation: {why}"));
+        if state.conditions.get(&Kind::Held).map(|c| &c.reason) == reason.as_ref() {
+            return;
+        }
+        state.conditions.remove(&Kind::Held);
+        toggle(
+            &mut state.conditions,
+            Kind::Held,
+            reason.is_some(),
+            at,
+            reason.as_deref().unwrap_or_default(),
+            "none: it returns to service after its peer's reset",
+            HealthState::Unhealthy,
+        );
+    }
+
     /// Expires quiet conditions. Call it periodically and before reading verdicts.
     pub fn tick(&mut self, now: SystemTime) {
         let quiet = self.config.xid_quiet_period;
@@ -651,13 +674,16 @@ fn health_of(set: &BTreeMap<Kind, Condition>) -> Health {
         .max_by(|(ka, a), (kb, b)| a.state.cmp(&b.state).then(ka.cmp(kb)));
     match worst {
         None => Health::healthy(),
-        Some((_, condition)) => Health {
+        Some((kind, condition)) => Health {
             state: condition.state,
             reason: Some(condition.reason.clone()),
             xid: condition.xid,
             action: Some(condition.action.clone()),
             since: Some(condition.since),
-            source: Some(HealthSource::Watcher),
+            source: Some(match kind {
+                Kind::Held => HealthSource::Remediation,
+                _ => HealthSource::Watcher,
+            }),
         },
     }
 }
@@ -693,6 +719,31 @@ mod tests {
             slowdown_c: Some(87),
             ..GpuSignals::default()
         }
+    }
+
+    #[test]
+    fn a_gpu_held_for_its_peers_reset_is_withdrawn_until_let_go_and_its_own_fault_names_it() {
+        let mut tr = tracker();
+        tr.observe_signals(&signals(1), t(0));
+        tr.observe_hold(1, Some("the reset of GPU 0 takes it too"), t(1));
+        let held = tr.verdict(1);
+        assert_eq!(held.state, HealthState::Unhealthy);
+        assert_eq!(held.source, Some(HealthSource::Remediation));
+        assert_eq!(
+            held.reason.as_deref(),
+            Some("held out of service by gpud's remediation: the reset of GPU 0 takes it too")
+        );
+        // The same hold again changes nothing (not even its since).
+        tr.observe_hold(1, Some("the reset of GPU 0 takes it too"), t(2));
+        assert_eq!(tr.verdict(1), held);
+        // A fault of its own names the state while it is held.
+        tr.observe_xid(1, 95, None, t(3));
+        assert_eq!(tr.verdict(1).source, Some(HealthSource::Watcher));
+        assert_eq!(tr.verdict(1).xid, Some(95));
+        tr.observe_reset(1, t(4), t(4));
+        assert_eq!(tr.verdict(1), held);
+        tr.observe_hold(1, None, t(5));
+        assert_eq!(tr.verdict(1), Health::healthy());
     }
 
     #[test]

@@ -176,7 +176,7 @@ pub async fn run_with_xids(
         forgotten: 0,
         kept,
         resets_seen: BTreeMap::new(),
-        record: config.remediation_record.clone().map(RecordFollower::new),
+        record: config.remediation_record.clone().map(record::Follower::new),
     };
     watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
     // The event thread may be waiting to hand over an event: closing its queue first lets it
@@ -207,31 +207,7 @@ struct State {
     /// When the last reset gpud's remediation reported for each GPU (by UUID) finished.
     resets_seen: BTreeMap<String, u64>,
     /// The remediation record file, when there is a state directory.
-    record: Option<RecordFollower>,
-}
-
-/// The remediation record file, read again when it changes (size or modification time).
-struct RecordFollower {
-    path: PathBuf,
-    stamp: Option<(SystemTime, u64)>,
-}
-
-impl RecordFollower {
-    fn new(path: PathBuf) -> Self {
-        RecordFollower { path, stamp: None }
-    }
-
-    /// Each GPU's remediation, when the file changed since the last look.
-    fn changed(&mut self) -> Option<BTreeMap<String, GpuRemediation>> {
-        let meta = std::fs::metadata(&self.path).ok()?;
-        let stamp = (meta.modified().ok()?, meta.len());
-        if self.stamp == Some(stamp) {
-            return None;
-        }
-        self.stamp = Some(stamp);
-        let dir = self.path.parent()?;
-        Some(record::views_in(dir))
-    }
+    record: Option<record::Follower>,
 }
 
 async fn watch(
@@ -261,7 +237,7 @@ async fn watch(
                 poll.reset_immediately();
             }
             _ = poll.tick() => {
-                state.follow_record(&inventory.current());
+                state.follow_record(inventory);
                 poll_into(nvml, &mut state.tracker).await;
             }
             Ok(()) = changes.changed() => {
@@ -364,7 +340,8 @@ impl State {
 
     /// One XID occurrence, after de-duplication: counted, then judged.
     /// Clears what a reset clears on each GPU gpud's remediation reports reset since this
-    /// watcher last looked (at start: any reset it reports), as of when that reset finished.
+    /// watcher last looked (at start: any reset it reports), as of when that reset finished,
+    /// and holds out of service the GPUs it holds for a peer's reset.
     /// `reported` is `(index, uuid, remediation)` of each GPU, from the inventory of this
     /// process or from the record another process wrote.
     fn on_resets<'a>(
@@ -372,6 +349,8 @@ impl State {
         reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
     ) {
         for (index, uuid, remediation) in reported {
+            self.tracker
+                .observe_hold(index, remediation.held_for.as_deref(), SystemTime::now());
             let Some(reset_ms) = remediation.last_reset_ms else {
                 continue;
             };
@@ -385,15 +364,25 @@ impl State {
     }
 
     /// Reads the remediation record when it changed and takes the resets it reports.
-    fn follow_record(&mut self, snapshot: &Snapshot) {
-        let Some(views) = self.record.as_mut().and_then(RecordFollower::changed) else {
+    /// Each GPU's phase goes into the inventory too: the exporter of a container without the
+    /// remediation shows it.
+    fn follow_record(&mut self, inventory: &Inventory) {
+        let Some(view) = self.record.as_mut().and_then(record::Follower::changed) else {
             return;
         };
+        let snapshot = inventory.current();
         let reported = snapshot
             .gpus
             .iter()
-            .filter_map(|g| Some((g.index, g.uuid.as_str(), views.get(&g.uuid)?)));
+            .filter_map(|g| Some((g.index, g.uuid.as_str(), view.gpus.get(&g.uuid)?)));
         self.on_resets(reported);
+        inventory.update(|snapshot| {
+            for gpu in &mut snapshot.gpus {
+                if let Some(remediation) = view.gpus.get(&gpu.uuid) {
+                    gpu.remediation = Some(remediation.clone());
+                }
+            }
+        });
     }
 
     fn on_xid(&mut self, gpus: &GpuMap, gpu: u32, code: u32, mig: Option<(u32, u32)>) {

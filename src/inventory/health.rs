@@ -48,6 +48,9 @@ pub enum HealthSource {
     Discovery,
     /// The health watcher: events, polled counters, kernel log.
     Watcher,
+    /// gpud's remediation holds a sound GPU out of service: the reset of an NVLink peer takes
+    /// it too.
+    Remediation,
 }
 
 /// Current health with the reason and what an operator should do.

@@ -68,4 +68,8 @@ pub struct GpuRemediation {
     /// reset the GPU even when NVML leaves no trace of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reset_ms: Option<u64>,
+    /// Set while the GPU, sound itself, is held out of service because the reset of an NVLink
+    /// peer takes it too: why, in words. Every health watcher on the node withdraws it then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_for: Option<String>,
 }

@@ -54,8 +54,31 @@ pub async fn run(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> Outcome {
+    run_keeping_output(line, extra_args, env, limit, false)
+        .await
+        .0
+}
+
+/// [`run`], keeping what the command printed on stdout too (its first 256 KiB): for gpud's
+/// own report of a check.
+pub async fn output(
+    line: &[String],
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (Outcome, Vec<u8>) {
+    run_keeping_output(line, extra_args, env, limit, true).await
+}
+
+async fn run_keeping_output(
+    line: &[String],
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+    keep_stdout: bool,
+) -> (Outcome, Vec<u8>) {
     let Some((program, args)) = line.split_first() else {
-        return Outcome::NotStarted("no command".to_owned());
+        return (Outcome::NotStarted("no command".to_owned()), Vec::new());
     };
     let mut command = Command::new(program);
     command
@@ -63,50 +86,64 @@ pub async fn run(
         .args(extra_args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(if keep_stdout {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
     let spawned = crate::daemon::signals::with_default_mask(|| command.spawn());
     let mut child = match spawned {
         Ok(child) => child,
-        Err(err) => return Outcome::NotStarted(format!("{program}: {err}")),
+        Err(err) => return (Outcome::NotStarted(format!("{program}: {err}")), Vec::new()),
     };
     let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
     let mut stderr = child.stderr.take();
+    let mut stdout = child.stdout.take();
     let finished = tokio::time::timeout(limit, async {
-        let mut text = Vec::new();
-        if let Some(stderr) = stderr.as_mut() {
-            // Bounded: a chatty command cannot grow gpud.
-            let _ = stderr.take(64 * 1024).read_to_end(&mut text).await;
-        }
-        (child.wait().await, text)
+        // Bounded: a chatty command cannot grow gpud.
+        let (mut errors, mut out) = (Vec::new(), Vec::new());
+        let read_errors = async {
+            if let Some(stderr) = stderr.as_mut() {
+                let _ = stderr.take(64 * 1024).read_to_end(&mut errors).await;
+            }
+        };
+        let read_out = async {
+            if let Some(stdout) = stdout.as_mut() {
+                let _ = stdout.take(256 * 1024).read_to_end(&mut out).await;
+            }
+        };
+        tokio::join!(read_errors, read_out);
+        (child.wait().await, errors, out)
     })
     .await;
     match finished {
-        Ok((Ok(status), _)) if status.success() => Outcome::Succeeded,
-        Ok((Ok(status), text)) => {
+        Ok((Ok(status), _, out)) if status.success() => (Outcome::Succeeded, out),
+        Ok((Ok(status), text, out)) => {
             let text = String::from_utf8_lossy(&text);
             let last = text
                 .lines()
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("");
-            Outcome::Failed(if last.is_empty() {
+            let why = if last.is_empty() {
                 status.to_string()
             } else {
                 format!("{status}: {}", last.trim())
-            })
+            };
+            (Outcome::Failed(why), out)
         }
-        Ok((Err(err), _)) => Outcome::Failed(format!("waiting for it: {err}")),
+        Ok((Err(err), _, out)) => (Outcome::Failed(format!("waiting for it: {err}")), out),
         Err(_) => {
             if let Some(group) = group {
                 let _ = killpg(group, Signal::SIGKILL);
             }
-            Outcome::TimedOut(limit)
+            (Outcome::TimedOut(limit), Vec::new())
         }
     }
 }

@@ -26,7 +26,8 @@ use super::drain::Drainer;
 use super::escalation::Escalation;
 use super::mig_layout;
 use super::need::{Need, need};
-use super::verify;
+use super::{doctor, peers, verify};
+use crate::inventory::health::HealthSource;
 use crate::inventory::model::Gpu;
 use crate::inventory::{HealthState, Snapshot};
 use crate::kube::EventSender;
@@ -56,6 +57,10 @@ const URGENCY: [&str; 4] = [
     HARDWARE_SUSPECTED,
 ];
 
+/// Why a GPU that failed its checks after a reset stays out of service (its verdict quotes it).
+pub const WITHHELD: &str =
+    "it failed its checks after gpud reset it; it returns to service after the node reboots";
+
 /// What NVML says of every GPU at one step.
 #[derive(Debug)]
 pub struct Observed {
@@ -70,6 +75,9 @@ enum Next {
     Note(String),
     To(Phase, String),
     Escalate(&'static str, String),
+    /// Escalate as `ResetFailed` and hold it out of service: it failed the checks after its
+    /// reset although its health verdict may look fine.
+    Withhold(String),
 }
 
 /// The state machine of every GPU of the node.
@@ -103,7 +111,8 @@ impl Engine {
         events: Option<EventSender>,
         escalation: Option<watch::Sender<Escalation>>,
     ) -> Self {
-        let records = Records::load(settings.state_file.clone());
+        let mut records = Records::load(settings.state_file.clone());
+        records.keep_counters(&metrics);
         let budget = Budget::new(&settings);
         let drainer = Drainer::new(&settings);
         Engine {
@@ -169,10 +178,8 @@ impl Engine {
             // verifying on an idle GPU; verifying waits for the watcher's next verdict.
             for _ in 0..4 {
                 let record = self.records.get(&gpu.uuid);
-                let next = self
-                    .next(snapshot, gpu, &record, observed.signals.get(&gpu.index))
-                    .await;
-                let moved = matches!(next, Next::To(..) | Next::Escalate(..));
+                let next = self.next(snapshot, gpu, &record, Some(observed)).await;
+                let moved = matches!(next, Next::To(..) | Next::Escalate(..) | Next::Withhold(..));
                 // Read again: a reset records itself before its command runs.
                 let record = self.records.get(&gpu.uuid);
                 self.apply(gpu, record, next);
@@ -221,9 +228,15 @@ impl Engine {
         snapshot: &Snapshot,
         gpu: &Gpu,
         record: &GpuRecord,
-        signals: Option<&GpuSignals>,
+        observed: Option<&Observed>,
     ) -> Next {
-        let healthy = gpu.health.state != HealthState::Unhealthy;
+        if let Some(leader) = &record.leader {
+            return self.follow(leader);
+        }
+        let signals = observed.and_then(|o| o.signals.get(&gpu.index));
+        // Held for a peer's reset (and not yet let go by every watcher) is not a fault.
+        let healthy = gpu.health.state != HealthState::Unhealthy
+            || gpu.health.source == Some(HealthSource::Remediation);
         match record.phase {
             Phase::Healthy if healthy => Next::Stay,
             Phase::Healthy => Next::To(
@@ -233,10 +246,15 @@ impl Engine {
                     .clone()
                     .unwrap_or_else(|| "unhealthy".to_owned()),
             ),
-            Phase::Quarantined | Phase::Draining | Phase::Escalated if healthy => Next::To(
-                Phase::Healthy,
-                "its health verdict cleared by itself".to_owned(),
-            ),
+            // A GPU withheld after failed checks waits for a reboot, whatever its verdict says.
+            Phase::Quarantined | Phase::Draining | Phase::Escalated
+                if healthy && record.held_for.is_none() =>
+            {
+                Next::To(
+                    Phase::Healthy,
+                    "its health verdict cleared by itself".to_owned(),
+                )
+            }
             Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
             Phase::Draining => self.drain(snapshot, gpu, record).await,
             Phase::Resetting => {
@@ -249,12 +267,73 @@ impl Engine {
                         .to_owned(),
                 )
             }
-            Phase::Verifying => self.verify(gpu, record, signals).await,
+            Phase::Verifying => self.verify(snapshot, gpu, record, observed).await,
             Phase::Escalated => {
                 self.reboot_if_asked(record).await;
                 Next::Stay
             }
         }
+    }
+
+    /// A sound GPU held for its NVLink peer's reset: it stays while the peer is on its way
+    /// through drain, reset and verification, and goes back to service with it (or when the
+    /// peer escalates: it was not the one at fault).
+    fn follow(&self, leader: &str) -> Next {
+        match self.records.get(leader).phase {
+            Phase::Draining | Phase::Resetting | Phase::Verifying => Next::Stay,
+            phase => Next::To(
+                Phase::Healthy,
+                format!("let go: its NVLink peer's remediation ended ({phase})"),
+            ),
+        }
+    }
+
+    /// Holds out of service the sound NVLink peers that a reset of `gpu` takes too, and says
+    /// which (`" and GPU 1's"`), for the drain's reason.
+    fn hold_peers(&mut self, snapshot: &Snapshot, gpu: &Gpu) -> String {
+        let mut held = Vec::new();
+        for peer in peers::reset_with(snapshot, gpu) {
+            let mut record = self.records.get(&peer.uuid);
+            if !matches!(record.phase, Phase::Healthy | Phase::Quarantined)
+                || record.leader.is_some()
+            {
+                continue;
+            }
+            record.leader = Some(gpu.uuid.clone());
+            record.held_for = Some(peers::held_for(gpu));
+            let reason = peers::held_for(gpu);
+            self.apply(peer, record, Next::To(Phase::Draining, reason));
+            held.push(format!(" and GPU {}'s", peer.index));
+        }
+        held.concat()
+    }
+
+    /// `gpu` and the peers held for its reset: what is drained, reset and checked together.
+    fn group<'a>(&self, snapshot: &'a Snapshot, gpu: &'a Gpu) -> Vec<&'a Gpu> {
+        let mut group = vec![gpu];
+        group.extend(snapshot.gpus.iter().filter(|g| {
+            self.records
+                .gpus
+                .get(&g.uuid)
+                .and_then(|r| r.leader.as_deref())
+                == Some(gpu.uuid.as_str())
+        }));
+        group
+    }
+
+    /// Moves the peers held for `leader`'s reset to `phase` with it (logged, no event: the
+    /// leader's event tells the story).
+    fn carry_peers(&mut self, snapshot: &Snapshot, leader: &Gpu, phase: Phase) {
+        for peer in self.group(snapshot, leader).into_iter().skip(1) {
+            let mut record = self.records.get(&peer.uuid);
+            if record.phase != phase {
+                info!(gpu = peer.index, uuid = %peer.uuid, from = %record.phase, to = %phase, leader = leader.index, "GPU remediation (held for its NVLink peer)");
+                record.phase = phase;
+                record.since = seconds(SystemTime::now());
+                self.records.set(&peer.uuid, record);
+            }
+        }
+        self.records.save();
     }
 
     /// A quarantined GPU: what it needs, and whether gpud may do it.
@@ -306,10 +385,13 @@ impl Engine {
                     );
                 }
                 match self.settings.mode {
-                    Mode::Reset => Next::To(
-                        Phase::Draining,
-                        format!("{fault}; waiting for its processes to end"),
-                    ),
+                    Mode::Reset => {
+                        let held = self.hold_peers(snapshot, gpu);
+                        Next::To(
+                            Phase::Draining,
+                            format!("{fault}; waiting for its processes{held} to end"),
+                        )
+                    }
                     Mode::Off | Mode::Report => Next::Note(format!(
                         "{fault}; would drain and reset it (--remediation report)"
                     )),
@@ -322,30 +404,44 @@ impl Engine {
     async fn drain(&mut self, snapshot: &Snapshot, gpu: &Gpu, record: &GpuRecord) -> Next {
         let now = SystemTime::now();
         let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
-        let processes = {
-            let nvml = self.nvml.clone();
-            let index = gpu.index;
-            tokio::task::spawn_blocking(move || nvml.processes_on(index))
-                .await
-                .unwrap_or_else(|e| ProcessesRead::Unavailable(e.to_string()))
-        };
-        let running = match processes {
-            ProcessesRead::Read(list) => list.into_iter().map(|p| p.pid).collect::<Vec<_>>(),
-            ProcessesRead::Lost => {
-                return Next::Escalate(
-                    REBOOT_REQUIRED,
-                    "the GPU fell off the bus while draining".to_owned(),
-                );
+        let group = self.group(snapshot, gpu);
+        let mut running = Vec::new();
+        let mut busy = Vec::new();
+        for member in &group {
+            let processes = {
+                let nvml = self.nvml.clone();
+                let index = member.index;
+                tokio::task::spawn_blocking(move || nvml.processes_on(index))
+                    .await
+                    .unwrap_or_else(|e| ProcessesRead::Unavailable(e.to_string()))
+            };
+            match processes {
+                ProcessesRead::Read(list) if list.is_empty() => {}
+                ProcessesRead::Read(list) => {
+                    running.extend(list.into_iter().map(|p| p.pid));
+                    busy.push(*member);
+                }
+                ProcessesRead::Lost => {
+                    return Next::Escalate(
+                        REBOOT_REQUIRED,
+                        format!("GPU {} fell off the bus while draining", member.index),
+                    );
+                }
+                ProcessesRead::Unavailable(why) => {
+                    return self.drain_wait(
+                        waited,
+                        format!("cannot list the processes on GPU {} ({why})", member.index),
+                    );
+                }
             }
-            ProcessesRead::Unavailable(why) => {
-                return self.drain_wait(waited, format!("cannot list the processes on it ({why})"));
-            }
-        };
+        }
         if !running.is_empty() {
             if self.settings.evict {
-                self.drainer
-                    .evict_holders(snapshot, gpu, &self.metrics)
-                    .await;
+                for member in busy {
+                    self.drainer
+                        .evict_holders(snapshot, member, &self.metrics)
+                        .await;
+                }
             }
             let pids: Vec<String> = running.iter().map(u32::to_string).collect();
             return self.drain_wait(
@@ -369,7 +465,7 @@ impl Engine {
                 ),
             );
         }
-        self.reset(gpu).await
+        self.reset(snapshot, gpu).await
     }
 
     /// Still draining: escalates past the deadline, else says what it waits for.
@@ -389,8 +485,9 @@ impl Engine {
 
     /// Runs the reset command. The reset is in the record before the command starts, so a
     /// restart in between knows it may have happened.
-    async fn reset(&mut self, gpu: &Gpu) -> Next {
+    async fn reset(&mut self, snapshot: &Snapshot, gpu: &Gpu) -> Next {
         let now = SystemTime::now();
+        let group = self.group(snapshot, gpu);
         let mut record = self.records.get(&gpu.uuid);
         record.resets.push(seconds(now));
         let window = self.settings.reset_window.as_secs();
@@ -398,8 +495,20 @@ impl Engine {
             .resets
             .retain(|&at| seconds(now).saturating_sub(at) < window);
         record.reset_count += 1;
-        let bus_id = gpu.pci.bus_id.to_string();
-        let layout = mig_layout::read(&self.nvml, gpu.index).await;
+        // One command for the GPUs a reset takes together: the driver refuses to reset one of
+        // them alone.
+        let bus_id = group
+            .iter()
+            .map(|g| g.pci.bus_id.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut layouts = Vec::new();
+        for member in &group {
+            if let Some(layout) = mig_layout::read(&self.nvml, member.index).await {
+                layouts.push((member.uuid.clone(), layout));
+            }
+        }
+        self.carry_peers(snapshot, gpu, Phase::Resetting);
         self.apply(
             gpu,
             record,
@@ -428,11 +537,12 @@ impl Engine {
         );
         match outcome {
             Outcome::Succeeded => {
-                self.reset_finished(&gpu.uuid);
-                self.verified.retain(|u| *u != gpu.uuid);
-                if let Some(layout) = layout {
-                    self.layouts.insert(gpu.uuid.clone(), layout);
+                for member in &group {
+                    self.reset_finished(&member.uuid);
                 }
+                self.carry_peers(snapshot, gpu, Phase::Verifying);
+                self.verified.retain(|u| *u != gpu.uuid);
+                self.layouts.extend(layouts);
                 Next::To(
                     Phase::Verifying,
                     "reset; checking it before it goes back to work".to_owned(),
@@ -451,59 +561,57 @@ impl Engine {
     /// A reset GPU: NVML's signals, the verify command, then the health verdict.
     async fn verify(
         &mut self,
+        snapshot: &Snapshot,
         gpu: &Gpu,
         record: &GpuRecord,
-        signals: Option<&GpuSignals>,
+        observed: Option<&Observed>,
     ) -> Next {
         let waited = Duration::from_secs(seconds(SystemTime::now()).saturating_sub(record.since));
-        if let Some(fault) = verify::signals_fault(signals) {
-            return match waited >= VERIFY_GRACE {
-                true => Next::Escalate(
-                    RESET_FAILED,
-                    format!("the reset did not clear the fault: {fault}"),
-                ),
-                false => Next::Note(format!("checking: {fault}")),
-            };
+        let group = self.group(snapshot, gpu);
+        for member in &group {
+            let signals = observed.and_then(|o| o.signals.get(&member.index));
+            if let Some(fault) = verify::signals_fault(signals) {
+                let fault = match member.index == gpu.index {
+                    true => fault,
+                    false => format!("its NVLink peer GPU {}: {fault}", member.index),
+                };
+                return match waited >= VERIFY_GRACE {
+                    true => Next::Escalate(
+                        RESET_FAILED,
+                        format!("the reset did not clear the fault: {fault}"),
+                    ),
+                    false => Next::Note(format!("checking: {fault}")),
+                };
+            }
         }
-        if let Some(layout) = self.layouts.remove(&gpu.uuid) {
-            match mig_layout::restore(&self.nvml, gpu.index, layout).await {
+        for member in &group {
+            let Some(layout) = self.layouts.remove(&member.uuid) else {
+                continue;
+            };
+            match mig_layout::restore(&self.nvml, member.index, layout).await {
                 Ok(0) => {}
                 Ok(made) => {
-                    info!(gpu = gpu.index, uuid = %gpu.uuid, gpu_instances = made, "Made the GPU's MIG layout again after its reset");
+                    info!(gpu = member.index, uuid = %member.uuid, gpu_instances = made, "Made the GPU's MIG layout again after its reset");
                     self.rescan = true;
                 }
                 Err(why) => {
                     return Next::Escalate(
                         RESET_FAILED,
-                        format!("reset, but its MIG layout could not be made again: {why}"),
+                        format!(
+                            "reset, but the MIG layout of GPU {} could not be made again: {why}",
+                            member.index
+                        ),
                     );
                 }
             }
         }
-        if let Some(line) = self.settings.verify_command.clone()
-            && !self.verified.contains(&gpu.uuid)
-        {
-            let bus_id = gpu.pci.bus_id.to_string();
-            let index = gpu.index.to_string();
-            let env = [
-                ("GPUD_GPU_UUID", gpu.uuid.as_str()),
-                ("GPUD_GPU_BUS_ID", bus_id.as_str()),
-                ("GPUD_GPU_INDEX", index.as_str()),
-            ];
-            let outcome = command::run(&line, &[], &env, self.settings.verify_timeout).await;
-            self.metrics.count(
-                "verify",
-                if outcome.succeeded() {
-                    "success"
-                } else {
-                    "failed"
-                },
-            );
-            if !outcome.succeeded() {
-                return Next::Escalate(
-                    RESET_FAILED,
-                    format!("reset, but the verify command {} {outcome}", line.join(" ")),
-                );
+        if !self.verified.contains(&gpu.uuid) {
+            let indices: Vec<u32> = group.iter().map(|g| g.index).collect();
+            let checked = self.checks(gpu, &indices).await;
+            self.metrics
+                .count("verify", if checked.is_ok() { "success" } else { "failed" });
+            if let Err(why) = checked {
+                return Next::Withhold(format!("reset, but {why}"));
             }
             self.verified.push(gpu.uuid.clone());
         }
@@ -522,6 +630,45 @@ impl Engine {
                 Phase::Healthy,
                 "reset, verified and back in service".to_owned(),
             ),
+        }
+    }
+
+    /// The checks a reset GPU (with the peers reset with it, `indices`) passes before it goes
+    /// back: the doctor's per-GPU checks, then the user's verify command. `Err` says which
+    /// failed.
+    async fn checks(&mut self, gpu: &Gpu, indices: &[u32]) -> Result<(), String> {
+        match &self.settings.gpud_binary {
+            Some(gpud) => {
+                let lib = self.nvml.library_path().to_path_buf();
+                let limit = self.settings.verify_timeout.min(doctor::LIMIT);
+                let warnings = doctor::check(gpud, &lib, indices, limit).await;
+                let warnings =
+                    warnings.map_err(|why| format!("the doctor's checks fail: {why}"))?;
+                if !warnings.is_empty() {
+                    warn!(gpu = gpu.index, uuid = %gpu.uuid, warnings = %warnings.join("; "), "The reset GPU passes the doctor's checks with warnings");
+                }
+            }
+            None => {
+                warn!(
+                    gpu = gpu.index,
+                    "Cannot find gpud's own binary (/proc/self/exe): the reset GPU is verified without the doctor's checks"
+                );
+            }
+        }
+        let Some(line) = self.settings.verify_command.clone() else {
+            return Ok(());
+        };
+        let bus_id = gpu.pci.bus_id.to_string();
+        let index = gpu.index.to_string();
+        let env = [
+            ("GPUD_GPU_UUID", gpu.uuid.as_str()),
+            ("GPUD_GPU_BUS_ID", bus_id.as_str()),
+            ("GPUD_GPU_INDEX", index.as_str()),
+        ];
+        let outcome = command::run(&line, &[], &env, self.settings.verify_timeout).await;
+        match outcome.succeeded() {
+            true => Ok(()),
+            false => Err(format!("the verify command {} {outcome}", line.join(" "))),
         }
     }
 
@@ -582,6 +729,10 @@ impl Engine {
             }
             Next::To(phase, reason) => (phase, reason, None),
             Next::Escalate(why, reason) => (Phase::Escalated, reason, Some(why)),
+            Next::Withhold(reason) => {
+                record.held_for = Some(WITHHELD.to_owned());
+                (Phase::Escalated, reason, Some(RESET_FAILED))
+            }
         };
         let from = record.phase;
         match phase {
@@ -590,7 +741,7 @@ impl Engine {
                 record.out_since = Some(gpu.health.since.map_or_else(|| seconds(now), seconds));
             }
             Phase::Healthy => {
-                if from == Phase::Verifying {
+                if from == Phase::Verifying && record.leader.is_none() {
                     let out = record
                         .out_since
                         .map_or(now, |s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
@@ -600,6 +751,8 @@ impl Engine {
                 record.out_since = None;
                 record.escalation = None;
                 record.reboot_asked = false;
+                record.leader = None;
+                record.held_for = None;
                 self.verified.retain(|u| *u != gpu.uuid);
             }
             Phase::Escalated => {

@@ -5,18 +5,21 @@
 //! - [`args`]: the flags and the settings they resolve to;
 //! - [`need`]: what a GPU needs (reset, reboot, hardware), from the driver and the verdict;
 //! - [`engine`]: the per-GPU state machine and its safety rules;
-//! - [`drain`], [`budget`], [`command`], [`verify`], [`mig_layout`]: its steps;
+//! - [`drain`], [`budget`], [`command`], [`verify`], [`doctor`], [`mig_layout`]: its steps;
+//! - [`peers`]: the NVLink peers a reset takes together;
 //! - [`escalation`]: the Node condition `GPURemediationRequired`;
 //! - [`service`]: the subsystem.
 
 pub mod args;
 pub mod budget;
 pub mod command;
+pub mod doctor;
 pub mod drain;
 pub mod engine;
 pub mod escalation;
 pub mod mig_layout;
 pub mod need;
+pub mod peers;
 pub mod service;
 pub mod verify;
 

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::metrics::{Metrics, Reading, Saved};
 use super::{GpuRemediation, Phase};
 use crate::files;
 
@@ -53,6 +54,13 @@ pub struct GpuRecord {
     /// When the last reset gpud ran finished (milliseconds since the epoch).
     #[serde(default)]
     pub last_reset_ms: Option<u64>,
+    /// The GPU (UUID) whose reset takes this sound one too, as its NVLink peer: while set,
+    /// this GPU follows that one's phases and is held out of service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Why it is held, in words (stable while held: the health verdict quotes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_for: Option<String>,
 }
 
 impl GpuRecord {
@@ -65,6 +73,7 @@ impl GpuRecord {
             reason: self.reason.clone(),
             resets: self.reset_count,
             last_reset_ms: self.last_reset_ms,
+            held_for: self.held_for.clone(),
         }
     }
 
@@ -80,6 +89,8 @@ impl GpuRecord {
             escalation: None,
             reboot_asked: false,
             last_reset_ms: None,
+            leader: None,
+            held_for: None,
         }
     }
 
@@ -99,6 +110,9 @@ struct File {
     boot_id: String,
     /// By GPU UUID.
     gpus: BTreeMap<String, GpuRecord>,
+    /// The counters of this boot, for a restarted gpud and the exporter of another container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    counters: Option<Saved>,
 }
 
 /// The records of every GPU and where they are kept.
@@ -108,6 +122,10 @@ pub struct Records {
     boot_id: String,
     pub gpus: BTreeMap<String, GpuRecord>,
     failing: bool,
+    /// The counters written with the records, when they are kept.
+    counters: Option<Metrics>,
+    /// What the file held of this boot's counters.
+    loaded_counters: Option<Reading>,
 }
 
 impl Records {
@@ -126,6 +144,8 @@ impl Records {
             boot_id,
             gpus: BTreeMap::new(),
             failing: false,
+            counters: None,
+            loaded_counters: None,
         };
         let Some(path) = records.path.clone() else {
             return records;
@@ -145,6 +165,9 @@ impl Records {
             }
         };
         let rebooted = file.boot_id != records.boot_id;
+        if !rebooted {
+            records.loaded_counters = file.counters.map(Reading::from);
+        }
         if rebooted {
             info!(path = %path.display(), "The node rebooted since the remediation record was written (every GPU was reset): phases start over, the reset history is kept");
         }
@@ -175,6 +198,7 @@ impl Records {
         let file = File {
             boot_id: self.boot_id.clone(),
             gpus: self.gpus.clone(),
+            counters: self.counters.as_ref().map(|m| Saved::from(&m.read())),
         };
         let written = serde_json::to_vec_pretty(&file)
             .map_err(|e| e.to_string())
@@ -194,6 +218,15 @@ impl Records {
         }
     }
 
+    /// Keeps `metrics` with the records from now on, counting on from what the file held of
+    /// this boot.
+    pub fn keep_counters(&mut self, metrics: &Metrics) {
+        if let Some(earlier) = self.loaded_counters.take() {
+            metrics.restore(earlier);
+        }
+        self.counters = Some(metrics.clone());
+    }
+
     /// The record of `uuid`.
     pub fn get(&self, uuid: &str) -> GpuRecord {
         self.gpus
@@ -205,6 +238,47 @@ impl Records {
     /// Replaces the record of `uuid`.
     pub fn set(&mut self, uuid: &str, record: GpuRecord) {
         self.gpus.insert(uuid.to_owned(), record);
+    }
+}
+
+/// What another process reads of the record: each GPU's remediation by UUID and the
+/// counters.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub gpus: BTreeMap<String, GpuRemediation>,
+    pub counters: Option<Reading>,
+}
+
+/// The record file, read again when it changes (size or modification time): how the health
+/// watchers and the exporter of other containers follow the remediation.
+#[derive(Debug)]
+pub struct Follower {
+    path: PathBuf,
+    stamp: Option<(SystemTime, u64)>,
+}
+
+impl Follower {
+    pub fn new(path: PathBuf) -> Self {
+        Follower { path, stamp: None }
+    }
+
+    /// The record, when the file changed since the last look.
+    pub fn changed(&mut self) -> Option<View> {
+        let meta = std::fs::metadata(&self.path).ok()?;
+        let stamp = (meta.modified().ok()?, meta.len());
+        if self.stamp == Some(stamp) {
+            return None;
+        }
+        self.stamp = Some(stamp);
+        let mut records = Records::load(Some(self.path.clone()));
+        Some(View {
+            gpus: records
+                .gpus
+                .iter()
+                .map(|(uuid, record)| (uuid.clone(), record.view()))
+                .collect(),
+            counters: records.loaded_counters.take(),
+        })
     }
 }
 
@@ -247,6 +321,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_counters_are_kept_with_the_records_for_this_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("remediation.json");
+        let first = Metrics::default();
+        // This boot's ID, as the follower compares with it.
+        let mut records = Records::load(Some(path.clone()));
+        records.keep_counters(&first);
+        first.count("reset", "success");
+        records.save();
+        // A restarted gpud counts on; the exporter of another container reads them.
+        let again = Metrics::default();
+        Records::load(Some(path.clone())).keep_counters(&again);
+        assert_eq!(again.read(), first.read());
+        let view = Follower::new(path.clone()).changed().unwrap();
+        assert_eq!(view.counters, Some(first.read()));
+        // After a reboot they start from zero.
+        let fresh = Metrics::default();
+        Records::load_for_boot(Some(path), "another boot".into()).keep_counters(&fresh);
+        assert_eq!(fresh.read(), Reading::default());
+    }
+
+    #[test]
     fn phases_are_kept_for_this_boot_and_the_reset_history_across_boots() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("remediation.json");
@@ -263,6 +359,8 @@ mod tests {
                 escalation: None,
                 reboot_asked: false,
                 last_reset_ms: None,
+                leader: None,
+                held_for: None,
             },
         );
         records.save();

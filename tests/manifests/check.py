@@ -105,12 +105,14 @@ def combinations():
                 if sink is None:
                     for extra in [[], ["dra"]]:
                         yield overlay, (["no-exporter"] if no_exporter else []) + ["toolkit"] + extra
-                # The remediation (with the node status it includes), alone, next to the DRA
-                # plugin and next to the MIG reconciler (two privileged parts).
-                for extra in [[], ["dra"], [MIG[overlay]]]:
-                    yield overlay, (["no-exporter"] if no_exporter else []) + (
-                        [sink] if sink else []
-                    ) + ["remediation"] + extra
+                # The remediation over the node status it runs in (with and without taints),
+                # alone, next to the DRA plugin and next to the MIG reconciler (two privileged
+                # parts).
+                for status in NODE_STATUS:
+                    for extra in [[], ["dra"], [MIG[overlay]]]:
+                        yield overlay, (["no-exporter"] if no_exporter else []) + (
+                            [sink] if sink else []
+                        ) + [status, "remediation"] + extra
                 # MPS sharing, alone, next to the node status and next to the MIG reconciler
                 # (one DaemonSet, distinct ports, one config).
                 for extra in [[], ["node-status"], [MIG[overlay]]]:
@@ -446,8 +448,7 @@ def check_node_status(overlay, components, objects):
     """The node status runs exactly once, where the layout puts it: a gpud-node-status
     container in the per-applet base, `gpud run` with GPUD_NODE_STATUS=true in all-in-one;
     taints (and the permission they need) only with node-status-taints."""
-    # The remediation component includes the node status.
-    status = any(c in NODE_STATUS + ["remediation"] for c in components)
+    status = any(c in NODE_STATUS for c in components)
     taints = "node-status-taints" in components
     pod = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpud")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
@@ -676,6 +677,19 @@ def validate_cdi_goldens():
     return files
 
 
+def check_remediation_needs_node_status():
+    """The remediation runs in the node status's process and does not include it (so that it
+    goes with node-status-taints as well as node-status): alone, kustomize refuses it, naming
+    the node status's ConfigMap, instead of rendering a container without a node status."""
+    for overlay in ["base", "all-in-one"]:
+        try:
+            render(overlay, ["remediation"])
+        except SystemExit as refused:
+            assert "gpud-node-status" in str(refused), f"{overlay} + remediation: {refused}"
+            continue
+        raise SystemExit(f"{overlay} + ['remediation'] rendered without the node status")
+
+
 def main():
     gpud = os.path.abspath(sys.argv[1])
     version = subprocess.run(
@@ -694,6 +708,7 @@ def main():
         except AssertionError as err:
             raise SystemExit(f"{overlay} + {components}: {err}")
         unique.update(json.dumps(o, sort_keys=True) for o in objects)
+    check_remediation_needs_node_status()
     skipped = validate(unique)
     golden = validate_golden_slices()
     cdi = validate_cdi_goldens()
