@@ -16,6 +16,9 @@ use crate::proto::cri_runtime::{
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one list call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest answer taken: the kubelet's own limit for the runtime's answers (tonic's default,
+/// 4 MiB, is a few thousand containers with their labels).
+const MAX_ANSWER: usize = 16 * 1024 * 1024;
 
 /// Why the runtime's lists could not be had; each names the socket.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +90,9 @@ impl RuntimeClient {
                     socket: socket.clone(),
                     source,
                 })?;
-                self.client.insert(RuntimeServiceClient::new(channel))
+                self.client.insert(
+                    RuntimeServiceClient::new(channel).max_decoding_message_size(MAX_ANSWER),
+                )
             }
         };
         let sandboxes = bounded(&socket, "ListPodSandbox", async {
