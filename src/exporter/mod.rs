@@ -329,7 +329,7 @@ async fn render_loop(
         }
         capacity = body.len() + body.len() / 8;
         let published = Published {
-            body: Bytes::from(body),
+            body: Arc::new(http::mirror::Mirrored::new(Bytes::from(body))),
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };
