@@ -1,4 +1,4 @@
-//! Compiles the kubelet protos in `proto/` into Rust with protox, a pure-Rust protobuf compiler,
+//! Compiles the kubelet and container-runtime protos in `proto/` into Rust with protox, a pure-Rust protobuf compiler,
 //! so a build needs no system `protoc`.
 
 use std::error::Error;
@@ -11,6 +11,7 @@ const PROTOS: &[&str] = &[
     "dra/v1beta1/api.proto",
     "drahealth/v1/api.proto",
     "drahealth/v1alpha1/api.proto",
+    "cri/runtime/v1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

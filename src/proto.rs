@@ -1,4 +1,4 @@
-//! Generated kubelet gRPC bindings (compiled from `proto/` by `build.rs`).
+//! Generated kubelet and container-runtime gRPC bindings (compiled from `proto/` by `build.rs`).
 
 /// Kubelet Device Plugin API (`deviceplugin/v1beta1`).
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
@@ -48,4 +48,11 @@ pub mod drahealth_v1 {
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod drahealth_v1alpha1 {
     tonic::include_proto!("v1alpha1");
+}
+
+/// Container Runtime Interface v1 (`runtime.v1`): the runtime service's pod sandbox and
+/// container lists, which name this node's containers for per-pod usage.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod cri_runtime {
+    tonic::include_proto!("runtime.v1");
 }

@@ -108,8 +108,9 @@ pub struct ExporterArgs {
     xid_count_window_size: u64,
 
     /// Per-pod GPU usage (gpud_container_gpu_*): each container's own GPU memory and share of
-    /// the GPU's engines, from NVML's per-process data. Needs the node name, the host's /proc
-    /// (--pod-usage-proc-root) and API access to list and watch this node's pods.
+    /// the GPU's engines, from NVML's per-process data. Needs the host's /proc
+    /// (--pod-usage-proc-root) and this node's pods: the node name and API access to list and
+    /// watch them, or the container runtime's socket (--pod-usage-cri-socket).
     #[arg(long, env = "GPUD_POD_USAGE", value_name = "BOOL",
           default_value = "false", action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = FalseyValueParser::new())]
@@ -124,6 +125,12 @@ pub struct ExporterArgs {
         default_value = "/proc"
     )]
     pod_usage_proc_root: PathBuf,
+
+    /// The container runtime's CRI socket (e.g. /run/containerd/containerd.sock): --pod-usage
+    /// names containers from the runtime's pod sandbox and container lists, asked every 5s,
+    /// instead of watching this node's pods on the API server.
+    #[arg(long, value_name = "PATH", env = "GPUD_POD_USAGE_CRI_SOCKET")]
+    pod_usage_cri_socket: Option<PathBuf>,
 
     #[command(flatten)]
     http: crate::http::HttpArgs,
@@ -174,8 +181,9 @@ impl ExporterArgs {
 }
 
 impl ExporterArgs {
-    /// Where per-pod usage comes from, when `--pod-usage` asks for it: this node's pods
-    /// (`node`, through `kubeconfig` or the in-cluster account) and the host's `/proc`.
+    /// Where per-pod usage comes from, when `--pod-usage` asks for it: the host's `/proc`, and
+    /// this node's pods from the container runtime's CRI socket when one is given, else from
+    /// the API server (`node`, through `kubeconfig` or the in-cluster account).
     pub fn usage(
         &self,
         node: Option<&str>,
@@ -184,17 +192,30 @@ impl ExporterArgs {
         if !self.pod_usage {
             return Ok(None);
         }
+        let proc_root = self.pod_usage_proc_root.clone();
+        if let Some(socket) = &self.pod_usage_cri_socket {
+            return Ok(Some(super::usage::UsageConfig {
+                proc_root,
+                names: super::usage::PodNames::Runtime {
+                    socket: socket.clone(),
+                    interval: super::usage::RUNTIME_INTERVAL,
+                },
+            }));
+        }
         let node = node.filter(|n| !n.is_empty()).ok_or_else(|| {
             Error::Usage(
                 "--pod-usage names containers from this node's pods: give the node name \
-                 (--node-name or NODE_NAME)"
+                 (--node-name or NODE_NAME), or the container runtime's socket \
+                 (--pod-usage-cri-socket)"
                     .into(),
             )
         })?;
         Ok(Some(super::usage::UsageConfig {
-            proc_root: self.pod_usage_proc_root.clone(),
-            node: node.to_owned(),
-            kubeconfig,
+            proc_root,
+            names: super::usage::PodNames::Api {
+                node: node.to_owned(),
+                kubeconfig,
+            },
         }))
     }
 

@@ -40,8 +40,8 @@ use tracing::info;
 use crate::daemon::{Helpers, ReadyLatch};
 use crate::http::{self, ListenError};
 use crate::inventory::Inventory;
-use crate::kube::pods::PodDirectory;
 use crate::nvml::{Nvml, NvmlError};
+use crate::pod_directory::PodDirectory;
 use crate::xid::ledger::XidLedger;
 use fields::Selection;
 use podresources::{PodResourcesConfig, PodsState};
@@ -143,16 +143,25 @@ pub async fn run(
         sample_tx,
     )?;
     let (directory_tx, directory_rx) = watch::channel(Arc::new(PodDirectory::default()));
-    let directory = match &config.usage {
-        Some(usage) => {
-            let client = crate::kube::connect(usage.kubeconfig.as_deref())
+    let directory = match config.usage.as_ref().map(|u| &u.names) {
+        Some(usage::PodNames::Api { node, kubeconfig }) => {
+            let client = crate::kube::connect(kubeconfig.as_deref())
                 .await
                 .map_err(ExporterError::Api)?;
             Some(helpers.spawn(
                 "pod directory",
-                crate::kube::pods::follow(client, usage.node.clone(), directory_tx, cancel.clone()),
+                crate::kube::pods::follow(client, node.clone(), directory_tx, cancel.clone()),
             ))
         }
+        Some(usage::PodNames::Runtime { socket, interval }) => Some(helpers.spawn(
+            "pod directory",
+            crate::cri::follow::follow(
+                crate::cri::client::RuntimeClient::new(socket.clone()),
+                *interval,
+                directory_tx,
+                cancel.clone(),
+            ),
+        )),
         None => None,
     };
     let (pods_tx, pods_rx) = watch::channel(Arc::new(PodsState::default()));
@@ -339,7 +348,7 @@ async fn render_loop(
         }
         capacity = body.len() + body.len() / 8;
         let published = Published {
-            body: Bytes::from(body),
+            body: Arc::new(http::mirror::Mirrored::new(Bytes::from(body))),
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };

@@ -9,18 +9,20 @@
 //!
 //! Any other path goes to the admin router the exporter is given (the probes).
 //!
-//! A scrape costs one read-lock and one reference-count increment: the body is shared bytes,
-//! which hyper writes to the socket as they are.
+//! A scrape costs one read-lock and a few reference-count increments: the body is shared
+//! bytes, which go to the socket from their memory-file copy ([`crate::http::mirror`]) where
+//! there is one, else as they are.
 
 use std::sync::Arc;
 
-use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::{Extension, Router};
 use tokio::sync::watch;
+
+use crate::http::mirror::Mirrored;
 
 /// The Prometheus text format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -28,8 +30,8 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// What the server hands out, replaced whole after every render.
 #[derive(Debug, Clone, Default)]
 pub struct Published {
-    /// The exposition body.
-    pub body: Bytes,
+    /// The exposition body, sent from a memory-file copy from its second scrape on.
+    pub body: Arc<Mirrored>,
     /// Whether a sample has been rendered yet.
     pub ready: bool,
     /// Whether the last sample reached NVML.
@@ -51,8 +53,15 @@ pub fn router(shared: Shared, admin: Router) -> Router {
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
-    let body = shared.borrow().body.clone();
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
+    // Out of the channel's lock: the second scrape of a body makes its mirror.
+    let body = Arc::clone(&shared.borrow().body);
+    let (body, mirror) = body.serve();
+    // The connection finds the body's bytes in the mirror and sends them from its file.
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        mirror.map(Extension),
+        body,
+    )
 }
 
 async fn health(State(shared): State<Shared>) -> impl IntoResponse {

@@ -9,8 +9,9 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use axum::Router;
@@ -21,7 +22,7 @@ use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +30,7 @@ use tracing::debug;
 
 use super::Limits;
 use super::activity::{Activity, Phase};
+use super::mirror::Mirror;
 use super::registry::Admitted;
 use super::stats::Stats;
 
@@ -54,13 +56,16 @@ pub async fn serve(
     cancel: CancellationToken,
 ) {
     let activity = Arc::clone(&admitted.activity);
+    let mirror = MirrorSlot::default();
     let io = TokioIo::new(Watched {
         stream,
         activity: Arc::clone(&activity),
+        mirror: Arc::clone(&mirror),
     });
     let answer = Answer {
         router: TowerToHyperService::new(router),
         activity: Arc::clone(&activity),
+        mirror,
     };
     let mut builder = http1::Builder::new();
     // The watchdog below times the head; hyper's own timer would also run between requests.
@@ -105,10 +110,25 @@ pub async fn serve(
     }
 }
 
-/// The socket, noting when bytes arrive.
+/// The [`Mirror`] of the last response's body, if it has one: set by [`Answer`], read by
+/// [`Watched`] to send those bytes from its file.
+type MirrorSlot = Arc<Mutex<Option<Mirror>>>;
+
+/// The socket, noting when bytes arrive, and sending a mirrored body from its file.
 struct Watched {
     stream: TcpStream,
     activity: Arc<Activity>,
+    mirror: MirrorSlot,
+}
+
+impl Watched {
+    /// The mirror holding one of `bufs`, and where.
+    fn mirrored(&self, bufs: &[IoSlice<'_>]) -> Option<(Mirror, (usize, u64))> {
+        let slot = self.mirror.lock().ok()?;
+        let mirror = slot.as_ref()?;
+        let found = mirror.locate(bufs)?;
+        Some((mirror.clone(), found))
+    }
 }
 
 impl AsyncRead for Watched {
@@ -140,7 +160,21 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let Some((mirror, found)) = self.mirrored(bufs) else {
+            return Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        };
+        // tokio's readiness protocol: wait until writable, try, and on WouldBlock (which
+        // clears the readiness) wait again.
+        let stream = &self.stream;
+        loop {
+            ready!(stream.poll_write_ready(cx))?;
+            match stream.try_io(Interest::WRITABLE, || {
+                mirror.send(stream.as_fd(), bufs, found)
+            }) {
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -164,6 +198,7 @@ impl AsyncWrite for Watched {
 struct Answer {
     router: TowerToHyperService<Router>,
     activity: Arc<Activity>,
+    mirror: MirrorSlot,
 }
 
 type Answering = Pin<Box<dyn Future<Output = Result<Response<Tracked>, Infallible>> + Send>>;
@@ -177,8 +212,15 @@ impl hyper::service::Service<Request<Incoming>> for Answer {
         self.activity.enter(Phase::Busy);
         let done = IdleWhenDropped(Arc::clone(&self.activity));
         let answer = hyper::service::Service::call(&self.router, request);
+        let slot = Arc::clone(&self.mirror);
         Box::pin(async move {
-            let response = answer.await?;
+            let mut response = answer.await?;
+            // Any bytes of an earlier body hyper still holds stay correct either way: they are
+            // sent from their file only while their mirror is the one set.
+            let mirror = response.extensions_mut().remove::<Mirror>();
+            if let Ok(mut slot) = slot.lock() {
+                *slot = mirror;
+            }
             Ok(response.map(|inner| Tracked { inner, _done: done }))
         })
     }

@@ -31,6 +31,7 @@ pub mod args;
 mod connection;
 pub mod fd_limit;
 pub mod listen;
+pub mod mirror;
 mod registry;
 pub mod server;
 pub mod stats;

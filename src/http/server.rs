@@ -350,6 +350,29 @@ mod tests {
         assert!(answer.ends_with("done"), "{answer:?}");
     }
 
+    /// A body served from its memory-file mirror (from its second answer on) arrives whole and
+    /// unchanged, however the socket splits it, and the connection keeps serving after it.
+    #[tokio::test]
+    async fn a_mirrored_body_arrives_whole_through_partial_writes() {
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        let body = Arc::new(crate::http::mirror::Mirrored::new(bytes.clone().into()));
+        let router = body_router(3).route(
+            "/big",
+            get(move || {
+                let (body, mirror) = body.serve();
+                async move { (mirror.map(axum::Extension), body) }
+            }),
+        );
+        let server = start(router, limits(5_000, 5_000, 16)).await;
+        let mut stream = TcpStream::connect(server.address).await.unwrap();
+        for _ in 0..3 {
+            let (status, got) = request(&mut stream, "/big").await;
+            assert_eq!(status, 200);
+            assert!(got == bytes, "{} bytes, not the body", got.len());
+            assert_eq!(request(&mut stream, "/").await, (200, b"xxx".to_vec()));
+        }
+    }
+
     /// A connection accepted just before the stop whose request arrives just after it is
     /// answered, not reset: in a takeover the kernel may queue a scrape on the old process a
     /// moment before it stops.

@@ -4,7 +4,6 @@
 //! when the version is too old (410 Gone). No call per lookup: readers get the latest
 //! [`PodDirectory`] from a `watch` channel.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,52 +17,23 @@ use tracing::{info, warn};
 use super::ApiError;
 use super::call::bounded;
 use crate::backoff::{self, Backoff};
+use crate::pod_directory::{PodDirectory, PodEntry};
 
 /// How long one watch may stay open before it is reopened (the API server's own limit is
 /// a few minutes more).
 const WATCH_SECONDS: u32 = 290;
 
-/// One pod: its names, and its containers by ID.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodEntry {
-    pub namespace: String,
-    pub name: String,
-    /// Container ID (without the runtime's `containerd://` prefix) → container name.
-    pub containers: HashMap<String, String>,
+/// Adds or replaces `pod` (an object without a UID is no pod to name).
+fn put(directory: &mut PodDirectory, pod: &Pod) {
+    if let Some((uid, entry)) = entry(pod) {
+        directory.insert(uid, entry);
+    }
 }
 
-/// This node's pods by UID.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodDirectory {
-    pods: HashMap<String, PodEntry>,
-}
-
-impl PodDirectory {
-    /// The pod with this UID.
-    pub fn pod(&self, uid: &str) -> Option<&PodEntry> {
-        self.pods.get(uid)
-    }
-
-    /// Pods known.
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
-    /// Whether no pod is known.
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
-
-    fn put(&mut self, pod: &Pod) {
-        if let Some((uid, entry)) = entry(pod) {
-            self.pods.insert(uid, entry);
-        }
-    }
-
-    fn remove(&mut self, pod: &Pod) {
-        if let Some(uid) = &pod.metadata.uid {
-            self.pods.remove(uid);
-        }
+/// Forgets `pod`.
+fn remove(directory: &mut PodDirectory, pod: &Pod) {
+    if let Some(uid) = &pod.metadata.uid {
+        directory.remove(uid);
     }
 }
 
@@ -151,7 +121,7 @@ async fn list(pods: &Api<Pod>, selector: &str) -> Result<(PodDirectory, String),
     let listed = bounded(|| "listing this node's pods".to_owned(), pods.list(&params)).await?;
     let mut directory = PodDirectory::default();
     for pod in &listed.items {
-        directory.put(pod);
+        put(&mut directory, pod);
     }
     Ok((
         directory,
@@ -188,9 +158,9 @@ async fn watch_once(
         };
         match event {
             WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                changed(&pod, PodDirectory::put);
+                changed(&pod, put);
             }
-            WatchEvent::Deleted(pod) => changed(&pod, PodDirectory::remove),
+            WatchEvent::Deleted(pod) => changed(&pod, remove),
             WatchEvent::Bookmark(mark) => version = mark.metadata.resource_version,
             WatchEvent::Error(status) => {
                 return Err(ApiError::Api {
@@ -226,7 +196,7 @@ mod tests {
         }))
         .unwrap();
         let mut directory = PodDirectory::default();
-        directory.put(&pod);
+        put(&mut directory, &pod);
         let entry = directory.pod("u-1").unwrap();
         assert_eq!(
             (entry.namespace.as_str(), entry.name.as_str()),
@@ -239,7 +209,7 @@ mod tests {
             2,
             "a container not started has no ID yet"
         );
-        directory.remove(&pod);
+        remove(&mut directory, &pod);
         assert!(directory.is_empty());
     }
 }

@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use gpud::proto::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -20,23 +19,15 @@ use gpud::proto::podresources::{
     ContainerDevices, ContainerResources, DynamicResource, GetPodResourcesRequest,
     GetPodResourcesResponse, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
 };
-use tokio::sync::oneshot;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-/// How `List` is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// With the answer set.
-    Answer,
-    /// With an `UNAVAILABLE` status, as a kubelet still starting.
-    Fail,
-    /// Not while this mode lasts: the call is accepted and stays open.
-    Hang,
-}
+pub use crate::common::unix_grpc::Mode;
+use crate::common::unix_grpc::{Modes, UnixServer};
 
 struct Lister {
     answer: Arc<Mutex<ListPodResourcesResponse>>,
-    mode: Arc<Mutex<Mode>>,
+    mode: Modes,
     calls: Arc<AtomicUsize>,
 }
 
@@ -47,19 +38,8 @@ impl PodResourcesLister for Lister {
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        // A hanging call stays open until the mode changes, so that stopping the fake (which
-        // waits for calls in flight) cannot hang the test.
-        let mode = loop {
-            let mode = *self.mode.lock().unwrap();
-            if mode != Mode::Hang {
-                break mode;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        };
-        match mode {
-            Mode::Fail => Err(Status::unavailable("the fake kubelet is failing")),
-            Mode::Answer | Mode::Hang => Ok(Response::new(self.answer.lock().unwrap().clone())),
-        }
+        self.mode.admit("the fake kubelet is failing").await?;
+        Ok(Response::new(self.answer.lock().unwrap().clone()))
     }
 
     async fn get_allocatable_resources(
@@ -81,65 +61,29 @@ impl PodResourcesLister for Lister {
 pub struct FakeKubelet {
     pub socket: PathBuf,
     answer: Arc<Mutex<ListPodResourcesResponse>>,
-    mode: Arc<Mutex<Mode>>,
+    mode: Modes,
     calls: Arc<AtomicUsize>,
-    connections: Arc<AtomicUsize>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    server: UnixServer,
 }
 
 impl FakeKubelet {
     /// Serves `answer` on `socket`.
     pub fn start(socket: &Path, answer: ListPodResourcesResponse) -> FakeKubelet {
         let answer = Arc::new(Mutex::new(answer));
-        let mode = Arc::new(Mutex::new(Mode::Answer));
+        let mode = Modes::default();
         let calls = Arc::new(AtomicUsize::new(0));
-        let connections = Arc::new(AtomicUsize::new(0));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let service = Lister {
             answer: Arc::clone(&answer),
-            mode: Arc::clone(&mode),
+            mode: mode.clone(),
             calls: Arc::clone(&calls),
         };
-        let accepted = Arc::clone(&connections);
-        let path = socket.to_path_buf();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let _ = std::fs::remove_file(&path);
-                let listener = tokio::net::UnixListener::bind(&path).unwrap();
-                bound_tx.send(()).unwrap();
-                tonic::transport::Server::builder()
-                    .add_service(PodResourcesListerServer::new(service))
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::StreamExt::map(
-                            tokio_stream::wrappers::UnixListenerStream::new(listener),
-                            move |connection| {
-                                accepted.fetch_add(1, Ordering::SeqCst);
-                                connection
-                            },
-                        ),
-                        async {
-                            let _ = stopped.await;
-                        },
-                    )
-                    .await
-                    .unwrap();
-            });
-        });
-        bound_rx.recv().unwrap();
+        let server = UnixServer::start(socket, Routes::new(PodResourcesListerServer::new(service)));
         FakeKubelet {
             socket: socket.to_path_buf(),
             answer,
             mode,
             calls,
-            connections,
-            stop: Some(stop),
-            thread: Some(thread),
+            server,
         }
     }
 
@@ -150,7 +94,7 @@ impl FakeKubelet {
 
     /// Changes how `List` is answered.
     pub fn set_mode(&self, mode: Mode) {
-        *self.mode.lock().unwrap() = mode;
+        self.mode.set(mode);
     }
 
     /// `List` calls received so far.
@@ -160,19 +104,7 @@ impl FakeKubelet {
 
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for FakeKubelet {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        let _ = std::fs::remove_file(&self.socket);
+        self.server.connections()
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod host;
 pub mod http;
+pub mod unix_grpc;
 
 use std::fs::OpenOptions;
 use std::io::Write;

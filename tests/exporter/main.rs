@@ -10,6 +10,8 @@ mod common;
 mod dra;
 #[path = "../common/fake_api.rs"]
 mod fake_api;
+#[path = "../common/fake_cri.rs"]
+mod fake_cri;
 mod faults;
 mod harness;
 #[path = "../common/fake_pod_resources.rs"]
@@ -20,3 +22,4 @@ mod pods;
 mod rescan;
 mod storm;
 mod usage;
+mod usage_runtime;

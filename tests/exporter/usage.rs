@@ -10,17 +10,17 @@ use crate::common::Node;
 use crate::fake_api::FakeApi;
 use crate::harness::{Exporter, family, value};
 
-const MEMORY: &str = "gpud_container_gpu_memory_used_bytes";
-const SM: &str = "gpud_container_gpu_sm_utilization_ratio";
-const PROCESSES: &str = "gpud_container_gpu_processes";
+pub const MEMORY: &str = "gpud_container_gpu_memory_used_bytes";
+pub const SM: &str = "gpud_container_gpu_sm_utilization_ratio";
+pub const PROCESSES: &str = "gpud_container_gpu_processes";
 
-const UID_A: &str = "aaaaaaaa-1111-4111-8111-000000000001";
-const UID_B: &str = "bbbbbbbb-2222-4222-8222-000000000002";
-const ID_A: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
-const ID_B: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+pub const UID_A: &str = "aaaaaaaa-1111-4111-8111-000000000001";
+pub const UID_B: &str = "bbbbbbbb-2222-4222-8222-000000000002";
+pub const ID_A: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+pub const ID_B: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
 
 /// A process in the fake `/proc`: its start time (clock ticks after boot) and cgroup file.
-fn process(proc: &Path, pid: u32, started: u64, cgroup: &str) {
+pub fn process(proc: &Path, pid: u32, started: u64, cgroup: &str) {
     let dir = proc.join(pid.to_string());
     std::fs::create_dir_all(&dir).unwrap();
     // Fields 3 (state) to 21, then the start time (22).
@@ -51,6 +51,34 @@ fn pod(
            "metadata": {"namespace": namespace, "name": name, "uid": uid},
            "spec": {"nodeName": node, "containers": []},
            "status": {"containerStatuses": statuses}})
+}
+
+/// A fake `/proc` with two pods' processes (PIDs 101 and 102, in cgroups of both versions and
+/// drivers) and a host process (103).
+pub fn fake_proc() -> tempfile::TempDir {
+    let proc = tempfile::tempdir().unwrap();
+    std::fs::write(proc.path().join("uptime"), "5000.00 9000.00\n").unwrap();
+    // cgroup v2, cgroupfs driver.
+    process(
+        proc.path(),
+        101,
+        1000,
+        &format!("0::/kubepods/burstable/pod{UID_A}/{ID_A}\n"),
+    );
+    // cgroup v1, systemd driver, containerd.
+    let b = UID_B.replace('-', "_");
+    process(
+        proc.path(),
+        102,
+        2000,
+        &format!(
+            "12:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n\
+             4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n"
+        ),
+    );
+    // A host process.
+    process(proc.path(), 103, 3000, "0::/system.slice/render.service\n");
+    proc
 }
 
 /// A node whose `/proc` has two pods' processes and a host process, and the API server that
@@ -86,28 +114,7 @@ fn setup(fixture: &str) -> Setup {
         "other-node",
         &[],
     ));
-    let proc = tempfile::tempdir().unwrap();
-    std::fs::write(proc.path().join("uptime"), "5000.00 9000.00\n").unwrap();
-    // cgroup v2, cgroupfs driver.
-    process(
-        proc.path(),
-        101,
-        1000,
-        &format!("0::/kubepods/burstable/pod{UID_A}/{ID_A}\n"),
-    );
-    // cgroup v1, systemd driver, containerd.
-    let b = UID_B.replace('-', "_");
-    process(
-        proc.path(),
-        102,
-        2000,
-        &format!(
-            "12:pids:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n\
-             4:memory:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{b}.slice/cri-containerd-{ID_B}.scope\n"
-        ),
-    );
-    // A host process.
-    process(proc.path(), 103, 3000, "0::/system.slice/render.service\n");
+    let proc = fake_proc();
     Setup { node, api, proc }
 }
 
@@ -130,8 +137,37 @@ fn start(setup: &Setup) -> Exporter {
     )
 }
 
+/// The memory and SM series of GPU 0 shared by PIDs 101 (2048 MiB, 35 %), 102 (1024 MiB,
+/// 20 %) and the host's 103 (512 MiB, 5 %), sorted by labels: the host's series (no pod) first.
+pub fn assert_two_pods_and_the_host(body: &str) {
+    assert_eq!(
+        container_tails(body, MEMORY),
+        [
+            "\"\",namespace=\"\",pod=\"\"} 536870912",
+            "\"server\",namespace=\"ml\",pod=\"infer-b\"} 1073741824",
+            "\"trainer\",namespace=\"ml\",pod=\"train-a\"} 2147483648",
+        ]
+    );
+    assert_eq!(
+        by_pod(body, SM),
+        [
+            ("".into(), "0.050000".into()),
+            ("infer-b".into(), "0.200000".into()),
+            ("train-a".into(), "0.350000".into())
+        ]
+    );
+}
+
+/// Every sample of `metric` from its `container` label on (value included), in body order.
+pub fn container_tails<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
+    family(body, metric)
+        .into_iter()
+        .map(|l| l.split_once(",container=").unwrap().1)
+        .collect()
+}
+
 /// `(pod, value)` of every sample of `metric`, in body order.
-fn by_pod(body: &str, metric: &str) -> Vec<(String, String)> {
+pub fn by_pod(body: &str, metric: &str) -> Vec<(String, String)> {
     family(body, metric)
         .into_iter()
         .map(|line| {
@@ -169,26 +205,7 @@ fn each_container_on_a_shared_gpu_gets_its_own_memory_and_sm_share() {
         gpu0.contains(",device=\"nvidia0\",") && !gpu0.contains("modelName"),
         "{gpu0}"
     );
-    // Sorted by labels: the host's series (no pod) first.
-    assert_eq!(
-        memory
-            .iter()
-            .map(|l| l.split_once(",container=").unwrap().1)
-            .collect::<Vec<_>>(),
-        [
-            "\"\",namespace=\"\",pod=\"\"} 536870912",
-            "\"server\",namespace=\"ml\",pod=\"infer-b\"} 1073741824",
-            "\"trainer\",namespace=\"ml\",pod=\"train-a\"} 2147483648",
-        ]
-    );
-    assert_eq!(
-        by_pod(&body, SM),
-        [
-            ("".into(), "0.050000".into()),
-            ("infer-b".into(), "0.200000".into()),
-            ("train-a".into(), "0.350000".into())
-        ]
-    );
+    assert_two_pods_and_the_host(&body);
     assert_eq!(
         value(
             &body,

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::cgroup::Owner;
 use crate::exporter::pods::{DeviceKey, PodLabels};
 use crate::inventory::Snapshot;
-use crate::kube::pods::PodDirectory;
 use crate::nvml::sampling::{NodeTelemetry, SampleStatus};
+use crate::pod_directory::PodDirectory;
 
 /// One container's use of one device (a GPU, or a GPU instance of a MIG-enabled GPU).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

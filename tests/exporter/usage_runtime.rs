@@ -1,0 +1,166 @@
+//! Per-pod usage named from the container runtime's CRI socket (`--pod-usage-cri-socket`)
+//! instead of the API server: the same `gpud_container_gpu_*` series, from a fake runtime's
+//! `ListPodSandbox` and `ListContainers`; a runtime missing, failing or stalling is named in
+//! the log and leaves the containers named from its last answer.
+
+use std::path::Path;
+
+use crate::common::Node;
+use crate::fake_cri::{FakeRuntime, Mode, RuntimePod};
+use crate::harness::{Exporter, family, value};
+use crate::usage::{
+    ID_A, ID_B, MEMORY, UID_A, UID_B, assert_two_pods_and_the_host, by_pod, fake_proc, process,
+};
+
+fn train_a() -> RuntimePod {
+    RuntimePod::new("ml", "train-a", UID_A, &[("trainer", ID_A)])
+}
+
+fn infer_b() -> RuntimePod {
+    RuntimePod::new("ml", "infer-b", UID_B, &[("server", ID_B)])
+}
+
+/// The exporter naming containers through `socket`, without a node name (the runtime only
+/// knows this node's pods) or any API server.
+fn start(node: &Node, proc: &Path, socket: &Path) -> Exporter {
+    Exporter::start_with(
+        node,
+        &[
+            "--pod-usage",
+            "--pod-usage-proc-root",
+            proc.to_str().unwrap(),
+            "--pod-usage-cri-socket",
+            socket.to_str().unwrap(),
+            "--node-name",
+            "",
+        ],
+        // The real clock, as in the API server's tests: per-process samples keep coming.
+        &[("NVML_MOCK_CLOCK", "")],
+    )
+}
+
+/// Waits until the log has `count` lines with every one of `needles`.
+fn logged(exporter: &mut Exporter, needles: &[&str], count: usize) {
+    crate::common::until("the log line", 30, || {
+        exporter.drain_log();
+        let found = exporter
+            .log
+            .iter()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .count();
+        if found >= count {
+            Ok(())
+        } else {
+            Err(format!("{found} lines with {needles:?}"))
+        }
+    });
+}
+
+#[test]
+fn containers_are_named_from_the_container_runtimes_lists() {
+    let node = Node::new("dgx-h100");
+    let proc = fake_proc();
+    let socket = node.dir.path().join("containerd.sock");
+    let runtime = FakeRuntime::start(&socket, vec![train_a(), infer_b()]);
+    node.inject("process 0 101 2048 35 10");
+    node.inject("process 0 102 1024 20 5");
+    node.inject("process 0 103 512 5");
+    let exporter = start(&node, proc.path(), &socket);
+    let body = exporter.metrics_until(20, |b| {
+        value(b, MEMORY, &[("pod", "infer-b")]).is_some()
+            && value(b, MEMORY, &[("pod", "train-a")]).is_some()
+    });
+    // The same series as named through the API server.
+    assert_two_pods_and_the_host(&body);
+
+    // A pod the runtime starts later is named from its next answer.
+    let uid = "dddddddd-4444-4444-8444-000000000004";
+    let id = "d4".repeat(32);
+    runtime.set(vec![
+        train_a(),
+        infer_b(),
+        RuntimePod::new("web", "late", uid, &[("enc", &id)]),
+    ]);
+    process(
+        proc.path(),
+        104,
+        4000,
+        &format!("0::/kubepods/besteffort/pod{uid}/{id}\n"),
+    );
+    node.inject("process 1 104 512 5");
+    let body = exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "late")]).is_some());
+    let line = family(&body, MEMORY)
+        .into_iter()
+        .find(|l| l.contains("pod=\"late\""))
+        .unwrap();
+    assert!(
+        line.starts_with("gpud_container_gpu_memory_used_bytes{gpu=\"1\","),
+        "{line}"
+    );
+    assert!(
+        line.ends_with(",container=\"enc\",namespace=\"web\",pod=\"late\"} 536870912"),
+        "{line}"
+    );
+    // Both lists are asked each round.
+    let (sandboxes, containers) = runtime.calls();
+    assert!(
+        sandboxes >= 2 && containers + 1 >= sandboxes,
+        "{sandboxes} {containers}"
+    );
+}
+
+#[test]
+fn a_runtime_missing_failing_or_stalling_is_logged_and_the_last_names_stay() {
+    let node = Node::new("dgx-h100");
+    let proc = fake_proc();
+    let socket = node.dir.path().join("crio.sock");
+    let shown = socket.display().to_string();
+    node.inject("process 0 101 2048 35");
+    let mut exporter = start(&node, proc.path(), &socket);
+
+    // No runtime yet: the exporter serves, the process is no known pod's, the log says why.
+    let body = exporter.metrics_until(20, |b| value(b, MEMORY, &[("pod", "")]).is_some());
+    assert_eq!(by_pod(&body, MEMORY), [("".into(), "2147483648".into())]);
+    let cannot = "Cannot list this node's pods from the container runtime";
+    logged(&mut exporter, &[cannot, &shown], 1);
+
+    // The runtime comes up: the next retry names the container.
+    let runtime = FakeRuntime::start(&socket, vec![train_a()]);
+    exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    let answers = "Naming containers from the container runtime's CRI socket";
+    logged(&mut exporter, &[answers, &shown], 1);
+
+    // It fails: logged again, and the container stays named from the last answer.
+    runtime.set_mode(Mode::Fail);
+    logged(
+        &mut exporter,
+        &[cannot, &shown, "refused ListPodSandbox"],
+        1,
+    );
+    let body = exporter.get("/metrics").body;
+    assert_eq!(
+        by_pod(&body, MEMORY),
+        [("train-a".into(), "2147483648".into())]
+    );
+
+    // It answers, then stalls: the call is given up after its time limit and logged.
+    runtime.set_mode(Mode::Answer);
+    logged(&mut exporter, &[answers, &shown], 2);
+    runtime.set_mode(Mode::Hang);
+    logged(
+        &mut exporter,
+        &[cannot, &shown, "did not answer ListPodSandbox"],
+        1,
+    );
+    let body = exporter.get("/metrics").body;
+    assert_eq!(
+        by_pod(&body, MEMORY),
+        [("train-a".into(), "2147483648".into())]
+    );
+
+    // It answers again, with the pod gone: so is its name.
+    runtime.set(vec![]);
+    runtime.set_mode(Mode::Answer);
+    let body = exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_none());
+    assert_eq!(by_pod(&body, MEMORY), [("".into(), "2147483648".into())]);
+}
