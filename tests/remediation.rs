@@ -181,6 +181,24 @@ impl Drop for Daemon {
     }
 }
 
+/// The phase `gpud_remediation_state` sets for GPU `uuid` in a metrics body, when it sets
+/// exactly one.
+fn phase_of(body: &str, uuid: &str) -> Option<String> {
+    let set: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("gpud_remediation_state{") && l.contains(uuid))
+        .filter(|l| l.ends_with(" 1"))
+        .collect();
+    match set.as_slice() {
+        [line] => line
+            .split("state=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
 fn phase_is(phase: &'static str) -> impl Fn(&Value) -> bool {
     move |gpu: &Value| gpu["phase"] == phase
 }
@@ -227,17 +245,7 @@ async fn an_idle_gpu_is_reset_verified_and_given_back_to_the_kubelet() {
         body.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1"),
         "{body}"
     );
-    let state_lines: Vec<&str> = body
-        .lines()
-        .filter(|l| {
-            l.starts_with("gpud_remediation_state{") && l.contains(&uuid) && l.ends_with(" 1")
-        })
-        .collect();
-    assert_eq!(state_lines.len(), 1, "{state_lines:?}");
-    assert!(
-        state_lines[0].contains("state=\"healthy\""),
-        "{state_lines:?}"
-    );
+    assert_eq!(phase_of(&body, &uuid).as_deref(), Some("healthy"), "{body}");
     let log = site.log();
     for (from, to) in [
         ("healthy", "quarantined"),
@@ -792,37 +800,18 @@ async fn in_a_daemonset_the_device_plugin_container_takes_the_reset_from_the_rec
     site.record_when(&uuid, "GPU 5 back", phase_is("healthy"));
     // The exporter reads the counters at its next render, its health watcher the phases at
     // its next poll.
-    let back = format!("{uuid}\",pci_bus_id=\"{bus_id}\"");
     let body = site.metrics_when(|b| {
         b.contains("gpud_remediation_duration_seconds_count 1")
-            && b.lines().any(|l| {
-                l.starts_with("gpud_remediation_state{")
-                    && l.contains(&back)
-                    && l.ends_with("state=\"healthy\"} 1")
-            })
+            && phase_of(b, &uuid).as_deref() == Some("healthy")
     });
     assert!(
         body.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1"),
         "{body}"
     );
-    let states: Vec<&str> = body
-        .lines()
-        .filter(|l| {
-            l.starts_with("gpud_remediation_state{") && l.contains(&uuid) && l.ends_with(" 1")
-        })
-        .collect();
-    assert_eq!(states.len(), 1, "{states:?}");
-    assert!(states[0].contains("state=\"healthy\""), "{states:?}");
     // A phase other than healthy reaches the exporter's container too.
     let (escalated, _) = site.gpu(6);
     site.node.inject("xid 6 79");
-    site.metrics_when(|b| {
-        b.lines().any(|l| {
-            l.starts_with("gpud_remediation_state{")
-                && l.contains(&escalated)
-                && l.ends_with("state=\"escalated\"} 1")
-        })
-    });
+    site.metrics_when(|b| phase_of(b, &escalated).as_deref() == Some("escalated"));
 }
 
 #[test]
