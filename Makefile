@@ -109,11 +109,14 @@ bench:
 ## fleet: what gpud costs the API server at fleet scale: N release `gpud run` processes
 ## (NODES, default sized to memory, at least 200), each a simulated node, against one counting
 ## API stand-in; steady state for DURATION (10m), a correlated XID, an API server outage and a
-## rolling restart, each extrapolated to 5 000 nodes (see docs/scale.md); not part of bench
+## rolling restart, each extrapolated to 5 000 nodes (see docs/scale.md); OUTAGE sets the
+## outage apart from DURATION; not part of bench
 NODES    ?=
 DURATION ?=
+OUTAGE   ?=
 fleet:
-	GPUD_FLEET_NODES=$(NODES) GPUD_FLEET_DURATION=$(DURATION) $(CARGO) bench --bench fleet
+	GPUD_FLEET_NODES=$(NODES) GPUD_FLEET_DURATION=$(DURATION) GPUD_FLEET_OUTAGE=$(OUTAGE) \
+		$(CARGO) bench --bench fleet
 
 ## e2e: a real Prometheus server scrapes gpud exporter on the simulated dgx-h100 and must
 ## return DCGM_FI_DEV_GPU_UTIL for all 8 GPUs (needs Debian's prometheus package)

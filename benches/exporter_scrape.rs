@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use client::{Error, Response, get_once, ms};
-use load::{Budget, Run, flat_out};
+use load::{Budget, Run, flat_out, paired_ratio};
 use proc::{gpud_cpu_ns, rss_kib, tree_cpu_ns};
 use servers::{Node, find_program, samples_total, start_exporter, start_nginx};
 
@@ -118,7 +118,7 @@ fn main() -> Result<(), Error> {
 
 /// Rounds of alternating load: the node is shared with other work, so gpud and nginx take
 /// turns and each is judged by its median round.
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 
 fn throughput(
     gpud: &Path,
@@ -189,6 +189,11 @@ fn throughput(
         served += rounds[0].last().map_or(0, |run| run.requests);
         rss_marks.push((served, rss_kib(pid)));
     }
+    let paired: Vec<(f64, f64, f64)> = rounds
+        .iter()
+        .skip(1)
+        .map(|runs| paired_ratio(&rounds[0], runs))
+        .collect();
     let medians: Vec<(f64, Run)> = rounds
         .into_iter()
         .map(|runs| (median_cpu(&runs), median(runs)))
@@ -196,17 +201,21 @@ fn throughput(
     for ((name, ..), (_, run)) in servers.iter().zip(&medians) {
         report(name, run);
     }
-    let (gpud_cpu, gpud_run) = &medians[0];
-    for ((name, ..), (cpu, run)) in servers.iter().zip(&medians).skip(1) {
+    let (gpud_cpu, _) = &medians[0];
+    for (((name, ..), (cpu, _)), (ratio, low, high)) in
+        servers.iter().zip(&medians).skip(1).zip(paired)
+    {
         let goal = if name.starts_with("nginx") {
             " (goal >= 80 %)"
         } else {
             ""
         };
         println!(
-            "  gpud / {name}: throughput {:.0} %{goal}, server CPU per request (median round) \
-             {gpud_cpu:.1} / {cpu:.1} us = {:.0} %",
-            100.0 * gpud_run.per_second() / run.per_second(),
+            "  gpud / {name}: throughput {:.0} %{goal} (median of the rounds' ratios; {:.0}–{:.0} %), \
+             server CPU per request (median round) {gpud_cpu:.1} / {cpu:.1} us = {:.0} %",
+            100.0 * ratio,
+            100.0 * low,
+            100.0 * high,
             100.0 * gpud_cpu / cpu
         );
     }

@@ -88,3 +88,20 @@ pub fn flat_out(
         server_cpu_ns,
     })
 }
+
+/// The throughput ratio of `first` over `other`, from alternating rounds: each round's ratio
+/// is taken between neighbours in time, which saw the same load from the rest of a shared
+/// machine, so their median is steadier than a ratio of the two medians. Median, lowest and
+/// highest ratio.
+pub fn paired_ratio(first: &[Run], other: &[Run]) -> (f64, f64, f64) {
+    let mut ratios: Vec<f64> = first
+        .iter()
+        .zip(other)
+        .map(|(a, b)| a.per_second() / b.per_second())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    match (ratios.first(), ratios.last()) {
+        (Some(low), Some(high)) => (ratios[ratios.len() / 2], *low, *high),
+        _ => (0.0, 0.0, 0.0),
+    }
+}

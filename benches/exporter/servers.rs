@@ -91,7 +91,9 @@ pub fn start_exporter(gpud: &Path, node: &Node<'_>, interval_ms: u64) -> Result<
         .env("NVML_MOCK_FIXTURE", node.fixture)
         .env("NVML_MOCK_CLOCK", "1000")
         .env("NODE_NAME", "bench-node")
-        .env("GPUD_STATE_DIR", node.dir.join("state"))
+        // Its own state dir: two exporters sharing one (a baseline beside the build under test)
+        // would hand over from one to the other.
+        .env("GPUD_STATE_DIR", node.dir.join(format!("state-{port}")))
         .env("GPUD_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()?;

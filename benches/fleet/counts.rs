@@ -64,8 +64,8 @@ pub struct Tally {
     pub bare_lists: Vec<u64>,
     /// Requests in each second of the run.
     pub per_second: Vec<u32>,
-    /// Writes in each second of the run.
-    pub writes_per_second: Vec<u32>,
+    /// Requests in each second of the run by (verb, resource): what made a busy second.
+    pub calls_per_second: Vec<BTreeMap<(Verb, &'static str), u32>>,
 }
 
 impl Tally {
@@ -95,7 +95,7 @@ impl Tally {
                 .map(|(a, b)| a - b)
                 .collect(),
             per_second: self.per_second.clone(),
-            writes_per_second: self.writes_per_second.clone(),
+            calls_per_second: self.calls_per_second.clone(),
         }
     }
 
@@ -138,6 +138,17 @@ impl Tally {
             }
         }
         out
+    }
+
+    /// The requests of second `at` by (verb, resource), most first.
+    pub fn calls_in(&self, at: usize) -> Vec<((Verb, &'static str), u32)> {
+        let mut calls: Vec<_> = self
+            .calls_per_second
+            .get(at)
+            .map(|c| c.iter().map(|(k, n)| (*k, *n)).collect())
+            .unwrap_or_default();
+        calls.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        calls
     }
 
     /// Requests per second from second `from` (inclusive) to `to` (exclusive).
@@ -209,12 +220,12 @@ impl Counts {
         *tally.codes.entry(code).or_default() += 1;
         if tally.per_second.len() <= second {
             tally.per_second.resize(second + 1, 0);
-            tally.writes_per_second.resize(second + 1, 0);
+            tally.calls_per_second.resize(second + 1, BTreeMap::new());
         }
         tally.per_second[second] += 1;
-        if verb.writes() {
-            tally.writes_per_second[second] += 1;
-        }
+        *tally.calls_per_second[second]
+            .entry((verb, resource))
+            .or_default() += 1;
     }
 
     /// Bytes a watch sent.

@@ -12,7 +12,8 @@
 //! 3. API server outage (60 s at full duration, shorter with it) and the herd after it;
 //! 4. rolling restart of every gpud in batches of 10 %.
 //!
-//! The run ends with `key: value` lines for scripts. `GPUD_FLEET_ARGS` adds `gpud run` flags
+//! `GPUD_FLEET_OUTAGE` sets the outage's length apart from the run's (60 s after a short
+//! steady state, to look at the herd alone). The run ends with `key: value` lines for scripts. `GPUD_FLEET_ARGS` adds `gpud run` flags
 //! to every node (say, to compare intervals); `GPUD_FLEET_GPUD` runs another gpud binary (an
 //! older build, to compare).
 
@@ -69,8 +70,12 @@ fn main() {
     let extra: Vec<String> = setting("GPUD_FLEET_ARGS")
         .map(|a| a.split_whitespace().map(str::to_owned).collect())
         .unwrap_or_default();
-    // The outage and the waits scale with the run: 60 s at 10 minutes.
-    let outage = (duration / 10).clamp(Duration::from_secs(10), Duration::from_secs(60));
+    // The outage and the waits scale with the run: 60 s at 10 minutes, unless
+    // GPUD_FLEET_OUTAGE sets it (the full outage after a short steady state).
+    let outage = setting("GPUD_FLEET_OUTAGE").map_or_else(
+        || (duration / 10).clamp(Duration::from_secs(10), Duration::from_secs(60)),
+        |d| humantime::parse_duration(&d).expect("GPUD_FLEET_OUTAGE: a duration such as 60s"),
+    );
 
     let exe = std::env::current_exe().unwrap();
     let setup = Setup {

@@ -216,6 +216,24 @@ pub fn outage(
          5000 nodes: {:.0} req/s",
         f64::from(top) * scale
     );
+    let made_of: Vec<String> = tally
+        .calls_in(from + at)
+        .iter()
+        .map(|((verb, resource), n)| format!("{n} {} {resource}", verb.name()))
+        .collect();
+    println!("  the busiest second was: {}", made_of.join(", "));
+    let window: Vec<String> = tally
+        .by_call()
+        .iter()
+        .map(|((verb, resource), sum)| {
+            format!(
+                "{} {resource} {:.2}",
+                verb.name(),
+                sum.requests as f64 / nodes as f64
+            )
+        })
+        .collect();
+    println!("  per node in the window: {}", window.join(", "));
     println!(
         "  every node converged (watches reopened, changes written) after: {}",
         converged.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()))

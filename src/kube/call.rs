@@ -145,11 +145,17 @@ impl ApiError {
     /// ([`super::pace::spread`]; a `Retry-After` by up to as long again): every node of a
     /// fleet that failed in the same second (an outage, a 429 to all) must not retry in the
     /// same second again, which the backoff's quarter of jitter alone does not prevent.
+    ///
+    /// While the API server cannot be reached the pause ends no later than just after this
+    /// process's next probe ([`super::pace::retry_by`]): the gate, not the caller's timer,
+    /// decides when the process comes back.
     pub fn paced(&self, delay: Duration) -> Duration {
         let factor = super::pace::spread();
         let delay = delay.mul_f64(factor);
-        self.retry_after()
-            .map_or(delay, |after| after.mul_f64(2.0 * factor - 1.0).max(delay))
+        let paced = self
+            .retry_after()
+            .map_or(delay, |after| after.mul_f64(2.0 * factor - 1.0).max(delay));
+        super::pace::retry_by().map_or(paced, |by| paced.min(by))
     }
 
     /// Says how long the API server asked gpud to wait, when it did: the caller's next try

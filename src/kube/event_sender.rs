@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::events::{COMPONENT, NodeEvent, Outbox};
-use super::{ApiError, NodeClient, connect};
+use super::{ApiError, NodeClient};
 use crate::backoff::{self, Backoff};
 use crate::daemon::Helpers;
 use crate::logging;
@@ -98,13 +98,8 @@ async fn send_waiting(
     node: &str,
     kubeconfig: Option<&PathBuf>,
 ) -> Result<(), ApiError> {
-    let api = match client {
-        Some(api) => api,
-        None => {
-            let connected = connect(kubeconfig.map(PathBuf::as_path)).await?;
-            client.insert(NodeClient::new(connected, node.to_owned(), COMPONENT))
-        }
-    };
+    let api =
+        NodeClient::in_slot(client, kubeconfig.map(PathBuf::as_path), node, COMPONENT).await?;
     while let Some(event) = outbox.front() {
         api.create_event(event, None).await?;
         outbox.sent();

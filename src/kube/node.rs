@@ -109,6 +109,24 @@ impl NodeClient {
         }
     }
 
+    /// The client in `slot`, connecting (from `kubeconfig`, or in-cluster) when there is none
+    /// yet: the helpers that write to the Node now and then connect on their first write, so
+    /// an API server that is not there at start costs them a retry, not their start.
+    pub async fn in_slot<'a>(
+        slot: &'a mut Option<NodeClient>,
+        kubeconfig: Option<&std::path::Path>,
+        node: &str,
+        manager: &'static str,
+    ) -> Result<&'a mut NodeClient, ApiError> {
+        match slot {
+            Some(client) => Ok(client),
+            None => {
+                let connected = super::client::connect(kubeconfig).await?;
+                Ok(slot.insert(NodeClient::new(connected, node.to_owned(), manager)))
+            }
+        }
+    }
+
     /// The Node's name.
     pub fn node(&self) -> &str {
         &self.node

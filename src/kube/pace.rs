@@ -13,7 +13,9 @@
 //!   spread over the whole window (full jitter, per process), instead of every subsystem of
 //!   every node arriving on its own retry schedule in the same few seconds.
 //! - [`spread`]: the random factor (up to one and a half) callers' retry pauses are lengthened
-//!   by ([`super::ApiError::paced`]), so a fleet's subsystems that failed together retry apart.
+//!   by ([`super::ApiError::paced`]), so a fleet's subsystems that failed together retry apart;
+//!   and [`retry_by`]: while the gate is closed no caller pauses past its process's next probe,
+//!   so a process's subsystems return with it, where the gate's jitter put it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -99,6 +101,16 @@ struct State {
     refilled: Instant,
     gate: Gate,
     seed: u64,
+}
+
+/// How long after its process's next probe a caller that failed while the gate was closed
+/// tries again: time for a probe to an answering API server to come back and open the gate.
+pub const AFTER_PROBE: Duration = Duration::from_millis(250);
+
+/// While this process's gate is closed, the longest a failed caller should pause: until just
+/// after the next probe ([`Pacer::retry_by`]). `None` while the gate is open.
+pub fn retry_by() -> Option<Duration> {
+    pacer().retry_by(Instant::now())
 }
 
 /// A factor drawn uniformly from `[1, 1.5)` for this process's retry pauses: never shorter
@@ -237,6 +249,21 @@ impl Pacer {
             }
             // A request sent before the gate closed failed too: the gate already knows.
             (Gate::Closed { .. }, false) => {}
+        }
+    }
+
+    /// While the gate is closed, the longest pause from `now` for a caller that failed: to
+    /// just after the next probe. A fleet's subsystems that lost the API server together
+    /// have backoff timers in step; were they to sleep them out, each would come back on its
+    /// own timer, in step with the same subsystem on every other node, however the gate
+    /// spread the nodes' probes. Sleeping no longer than the probe, they come back when
+    /// their process does. `None` while the gate is open.
+    pub fn retry_by(&self, now: Instant) -> Option<Duration> {
+        match self.lock().gate {
+            Gate::Open => None,
+            Gate::Closed { probe_at, .. } => {
+                Some(probe_at.saturating_duration_since(now) + AFTER_PROBE)
+            }
         }
     }
 
@@ -399,6 +426,28 @@ mod tests {
         // Uniform over 64 s: about 3 a second; never a fifth of the fleet in one second.
         assert!(busiest <= 12, "{per_second:?}");
         assert!(firsts.iter().all(|f| *f <= GATE_MAX));
+    }
+
+    #[test]
+    fn a_failed_caller_pauses_no_longer_than_just_after_the_next_probe() {
+        let pacer = pacer(5.0, 10);
+        assert_eq!(pacer.retry_by(Instant::now()), None);
+        pacer.reached(Pass::Open, false);
+        for _ in 0..6 {
+            pacer.reached(Pass::Probe, false);
+        }
+        let now = Instant::now();
+        let Gate::Closed { probe_at, .. } = pacer.lock().gate else {
+            panic!("open")
+        };
+        assert_eq!(
+            pacer.retry_by(now),
+            Some(probe_at.duration_since(now) + AFTER_PROBE)
+        );
+        // A probe that is due (or out) leaves only the time for its answer.
+        assert_eq!(pacer.retry_by(probe_at + GATE_MAX), Some(AFTER_PROBE));
+        pacer.reached(Pass::Probe, true);
+        assert_eq!(pacer.retry_by(now), None);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::backoff::{self, Backoff};
 use crate::daemon::Helpers;
-use crate::kube::{ApiError, ConditionRecord, NodeClient, connect};
+use crate::kube::{ApiError, ConditionRecord, NodeClient};
 use crate::logging;
 
 /// The longest pause between two tries.
@@ -113,13 +113,7 @@ async fn sync(
     node: &str,
     kubeconfig: Option<&PathBuf>,
 ) -> Result<(), ApiError> {
-    let api = match client {
-        Some(api) => api,
-        None => {
-            let connected = connect(kubeconfig.map(PathBuf::as_path)).await?;
-            client.insert(NodeClient::new(connected, node.to_owned(), MANAGER))
-        }
-    };
+    let api = NodeClient::in_slot(client, kubeconfig.map(PathBuf::as_path), node, MANAGER).await?;
     if known.is_none() {
         let view = api.read().await?;
         let (status, transition) = view
