@@ -13,8 +13,13 @@ mod fake_dra_kubelet;
 mod fake_kubelet;
 #[path = "common/fake_pod_resources.rs"]
 mod fake_pod_resources;
+#[path = "common/pynvml.rs"]
+mod pynvml;
 #[path = "common/raw_grpc.rs"]
 mod raw_grpc;
+
+#[path = "dra/dynamic_mig.rs"]
+mod dynamic_mig;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -295,7 +295,9 @@ impl DynamicMig {
         let mut result = Ok(());
         for made in &ours {
             match self.destroy(made).await {
-                Ok(()) => info!(device = %made.device, gpu = %made.gpu, "Destroyed the claim's MIG device"),
+                Ok(()) => {
+                    info!(device = %made.device, gpu = %made.gpu, "Destroyed the claim's MIG device")
+                }
                 Err(error) => {
                     result = Err(error);
                     break;
@@ -414,9 +416,10 @@ fn choose(
             continue;
         }
         let foreign = gpu.instances.iter().any(|gi| {
-            !record.instances.iter().any(|m| {
-                m.gpu == gpu.uuid && m.profile_id == gi.profile_id && m.start == gi.start
-            })
+            !record
+                .instances
+                .iter()
+                .any(|m| m.gpu == gpu.uuid && m.profile_id == gi.profile_id && m.start == gi.start)
         });
         if mode.current && foreign {
             info!(gpu = %gpu.uuid, "MIG devices gpud did not make are on the GPU; publishing them as they are, not partitioning it on demand");
@@ -428,7 +431,10 @@ fn choose(
         }
         dynamic.profiles.insert(gpu.uuid, gpu.profiles);
     }
-    info!(gpus = dynamic.profiles.len(), "GPUs partitioned on demand (dynamic MIG)");
+    info!(
+        gpus = dynamic.profiles.len(),
+        "GPUs partitioned on demand (dynamic MIG)"
+    );
     (dynamic, destroyed)
 }
 
@@ -461,7 +467,9 @@ fn ready_for(
             ));
         }
         match admin.set_mode(index, true).map_err(|e| e.to_string())? {
-            ModeActivation::Active => info!(gpu = %gpu.uuid, "Turned MIG on for a claim's MIG device"),
+            ModeActivation::Active => {
+                info!(gpu = %gpu.uuid, "Turned MIG on for a claim's MIG device")
+            }
             ModeActivation::ResetPending | ModeActivation::RebootRequired => {
                 return Err(format!(
                     "device {}: MIG on {gpu_name} is pending a GPU reset; the claim can be \
@@ -507,7 +515,12 @@ fn ready_for(
 fn create_instance(admin: &MigAdmin, index: u32, made: &Made, slices: u32) -> Result<(), String> {
     let gi = admin
         .create_gpu_instance(index, made.profile_id, made.start, made.size)
-        .map_err(|e| format!("device {}: cannot create the GPU instance: {e}", made.device))?;
+        .map_err(|e| {
+            format!(
+                "device {}: cannot create the GPU instance: {e}",
+                made.device
+            )
+        })?;
     if let Err(error) = admin.create_compute_instance(index, gi, slices) {
         let _ = admin.destroy_gpu_instance(index, gi);
         return Err(format!(
@@ -531,11 +544,19 @@ fn destroy_instance(admin: &MigAdmin, index: u32, made: &Made) -> Result<(), Str
     for ci in &gi.compute {
         admin
             .destroy_compute_instance(index, gi.id, ci.id)
-            .map_err(|e| format!("device {}: cannot destroy its compute instance: {e}", made.device))?;
+            .map_err(|e| {
+                format!(
+                    "device {}: cannot destroy its compute instance: {e}",
+                    made.device
+                )
+            })?;
     }
-    admin
-        .destroy_gpu_instance(index, gi.id)
-        .map_err(|e| format!("device {}: cannot destroy its GPU instance: {e}", made.device))
+    admin.destroy_gpu_instance(index, gi.id).map_err(|e| {
+        format!(
+            "device {}: cannot destroy its GPU instance: {e}",
+            made.device
+        )
+    })
 }
 
 /// A whole GPU for a claim: MIG off, which needs every instance gone.

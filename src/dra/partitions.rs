@@ -101,7 +101,10 @@ pub fn layout(
             plain.push(whole);
             continue;
         }
-        let profiles = dynamic.profiles.get(&gpu.uuid).map_or(&[][..], Vec::as_slice);
+        let profiles = dynamic
+            .profiles
+            .get(&gpu.uuid)
+            .map_or(&[][..], Vec::as_slice);
         groups.push(group(snapshot, driver, topology, gpu, profiles, whole));
     }
     (plain, groups)
@@ -194,7 +197,10 @@ fn unmade(whole: &Device, name: String, gpu: &Gpu, profile: &GiProfile, start: u
         },
     );
     for slice in start..start + profile.memory_slices {
-        capacity.insert(format!("memorySlice{slice}"), Capacity { value: "1".into() });
+        capacity.insert(
+            format!("memorySlice{slice}"),
+            Capacity { value: "1".into() },
+        );
     }
     Device {
         name,
@@ -338,10 +344,23 @@ mod tests {
         assert_eq!(group.counter_set.counters.len(), 9);
         assert_eq!(group.counter_set.counters["memory"].value, "80Gi");
         let names: Vec<&str> = group.devices.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names[..3], ["gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-1g10gb-19-1"]);
+        assert_eq!(
+            names[..3],
+            ["gpu-1", "gpu-1-mig-1g10gb-19-0", "gpu-1-mig-1g10gb-19-1"]
+        );
         assert_eq!(names.len(), 1 + 7 + 2 + 1);
-        assert_eq!(names[8..], ["gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4", "gpu-1-mig-7g80gb-0-0"]);
-        assert_eq!(group.devices[0].consumes_counters[0].counters, group.counter_set.counters);
+        assert_eq!(
+            names[8..],
+            [
+                "gpu-1-mig-3g40gb-9-0",
+                "gpu-1-mig-3g40gb-9-4",
+                "gpu-1-mig-7g80gb-0-0"
+            ]
+        );
+        assert_eq!(
+            group.devices[0].consumes_counters[0].counters,
+            group.counter_set.counters
+        );
         let upper = &group.devices[9];
         let used: Vec<&str> = upper.consumes_counters[0]
             .counters
@@ -350,21 +369,37 @@ mod tests {
             .collect();
         assert_eq!(
             used,
-            ["memory", "memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"]
+            [
+                "memory",
+                "memory-slice-4",
+                "memory-slice-5",
+                "memory-slice-6",
+                "memory-slice-7"
+            ]
         );
         assert_eq!(upper.attributes["type"], Attribute::String("mig".into()));
-        assert_eq!(upper.attributes["profile"], Attribute::String("3g.40gb".into()));
+        assert_eq!(
+            upper.attributes["profile"],
+            Attribute::String("3g.40gb".into())
+        );
         assert!(!upper.attributes.contains_key("uuid"));
-        assert_eq!(dynamic.placement(&snapshot.gpus[1], "gpu-1-mig-3g40gb-9-4").map(|(p, s)| (p.id, s)), Some((9, 4)));
-        assert_eq!(dynamic.placement(&snapshot.gpus[1], "gpu-1-mig-3g40gb-9-2"), None);
+        assert_eq!(
+            dynamic
+                .placement(&snapshot.gpus[1], "gpu-1-mig-3g40gb-9-4")
+                .map(|(p, s)| (p.id, s)),
+            Some((9, 4))
+        );
+        assert_eq!(
+            dynamic.placement(&snapshot.gpus[1], "gpu-1-mig-3g40gb-9-2"),
+            None
+        );
     }
 
     #[test]
     fn counter_sets_go_with_their_devices_before_1_35_and_apart_after() {
         let (snapshot, dynamic) = node(5);
         let built = |served| {
-            let (plain, groups) =
-                layout(&snapshot, "d", &Topology::default(), &dynamic, served);
+            let (plain, groups) = layout(&snapshot, "d", &Topology::default(), &dynamic, served);
             specs("d", "n", plain, groups, 3, served)
         };
         let shape = |slices: &[SliceSpec]| -> Vec<(usize, usize)> {
@@ -382,7 +417,11 @@ mod tests {
         let apart = built(ServedFields::ALL);
         // 9 counters a set: three sets fit 32 counters.
         assert_eq!(shape(&apart), [(1, 0), (0, 3), (0, 1), (44, 0)]);
-        assert!(apart.iter().all(|s| s.pool.resource_slice_count == 4 && s.pool.generation == 3));
+        assert!(
+            apart
+                .iter()
+                .all(|s| s.pool.resource_slice_count == 4 && s.pool.generation == 3)
+        );
         let none = ServedFields {
             counters: false,
             counters_in_own_slices: false,
@@ -390,6 +429,11 @@ mod tests {
         };
         let whole = built(none);
         assert_eq!(shape(&whole), [(5, 0)]);
-        assert!(whole[0].devices.iter().all(|d| d.consumes_counters.is_empty()));
+        assert!(
+            whole[0]
+                .devices
+                .iter()
+                .all(|d| d.consumes_counters.is_empty())
+        );
     }
 }
