@@ -13,6 +13,10 @@
 //!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
 //!    the checkpoint saved, and the held devices published.
 //!
+//! With dynamic MIG ([`super::dynamic_mig`]), step 3 first makes the MIG devices of the
+//! placements the claim was given (and reads the inventory again); a claim that fails after
+//! that has them destroyed again, and unprepare destroys them before the checkpoint entry goes.
+//!
 //! A claim whose config asks for MPS gets its own control daemon ([`super::claim_mps`]),
 //! started after the intervals and before the spec, whose devices carry the daemon's edits; a
 //! claim in the checkpoint has its daemon probed on every prepare and started again when it
