@@ -280,8 +280,7 @@ pub fn specs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::model::Node;
-    use crate::inventory::test_support::gpu;
+    use crate::inventory::test_support::{gpu, snapshot};
 
     fn profile(name: &str, id: u32, memory_slices: u32, mib: u64, starts: &[u32]) -> GiProfile {
         GiProfile {
@@ -297,19 +296,11 @@ mod tests {
     }
 
     fn node(gpus: usize) -> (Snapshot, DynamicGpus) {
-        let snapshot = Snapshot {
-            node: Node {
-                hostname: "n".into(),
-                driver_version: "570.133.20".into(),
-                cuda_driver_version: None,
-                nvml_version: None,
-                machine_type: None,
-            },
-            gpus: (0..gpus)
+        let snapshot = snapshot(
+            (0..gpus)
                 .map(|i| gpu(i as u32, &format!("GPU-{i}"), "NVIDIA H100", 81920))
                 .collect(),
-            topology: Vec::new(),
-        };
+        );
         let profiles = vec![
             profile("7g.80gb", 0, 8, 80896, &[0]),
             profile("3g.40gb", 9, 4, 40448, &[0, 4]),

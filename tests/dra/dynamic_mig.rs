@@ -23,15 +23,17 @@ impl Dra {
         dra
     }
 
-    /// The MIG devices GPU 0 has now, as `gpud inventory` reads them: `profile@start` words.
+    /// GPU 0 as `gpud inventory` reads it now.
+    fn gpu0(&self) -> Value {
+        let out = stdout_ok(&self.node.run(&["inventory", "--format", "json"]));
+        let inventory: Value = serde_json::from_str(&out).unwrap();
+        inventory["gpus"][0].clone()
+    }
+
+    /// The MIG devices GPU 0 has now: `profile@start` words.
     fn mig_devices(&self) -> Vec<String> {
-        let inventory: Value = serde_json::from_str(&stdout_ok(&self.node.run(&[
-            "inventory",
-            "--format",
-            "json",
-        ])))
-        .unwrap();
-        let mut out: Vec<String> = inventory["gpus"][0]["mig"]["devices"]
+        let gpu = self.gpu0();
+        let mut out: Vec<String> = gpu["mig"]["devices"]
             .as_array()
             .into_iter()
             .flatten()
@@ -45,6 +47,14 @@ impl Dra {
             .collect();
         out.sort();
         out
+    }
+
+    /// Puts claim `name` for `device` and prepares it, which must succeed.
+    async fn prepare_ok(&self, name: &str, uid: &str, device: &str) {
+        self.put_claim(name, uid, &[device]);
+        let answer = self.prepare(name, uid).await;
+        assert_eq!(answer.claims[uid].error, "", "{device}");
+        assert_eq!(answer.claims[uid].devices, [prepared(uid, device)]);
     }
 
     /// The record of the MIG devices gpud made, as `device` names.
@@ -140,35 +150,6 @@ async fn every_mig_placement_is_published_with_nvidias_counters_in_both_shapes()
             &format!("dra/{fixture}-dynamic-mig-1.34.json"),
             &as_1_34(&slices),
         );
-        // The whole GPU takes every counter of its set; a placement only its own slices.
-        let whole = device(&slices, "gpu-0");
-        assert_eq!(
-            whole["consumesCounters"][0]["counterSet"],
-            "gpu-0-counter-set"
-        );
-        assert_eq!(
-            whole["consumesCounters"][0]["counters"]
-                .as_object()
-                .unwrap()
-                .len(),
-            9
-        );
-        let upper = device(&slices, "gpu-0-mig-3g40gb-9-4");
-        let used: Vec<&String> = upper["consumesCounters"][0]["counters"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .collect();
-        assert_eq!(
-            used,
-            [
-                "memory",
-                "memory-slice-4",
-                "memory-slice-5",
-                "memory-slice-6",
-                "memory-slice-7"
-            ]
-        );
     }
 }
 
@@ -184,10 +165,7 @@ async fn prepare_makes_the_placed_mig_devices_and_unprepare_destroys_them() {
         ("two", "uid-two", "gpu-0-mig-1g10gb-19-1"),
     ];
     for (name, uid, device) in claims {
-        dra.put_claim(name, uid, &[device]);
-        let answer = dra.prepare(name, uid).await;
-        assert_eq!(answer.claims[uid].error, "", "{device}");
-        assert_eq!(answer.claims[uid].devices, [prepared(uid, device)]);
+        dra.prepare_ok(name, uid, device).await;
     }
     assert_eq!(dra.mig_devices(), ["1g.10gb@0", "1g.10gb@1", "3g.40gb@4"]);
     if let Some(seen) = pynvml::mig_devices(&dra.node) {
@@ -231,18 +209,9 @@ async fn prepare_makes_the_placed_mig_devices_and_unprepare_destroys_them() {
         assert_eq!(seen, "");
     }
     // The whole GPU again: MIG goes off for it.
-    dra.put_claim("whole", "uid-whole", &["gpu-0"]);
-    assert_eq!(
-        dra.prepare("whole", "uid-whole").await.claims["uid-whole"].error,
-        ""
-    );
-    let inventory: Value = serde_json::from_str(&stdout_ok(&dra.node.run(&[
-        "inventory",
-        "--format",
-        "json",
-    ])))
-    .unwrap();
-    assert_eq!(inventory["gpus"][0]["mig"]["enabled"], false);
+    dra.prepare_ok("whole", "uid-whole", "gpu-0").await;
+    let gpu = dra.gpu0();
+    assert_eq!(gpu["mig"]["enabled"], false);
 }
 
 /// Adds a GPU instance nobody asked gpud for to GPU `uuid`'s simulated MIG state (MIG on).
@@ -321,8 +290,7 @@ async fn a_restart_keeps_prepared_instances_and_destroys_only_gpuds_orphans() {
         ("kept", "uid-kept", "gpu-0-mig-1g10gb-19-0"),
         ("lost", "uid-lost", "gpu-0-mig-1g10gb-19-1"),
     ] {
-        dra.put_claim(name, uid, &[device]);
-        assert_eq!(dra.prepare(name, uid).await.claims[uid].error, "");
+        dra.prepare_ok(name, uid, device).await;
     }
     let uuid_of = |dra: &Dra, uid: &str| -> String {
         let checkpoint: Value =
@@ -378,11 +346,8 @@ async fn an_xid_taints_every_device_of_the_gpus_counter_set_until_it_recovers() 
     dra.start();
     dra.register().await;
     let before = dra.slices_when("counter sets", partitioned);
-    dra.put_claim("one", "uid-one", &["gpu-0-mig-1g10gb-19-0"]);
-    assert_eq!(
-        dra.prepare("one", "uid-one").await.claims["uid-one"].error,
-        ""
-    );
+    dra.prepare_ok("one", "uid-one", "gpu-0-mig-1g10gb-19-0")
+        .await;
     let on_gpu = |slices: &[Value], minor: u32| -> Vec<Value> {
         slices
             .iter()
@@ -428,18 +393,10 @@ async fn an_xid_of_a_made_instance_taints_only_its_device_until_it_is_quiet() {
     dra.start();
     dra.register().await;
     dra.slices_when("counter sets", partitioned);
-    dra.put_claim("one", "uid-one", &["gpu-0-mig-1g10gb-19-0"]);
-    assert_eq!(
-        dra.prepare("one", "uid-one").await.claims["uid-one"].error,
-        ""
-    );
-    let inventory: Value = serde_json::from_str(&stdout_ok(&dra.node.run(&[
-        "inventory",
-        "--format",
-        "json",
-    ])))
-    .unwrap();
-    let gi = &inventory["gpus"][0]["mig"]["devices"][0]["gpu_instance_id"];
+    dra.prepare_ok("one", "uid-one", "gpu-0-mig-1g10gb-19-0")
+        .await;
+    let gpu = dra.gpu0();
+    let gi = &gpu["mig"]["devices"][0]["gpu_instance_id"];
 
     dra.log_when("health: Ready");
     // A critical XID the driver attributes to the made instance (link training failed).
