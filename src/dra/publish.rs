@@ -138,15 +138,9 @@ impl Publisher {
         Ok(out)
     }
 
-    /// Makes the server's slices hold `devices`; returns whether anything was written.
-    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, ResourceApiError> {
-        self.sync_partitioned(devices, Vec::new(), ServedFields::ALL)
-            .await
-    }
-
     /// Makes the server's slices hold `devices` and the partitioned GPUs' `groups`, in the
     /// shape `served` says the server keeps; returns whether anything was written.
-    pub async fn sync_partitioned(
+    pub async fn sync(
         &mut self,
         devices: Vec<Device>,
         groups: Vec<Group>,

@@ -293,7 +293,7 @@ async fn publish_loop(
         let topology = topology::read(sysfs_root, &snapshot);
         let (devices, groups) =
             partitions::layout(&snapshot, driver, &topology, partitioned, served);
-        let wait = match publisher.sync_partitioned(devices, groups, served).await {
+        let wait = match publisher.sync(devices, groups, served).await {
             Ok(_) => {
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");

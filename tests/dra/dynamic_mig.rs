@@ -417,3 +417,33 @@ async fn an_xid_of_a_made_instance_taints_only_its_device_until_it_is_quiet() {
     });
     assert!(device(&clear, made)["attributes"].get("uuid").is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpud_run_partitions_on_demand_when_the_environment_says_so() {
+    let mut dra = Dra::dynamic("dgx-h100");
+    let kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
+    let socket = kubelet.socket();
+    dra.applet = [
+        "run",
+        "--dra",
+        "--disable",
+        "labeller,exporter",
+        "--doctor-interval",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
+    dra.applet.extend([
+        "--kubelet-socket".to_owned(),
+        socket.to_str().unwrap().to_owned(),
+    ]);
+    dra.env.push(("GPUD_DRA_DYNAMIC_MIG".into(), "true".into()));
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    dra.prepare_ok("one", "uid-one", "gpu-0-mig-1g10gb-19-0")
+        .await;
+    assert_eq!(dra.mig_devices(), ["1g.10gb@0"]);
+    assert_eq!(dra.unprepare("one", "uid-one").await, "");
+    assert_eq!(dra.mig_devices(), Vec::<String>::new());
+}
