@@ -423,20 +423,7 @@ async fn gpud_run_partitions_on_demand_when_the_environment_says_so() {
     let mut dra = Dra::dynamic("dgx-h100");
     let kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
     let socket = kubelet.socket();
-    dra.applet = [
-        "run",
-        "--dra",
-        "--disable",
-        "labeller,exporter",
-        "--doctor-interval",
-        "0",
-    ]
-    .map(String::from)
-    .to_vec();
-    dra.applet.extend([
-        "--kubelet-socket".to_owned(),
-        socket.to_str().unwrap().to_owned(),
-    ]);
+    dra.applet = run_applet(&socket);
     dra.env.push(("GPUD_DRA_DYNAMIC_MIG".into(), "true".into()));
     dra.start();
     dra.register().await;
