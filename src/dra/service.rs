@@ -1,6 +1,8 @@
 //! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
 //!
-//! The checkpoint is read, the two sockets are served ([`super::sockets`]: the plugin socket,
+//! The checkpoint is read (and, with dynamic MIG, the MIG devices gpud made for claims no
+//! longer in it destroyed and the GPUs to partition on demand chosen: [`super::dynamic_mig`]),
+//! the two sockets are served ([`super::sockets`]: the plugin socket,
 //! then the registration socket), and the subsystem is ready. Then one loop keeps the node's
 //! ResourceSlices right ([`super::publish`]): after every inventory change (a MIG change or
 //! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
