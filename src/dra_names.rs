@@ -5,6 +5,7 @@
 //! |---|---|
 //! | full GPU | `gpu-<minor>` |
 //! | MIG device | `gpu-<parent minor>-mig-<profile>-<GI profile id>-<placement start>` |
+//! | counter set of a GPU (dynamic MIG) | `gpu-<minor>-counter-set` |
 //!
 //! The profile is NVIDIA's (`1g.10gb`) without its dots and with any other character a DNS
 //! label cannot hold turned into `-` (`1g10gb`, `1g10gb-me`). Minor numbers, not UUIDs: the
@@ -53,12 +54,29 @@ pub fn gpu_name(gpu: &Gpu) -> String {
 pub fn mig_name(parent: &Gpu, mig: &MigDevice) -> Option<String> {
     let placement = mig.placement?;
     let profile_id = mig.gpu_instance_profile_id?;
-    Some(format!(
-        "gpu-{}-mig-{}-{profile_id}-{}",
-        gpu_minor(parent),
-        dns_label(&mig.profile),
-        placement.start
+    Some(placement_name(
+        parent,
+        &mig.profile,
+        profile_id,
+        placement.start,
     ))
+}
+
+/// The DRA name of a MIG device of `profile` (GPU-instance profile `profile_id`) at memory
+/// slice `start` of `parent`, whether or not it exists: a dynamic-MIG placement is published
+/// under the name the instance has once created.
+pub fn placement_name(parent: &Gpu, profile: &str, profile_id: u32, start: u32) -> String {
+    format!(
+        "gpu-{}-mig-{}-{profile_id}-{start}",
+        gpu_minor(parent),
+        dns_label(profile)
+    )
+}
+
+/// The name of GPU `gpu`'s counter set (its memory and memory slices), as NVIDIA's driver
+/// names it.
+pub fn counter_set_name(gpu: &Gpu) -> String {
+    format!("gpu-{}-counter-set", gpu_minor(gpu))
 }
 
 /// Every device of the snapshot with its name: a GPU with MIG on contributes its MIG devices,

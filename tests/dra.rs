@@ -13,8 +13,13 @@ mod fake_dra_kubelet;
 mod fake_kubelet;
 #[path = "common/fake_pod_resources.rs"]
 mod fake_pod_resources;
+#[path = "common/pynvml.rs"]
+mod pynvml;
 #[path = "common/raw_grpc.rs"]
 mod raw_grpc;
+
+#[path = "dra/dynamic_mig.rs"]
+mod dynamic_mig;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -497,6 +502,22 @@ async fn a_fatal_xid_taints_the_device_and_recovery_removes_the_taint() {
     );
 }
 
+/// `gpud run --dra` with the device plugin on the fake kubelet at `socket`.
+fn run_applet(socket: &std::path::Path) -> Vec<String> {
+    [
+        "run",
+        "--dra",
+        "--disable",
+        "labeller,exporter",
+        "--doctor-interval",
+        "0",
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `gpud run --dra` with the device plugin on a fake kubelet: the open ListAndWatch stream
 /// after its first list (every GPU healthy), with the DRA plugin registered and its slices
 /// published untainted.
@@ -508,18 +529,7 @@ async fn run_with_device_plugin(
 ) {
     let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
     let socket = kubelet.socket();
-    dra.applet = [
-        "run",
-        "--dra",
-        "--disable",
-        "labeller,exporter",
-        "--doctor-interval",
-        "0",
-        "--kubelet-socket",
-        socket.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
+    dra.applet = run_applet(&socket);
     dra.start();
     let registration = kubelet.next_registration(15).await;
     let mut plugin = kubelet.plugin(&registration.endpoint).await;
@@ -840,18 +850,7 @@ async fn a_gpu_prepared_for_a_claim_leaves_the_device_plugins_list_until_unprepa
     let mut dra = Dra::new("dgx-h100");
     let mut kubelet = fake_kubelet::FakeKubelet::start(dra.node.dir.path()).await;
     let socket = kubelet.socket();
-    dra.applet = [
-        "run",
-        "--dra",
-        "--disable",
-        "labeller,exporter",
-        "--doctor-interval",
-        "0",
-        "--kubelet-socket",
-        socket.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
+    dra.applet = run_applet(&socket);
     dra.start();
     let registration = kubelet.next_registration(15).await;
     let mut plugin = kubelet.plugin(&registration.endpoint).await;

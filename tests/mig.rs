@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/pynvml.rs"]
+mod pynvml;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -530,61 +532,6 @@ fn a_mode_change_waits_for_the_reset_command() {
     assert_eq!(std::fs::read_to_string(&called).unwrap().lines().count(), 2);
 }
 
-/// The Python the cross-check runs: `make test`'s environment in target/py-venv, else python3.
-fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/py-venv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        "python3".into()
-    }
-}
-
-/// The MIG devices NVIDIA's own bindings (nvidia-ml-py) see on the node, as `profile=count`
-/// words; `None` where the bindings are not installed (outside CI).
-fn pynvml_mig_devices(node: &Node) -> Option<String> {
-    const SCRIPT: &str = "
-import collections, pynvml as nv
-nv.nvmlInit()
-counts = collections.Counter()
-for i in range(nv.nvmlDeviceGetCount()):
-    gpu = nv.nvmlDeviceGetHandleByIndex(i)
-    if nv.nvmlDeviceGetMigMode(gpu)[0] != 1:
-        continue
-    for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(gpu)):
-        try:
-            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, j)
-        except nv.NVMLError_NotFound:
-            continue
-        counts[nv.nvmlDeviceGetName(mig).rsplit(' MIG ', 1)[1]] += 1
-nv.nvmlShutdown()
-print(' '.join(f'{k}={v}' for k, v in sorted(counts.items())))
-";
-    let installed = std::process::Command::new(python())
-        .args(["-c", "import pynvml"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if common::tool_missing(
-        !installed,
-        "nvidia-ml-py is required in CI (make test installs it in target/py-venv)",
-        "skipped: nvidia-ml-py is not installed (tests/python/venv.sh installs it)",
-    ) {
-        return None;
-    }
-    // pynvml loads libnvidia-ml.so.1 by name, as it loads the driver's.
-    let libs = node.dir.path().join("pylib");
-    std::fs::create_dir_all(&libs).unwrap();
-    let _ = std::os::unix::fs::symlink(common::mock_lib(), libs.join("libnvidia-ml.so.1"));
-    let mut cmd = std::process::Command::new(python());
-    node.wire(&mut cmd);
-    let out = cmd
-        .env("LD_LIBRARY_PATH", &libs)
-        .args(["-c", SCRIPT])
-        .output()
-        .unwrap();
-    Some(stdout_ok(&out).trim().to_owned())
-}
-
 /// After an apply, NVIDIA's Python bindings reading the driver see exactly the GPU and compute
 /// instances `gpud mig export` prints.
 #[test]
@@ -603,7 +550,7 @@ fn nvidia_ml_py_sees_the_instances_export_prints() {
         .collect();
     words.sort();
     assert_eq!(words.join(" "), "1c.3g.40gb=3 1g.10gb=2 2g.20gb=1");
-    if let Some(seen) = pynvml_mig_devices(&node) {
+    if let Some(seen) = pynvml::mig_devices(&node) {
         assert_eq!(seen, words.join(" "));
     }
 }

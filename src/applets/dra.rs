@@ -65,10 +65,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
     let mut daemon = Daemon::fixed("dra");
-    daemon.add_support(rescanner);
+    daemon.add_support(rescanner.clone());
     daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
     let (held, _) = holdings::channel();
-    daemon.add_fixed(Dra::new(config, held, nvml));
+    daemon.add_fixed(Dra::new(config, held, nvml).with_rescanner(rescanner));
     daemon.serve_admin(&args.admin.address(super::admin_port("dra")));
     daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)

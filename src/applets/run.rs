@@ -248,7 +248,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         })
     });
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
-    daemon.add_support(rescanner);
+    daemon.add_support(rescanner.clone());
     let mut status = node_status.map(|node| {
         NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())
             .with_unready_after(args.api.api_unready_after)
@@ -314,7 +314,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         daemon.add_fixed(status);
     }
     if let Some(config) = dra {
-        daemon.add_fixed(Dra::new(config, held, nvml.clone()));
+        daemon.add_fixed(Dra::new(config, held, nvml.clone()).with_rescanner(rescanner));
     }
     if let Some(remediation) = remediation {
         daemon.add_fixed(remediation);

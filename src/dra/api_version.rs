@@ -107,6 +107,25 @@ fn devices_mut(spec: &mut Value) -> impl Iterator<Item = &mut Value> {
         .flatten()
 }
 
+/// The newer ResourceSlice fields the API server keeps, as far as gpud can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedFields {
+    /// `sharedCounters` on slices and `consumesCounters` on devices (partitionable devices, KEP-4815).
+    pub counters: bool,
+    /// Counter sets must be published in slices of their own, without devices (Kubernetes 1.35+).
+    pub counters_in_own_slices: bool,
+    /// `allowMultipleAllocations` and capacity `requestPolicy` (consumable capacity, KEP-5075).
+    pub shared_capacity: bool,
+}
+
+impl ServedFields {
+    pub const ALL: ServedFields = ServedFields {
+        counters: true,
+        counters_in_own_slices: true,
+        shared_capacity: true,
+    };
+}
+
 /// A call to the API server failed, or it serves no version gpud speaks.
 #[derive(Debug, thiserror::Error)]
 pub enum ResourceApiError {

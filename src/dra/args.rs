@@ -104,6 +104,17 @@ pub struct DraArgs {
         env = "GPUD_DRA_NVIDIA_SMI_PATH"
     )]
     pub dra_nvidia_smi_path: Option<PathBuf>,
+
+    /// Dynamic MIG: publish each MIG-capable GPU as a counter set with the whole GPU and every
+    /// placement of every MIG profile as devices consuming it, and create the MIG device a
+    /// claim was given when it is prepared (needs the API server's partitionable devices). A
+    /// GPU with MIG devices gpud did not make, or with MIG off and processes on it, stays as
+    /// it is.
+    #[arg(long = "dra-dynamic-mig", env = "GPUD_DRA_DYNAMIC_MIG", value_name = "BOOL",
+          default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true",
+          value_parser = crate::nvidia_config::parse_bool)]
+    pub dra_dynamic_mig: bool,
 }
 
 /// Everything the DRA plugin runs with, resolved from [`DraArgs`].
@@ -123,6 +134,8 @@ pub struct DraConfig {
     pub nvidia_smi: PathBuf,
     /// How claims' MPS control daemons run (the `--mps-*` flags).
     pub mps: Launch,
+    /// MIG devices made at prepare time (`--dra-dynamic-mig`).
+    pub dynamic_mig: bool,
 }
 
 impl DraArgs {
@@ -163,6 +176,7 @@ impl DraArgs {
             kubeconfig,
             nvidia_smi: self.nvidia_smi(),
             mps,
+            dynamic_mig: self.dra_dynamic_mig,
         })
     }
 
@@ -205,6 +219,11 @@ impl DraConfig {
     /// The prepared-claims checkpoint.
     pub fn checkpoint(&self) -> PathBuf {
         self.plugin_dir().join(super::checkpoint::FILE_NAME)
+    }
+
+    /// The MIG instances gpud made for claims (dynamic MIG).
+    pub fn made_instances(&self) -> PathBuf {
+        self.plugin_dir().join(super::dynamic_mig::FILE_NAME)
     }
 }
 

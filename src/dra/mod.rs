@@ -7,7 +7,8 @@
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
-//! configs), [`timeslice`] (a claim's time-slice interval on its GPU), coexistence with the device plugin through [`crate::holdings`], [`health_stream`] (device
+//! configs), [`partitions`] (dynamic MIG's counter sets and placement devices), [`dynamic_mig`]
+//! (MIG devices made and destroyed with claims), [`timeslice`] (a claim's time-slice interval on its GPU), coexistence with the device plugin through [`crate::holdings`], [`health_stream`] (device
 //! health for pods' status) and [`service`] (the subsystem).
 
 pub mod api_version;
@@ -15,9 +16,11 @@ pub mod args;
 pub mod checkpoint;
 pub mod claim_cdi;
 pub mod claim_mps;
+pub mod dynamic_mig;
 pub mod health_stream;
 pub mod objects;
 pub mod opaque;
+pub mod partitions;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

@@ -21,6 +21,9 @@ pub struct SliceSpec {
     pub node_name: String,
     #[serde(default)]
     pub devices: Vec<Device>,
+    /// Counter sets the devices of the pool consume from (partitionable devices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_counters: Vec<CounterSet>,
 }
 
 /// `ResourceSlice.spec.pool`.
@@ -43,6 +46,31 @@ pub struct Device {
     pub capacity: BTreeMap<String, Capacity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// What allocating the device takes from the pool's counter sets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumes_counters: Vec<CounterConsumption>,
+}
+
+/// `sharedCounters[]`: a named set of counters that devices consume from; the scheduler never
+/// allocates devices whose consumption together exceeds a counter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSet {
+    pub name: String,
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// One counter: a quantity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counter {
+    pub value: String,
+}
+
+/// `consumesCounters[]` of a device: what it takes from one counter set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CounterConsumption {
+    pub counter_set: String,
+    pub counters: BTreeMap<String, Counter>,
 }
 
 /// A device attribute: exactly one typed value.

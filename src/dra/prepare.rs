@@ -13,6 +13,10 @@
 //!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
 //!    the checkpoint saved, and the held devices published.
 //!
+//! With dynamic MIG ([`super::dynamic_mig`]), step 3 first makes the MIG devices of the
+//! placements the claim was given (and reads the inventory again); a claim that fails after
+//! that has them destroyed again, and unprepare destroys them before the checkpoint entry goes.
+//!
 //! A claim whose config asks for MPS gets its own control daemon ([`super::claim_mps`]),
 //! started after the intervals and before the spec, whose devices carry the daemon's edits; a
 //! claim in the checkpoint has its daemon probed on every prepare and started again when it
@@ -41,13 +45,14 @@ use super::args::DraConfig;
 use super::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use super::claim_cdi::{self, ClaimDevice};
 use super::claim_mps::{self, ClaimMps};
-use super::objects::Claim;
+use super::dynamic_mig::DynamicMig;
+use super::objects::{Allocation, AllocationResult, Claim};
 use super::opaque;
 use super::timeslice::{self, TimeSlicer};
 use crate::dra_names::{self, DraDevice};
 use crate::holdings::Held;
 use crate::holdings::pod_resources::{self, Holding};
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, Snapshot};
 use crate::kube::{ApiError, bounded};
 use crate::nvml::Nvml;
 
@@ -92,6 +97,7 @@ pub struct Preparer {
     held: watch::Sender<Held>,
     time_slicer: TimeSlicer,
     nvml: Nvml,
+    dynamic: Option<Arc<DynamicMig>>,
 }
 
 impl std::fmt::Debug for Preparer {
@@ -122,7 +128,14 @@ impl Preparer {
             checkpoint: Mutex::new(checkpoint),
             held,
             nvml,
+            dynamic: None,
         }
+    }
+
+    /// The preparer of a plugin that makes MIG devices at prepare time.
+    pub fn with_dynamic_mig(mut self, dynamic: Arc<DynamicMig>) -> Preparer {
+        self.dynamic = Some(dynamic);
+        self
     }
 
     /// Reads the checkpoint file again: the gpud taken over from may have prepared or
@@ -206,6 +219,13 @@ impl Preparer {
                 continue;
             }
             if let Err(error) = self.reset_intervals(&checkpoint, &claim.uid).await {
+                warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %error, "Cannot unprepare claim");
+                out.insert(claim.uid, Err(error));
+                continue;
+            }
+            if let Some(dynamic) = &self.dynamic
+                && let Err(error) = dynamic.release(&checkpoint, &claim.uid).await
+            {
                 warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, error = %error, "Cannot unprepare claim");
                 out.insert(claim.uid, Err(error));
                 continue;
@@ -310,8 +330,43 @@ impl Preparer {
                 self.config.driver
             ));
         }
+        // Dynamic MIG: the placements the claim was given are made now, and the snapshot
+        // read again so that the rest sees the new MIG devices.
+        let (made, snapshot) = match &self.dynamic {
+            Some(dynamic) => {
+                let names: Vec<String> = results
+                    .iter()
+                    .filter(|r| r.pool == self.config.node && r.admin_access != Some(true))
+                    .map(|r| r.device.clone())
+                    .collect();
+                let made = dynamic.make(&snapshot, &names).await?;
+                (made, self.inventory.current())
+            }
+            None => (Vec::new(), snapshot),
+        };
+        let prepared = self
+            .prepare_allocated(checkpoint, claim, &allocation, results, &snapshot, holders)
+            .await;
+        if prepared.is_err()
+            && let Some(dynamic) = &self.dynamic
+        {
+            dynamic.undo(&made).await;
+        }
+        prepared
+    }
+
+    /// Prepares the allocated `results` of `claim` (on `snapshot`, its MIG devices made).
+    async fn prepare_allocated(
+        &self,
+        checkpoint: &mut Checkpoint,
+        claim: &ClaimRef,
+        allocation: &Allocation,
+        results: Vec<&AllocationResult>,
+        snapshot: &Snapshot,
+        holders: &mut Option<Vec<Holding>>,
+    ) -> Result<Vec<PreparedDevice>, String> {
         if holders.is_none() {
-            *holders = Some(self.device_plugin_holders(&snapshot).await?);
+            *holders = Some(self.device_plugin_holders(snapshot).await?);
         }
         let holders = holders.as_deref().unwrap_or_default();
         let mut devices = Vec::new();
@@ -324,7 +379,7 @@ impl Preparer {
                     result.device, result.pool, self.config.node
                 ));
             }
-            let device = dra_names::find(&snapshot, &result.device).ok_or_else(|| {
+            let device = dra_names::find(snapshot, &result.device).ok_or_else(|| {
                 format!(
                     "device {} is not on this node (any more): it was removed or reconfigured \
                      after the claim was allocated",
@@ -389,7 +444,7 @@ impl Preparer {
                 admin_access,
             });
         }
-        let mps = claim_mps_plan(&snapshot, mps_asked)?;
+        let mps = claim_mps_plan(snapshot, mps_asked)?;
         if let Some(mps) = &mps {
             self.check_mps_modes(mps).await?;
         }
@@ -406,7 +461,7 @@ impl Preparer {
         // invalid, and a runtime that reads one may refuse every spec in the folder.
         if !cdi_devices.is_empty()
             && let Err(error) = claim_cdi::write(
-                &snapshot,
+                snapshot,
                 &self.config.host,
                 &self.config.cdi_root,
                 &claim.uid,

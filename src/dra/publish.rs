@@ -29,9 +29,9 @@ use tracing::{debug, info};
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion};
+use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion, ServedFields};
 use super::objects::{Device, SliceSpec};
-use super::slices;
+use super::partitions::{self, Group};
 
 /// How long one watch request stays open before it is renewed.
 const WATCH_SECONDS: u32 = 290;
@@ -138,8 +138,14 @@ impl Publisher {
         Ok(out)
     }
 
-    /// Makes the server's slices hold `devices`; returns whether anything was written.
-    pub async fn sync(&mut self, devices: Vec<Device>) -> Result<bool, ResourceApiError> {
+    /// Makes the server's slices hold `devices` and the partitioned GPUs' `groups`, in the
+    /// shape `served` says the server keeps; returns whether anything was written.
+    pub async fn sync(
+        &mut self,
+        devices: Vec<Device>,
+        groups: Vec<Group>,
+        served: ServedFields,
+    ) -> Result<bool, ResourceApiError> {
         let existing = self.list().await?;
         let seen = existing
             .iter()
@@ -147,7 +153,17 @@ impl Publisher {
             .max()
             .unwrap_or(0);
         let current = seen.max(self.generation);
-        let at_current = slices::specs(&self.driver, &self.node, devices.clone(), current);
+        let build = |generation| {
+            partitions::specs(
+                &self.driver,
+                &self.node,
+                devices.clone(),
+                groups.clone(),
+                generation,
+                served,
+            )
+        };
+        let at_current = build(current);
         let up_to_date = existing.len() == at_current.len()
             && at_current.iter().enumerate().all(|(index, spec)| {
                 let name = self.slice_name(index);
@@ -160,7 +176,7 @@ impl Publisher {
             return Ok(false);
         }
         let generation = current + 1;
-        let wanted = slices::specs(&self.driver, &self.node, devices, generation);
+        let wanted = build(generation);
         let (api, version) = self.slices().await?;
         for (index, spec) in wanted.iter().enumerate() {
             let name = self.slice_name(index);

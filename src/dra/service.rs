@@ -1,6 +1,8 @@
 //! The `dra` subsystem: gpud as the kubelet's DRA plugin for its driver.
 //!
-//! The checkpoint is read, the two sockets are served ([`super::sockets`]: the plugin socket,
+//! The checkpoint is read (and, with dynamic MIG, the MIG devices gpud made for claims no
+//! longer in it destroyed and the GPUs to partition on demand chosen: [`super::dynamic_mig`]),
+//! the two sockets are served ([`super::sockets`]: the plugin socket,
 //! then the registration socket), and the subsystem is ready. Then one loop keeps the node's
 //! ResourceSlices right ([`super::publish`]): after every inventory change (a MIG change or
 //! lost GPU arrives with the next rescan; health at once), every registration by the kubelet,
@@ -19,12 +21,13 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::api_version::{ResourceApi, ResourceApiError};
+use super::api_version::{ResourceApi, ResourceApiError, ServedFields};
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
+use super::dynamic_mig::DynamicMig;
+use super::partitions::{self, DynamicGpus};
 use super::prepare::Preparer;
 use super::publish::Publisher;
-use super::slices;
 use super::sockets::Sockets;
 use super::topology;
 use crate::backoff::{self, Backoff};
@@ -35,7 +38,7 @@ use crate::inventory::Inventory;
 use crate::kube::events::{Kind, NodeEvent};
 use crate::kube::{self, EventSender};
 use crate::logging;
-use crate::nvml::Nvml;
+use crate::nvml::{Nvml, Rescanner};
 
 /// The reason of the event about a corrupt checkpoint.
 pub const CHECKPOINT_CORRUPT: &str = "DRACheckpointCorrupt";
@@ -70,6 +73,8 @@ pub struct Dra {
     config: Arc<DraConfig>,
     held: watch::Sender<Held>,
     nvml: Nvml,
+    /// Reads the node again after a MIG device is made or destroyed (dynamic MIG).
+    rescanner: Option<Rescanner>,
 }
 
 impl Dra {
@@ -80,7 +85,14 @@ impl Dra {
             config: Arc::new(config),
             held,
             nvml,
+            rescanner: None,
         }
+    }
+
+    /// The plugin with the rescanner its dynamic MIG reads the node again with.
+    pub fn with_rescanner(mut self, rescanner: Rescanner) -> Self {
+        self.rescanner = Some(rescanner);
+        self
     }
 }
 
@@ -113,14 +125,37 @@ impl Subsystem for Dra {
             events
         });
         let resources = Arc::new(ResourceApi::new(client.clone()));
-        let preparer = Arc::new(Preparer::new(
+        let takeover = !*ctx.predecessor_gone().borrow();
+        let dynamic = match (&self.rescanner, config.dynamic_mig) {
+            (Some(rescanner), true) => Some(Arc::new(
+                DynamicMig::start(
+                    config.made_instances(),
+                    &self.nvml,
+                    rescanner.clone(),
+                    inventory.clone(),
+                    &checkpoint,
+                    takeover,
+                )
+                .await,
+            )),
+            _ => None,
+        };
+        let partitioned = dynamic
+            .as_ref()
+            .map(|d| d.gpus().clone())
+            .unwrap_or_default();
+        let mut preparer = Preparer::new(
             Arc::clone(&config),
             Some(Arc::clone(&resources)),
             inventory.clone(),
             checkpoint,
             self.held,
             self.nvml,
-        ));
+        );
+        if let Some(dynamic) = dynamic {
+            preparer = preparer.with_dynamic_mig(dynamic);
+        }
+        let preparer = Arc::new(preparer);
         ctx.spawn_helper(
             "MPS daemon probe",
             supervise_mps(
@@ -161,10 +196,13 @@ impl Subsystem for Dra {
                 cancel.clone(),
             ),
         );
+        // The newer slice fields the API server keeps: all of them, as of Kubernetes 1.35.
+        let served = ServedFields::ALL;
         publish_loop(
             publisher,
             &config.driver,
             &config.sysfs_root,
+            (&partitioned, served),
             seed,
             &inventory,
             &registered,
@@ -240,6 +278,7 @@ async fn publish_loop(
     mut publisher: Publisher,
     driver: &str,
     sysfs_root: &std::path::Path,
+    (partitioned, served): (&DynamicGpus, ServedFields),
     seed: u64,
     inventory: &Inventory,
     registered: &Notify,
@@ -254,8 +293,9 @@ async fn publish_loop(
         // A few symlinks per GPU, read again with each inventory change (a GPU back after a
         // reset may sit elsewhere).
         let topology = topology::read(sysfs_root, &snapshot);
-        let devices = slices::devices(&snapshot, driver, &topology);
-        let wait = match publisher.sync(devices).await {
+        let (devices, groups) =
+            partitions::layout(&snapshot, driver, &topology, partitioned, served);
+        let wait = match publisher.sync(devices, groups, served).await {
             Ok(_) => {
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");

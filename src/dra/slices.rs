@@ -32,13 +32,26 @@ const MIB: u64 = 1024 * 1024;
 /// The devices of the node, in inventory order, with the topology attributes of their GPUs.
 pub fn devices(snapshot: &Snapshot, driver: &str, topology: &Topology) -> Vec<Device> {
     dra_names::devices(snapshot)
-        .map(|(name, device)| Device {
-            attributes: attributes(snapshot, &device, topology),
-            capacity: capacity(&device),
-            taints: taints::taints(driver, &device),
-            name,
-        })
+        .map(|(name, found)| device(snapshot, driver, topology, name, &found))
         .collect()
+}
+
+/// One device as [`devices`] builds it, whether or not the node lists it now: a
+/// dynamic-MIG GPU is published whole even while MIG is on ([`super::partitions`]).
+pub fn device(
+    snapshot: &Snapshot,
+    driver: &str,
+    topology: &Topology,
+    name: String,
+    device: &DraDevice<'_>,
+) -> Device {
+    Device {
+        attributes: attributes(snapshot, device, topology),
+        capacity: capacity(device),
+        taints: taints::taints(driver, device),
+        consumes_counters: Vec::new(),
+        name,
+    }
 }
 
 /// The slice specs of pool `node` at `generation`: the devices split in order, each slice at
@@ -74,6 +87,7 @@ pub fn specs(driver: &str, node: &str, devices: Vec<Device>, generation: i64) ->
             },
             node_name: node.to_owned(),
             devices,
+            shared_counters: Vec::new(),
         })
         .collect()
 }
