@@ -104,6 +104,15 @@ pub struct DraArgs {
         env = "GPUD_DRA_NVIDIA_SMI_PATH"
     )]
     pub dra_nvidia_smi_path: Option<PathBuf>,
+
+    /// Publish whole GPUs shareable by memory (allowMultipleAllocations and a memory request
+    /// policy; Kubernetes feature gate DRAConsumableCapacity): several claims share a GPU, each
+    /// taking the memory it asks for.
+    #[arg(long = "dra-shared-capacity", env = "GPUD_DRA_SHARED_CAPACITY", value_name = "BOOL",
+          default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true",
+          value_parser = crate::nvidia_config::parse_bool)]
+    pub dra_shared_capacity: bool,
 }
 
 /// Everything the DRA plugin runs with, resolved from [`DraArgs`].
@@ -123,6 +132,8 @@ pub struct DraConfig {
     pub nvidia_smi: PathBuf,
     /// How claims' MPS control daemons run (the `--mps-*` flags).
     pub mps: Launch,
+    /// Whole GPUs are published shareable by memory ([`super::shares`]).
+    pub shared_capacity: bool,
 }
 
 impl DraArgs {
@@ -163,6 +174,7 @@ impl DraArgs {
             kubeconfig,
             nvidia_smi: self.nvidia_smi(),
             mps,
+            shared_capacity: self.dra_shared_capacity,
         })
     }
 

@@ -19,12 +19,13 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::api_version::{ResourceApi, ResourceApiError};
+use super::api_version::{NewField, ResourceApi, ResourceApiError};
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
 use super::prepare::Preparer;
+use super::objects::Device;
 use super::publish::Publisher;
-use super::slices;
+use super::{shares, slices};
 use super::sockets::Sockets;
 use super::topology;
 use crate::backoff::{self, Backoff};
@@ -165,6 +166,7 @@ impl Subsystem for Dra {
             publisher,
             &config.driver,
             &config.sysfs_root,
+            config.shared_capacity,
             seed,
             &inventory,
             &registered,
@@ -235,11 +237,36 @@ async fn watch_slices(
     }
 }
 
+/// Publishes `devices` with what the API server keeps of the newer fields, again without a
+/// field a write showed it drops (fields only ever go, so this ends).
+async fn publish(
+    publisher: &mut Publisher,
+    devices: &[Device],
+    shared_capacity: bool,
+) -> Result<(), ResourceApiError> {
+    loop {
+        let served = publisher.served_fields().await?;
+        let mut devices = devices.to_vec();
+        if shared_capacity {
+            if served.has(NewField::SharedCapacity) {
+                shares::offer(&mut devices);
+            } else {
+                publisher.api().left_out(NewField::SharedCapacity);
+            }
+        }
+        publisher.sync(devices).await?;
+        if publisher.served_fields().await? == served {
+            return Ok(());
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn publish_loop(
     mut publisher: Publisher,
     driver: &str,
     sysfs_root: &std::path::Path,
+    shared_capacity: bool,
     seed: u64,
     inventory: &Inventory,
     registered: &Notify,
@@ -255,7 +282,7 @@ async fn publish_loop(
         // reset may sit elsewhere).
         let topology = topology::read(sysfs_root, &snapshot);
         let devices = slices::devices(&snapshot, driver, &topology);
-        let wait = match publisher.sync(devices).await {
+        let wait = match publish(&mut publisher, &devices, shared_capacity).await {
             Ok(_) => {
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");

@@ -37,6 +37,7 @@ pub fn devices(snapshot: &Snapshot, driver: &str, topology: &Topology) -> Vec<De
             capacity: capacity(&device),
             taints: taints::taints(driver, &device),
             name,
+            ..Device::default()
         })
         .collect()
 }
@@ -131,7 +132,7 @@ fn attributes(
 fn capacity(device: &DraDevice<'_>) -> BTreeMap<String, Capacity> {
     let mut out = BTreeMap::new();
     let mut put = |key: String, value: String| {
-        out.insert(key, Capacity { value });
+        out.insert(key, Capacity::of(value));
     };
     match device {
         DraDevice::Gpu(gpu) => put("memory".into(), binary_quantity(gpu.memory_mib * MIB)),
