@@ -2293,7 +2293,11 @@ async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_serve
     mig.register().await;
     let slices = mig.slices_when("slices", |_| true);
     let devices = all_devices(&slices);
-    assert!(devices.iter().any(|d| d["attributes"]["type"]["string"] == "mig"));
+    assert!(
+        devices
+            .iter()
+            .any(|d| d["attributes"]["type"]["string"] == "mig")
+    );
     for d in devices {
         let is_gpu = d["attributes"]["type"]["string"] == "gpu";
         assert_eq!(d.get("allowMultipleAllocations").is_some(), is_gpu, "{d}");
@@ -2312,13 +2316,26 @@ async fn a_server_whose_gate_is_off_drops_the_share_fields_and_gpud_says_so_once
     // The slices hold NVIDIA's devices, exclusive, exactly as without the flag.
     let slices = dra.slices_when("slices", |_| true);
     assert_eq!(all_devices(&slices), golden_devices("dgx-h100.json"));
-    // The kubelet's wipe makes gpud publish again: without the fields, and no second message.
-    let writes = dra.api.requests_to("POST", SLICES).len();
+    // gpud wrote the fields once; what it writes next is without them: the kubelet's wipe
+    // makes it publish again, and no second message.
+    let sent = |write: &Value| {
+        let devices = write["devices"].as_array().unwrap();
+        devices
+            .iter()
+            .filter(|d| d.get("allowMultipleAllocations").is_some())
+            .count()
+    };
+    assert_eq!(
+        dra.api.slice_writes().iter().map(sent).collect::<Vec<_>>(),
+        [8]
+    );
     dra.api.wipe_slices("test-node");
     dra.until("the slices published again", || {
-        (dra.api.requests_to("POST", SLICES).len() > writes && !dra.api.slices().is_empty())
-            .then_some(())
+        (dra.api.slice_writes().len() == 2 && !dra.api.slices().is_empty()).then_some(())
     });
+    let writes = dra.api.slice_writes();
+    assert_eq!(writes.iter().map(sent).collect::<Vec<_>>(), [8, 0]);
+    assert_eq!(writes[1]["devices"], json!(golden_devices("dgx-h100.json")));
     let slices = dra.slices_when("slices", |_| true);
     assert_eq!(all_devices(&slices), golden_devices("dgx-h100.json"));
     assert_eq!(log_count(&dra, SHARES_DROPPED), 1, "{}", dra.log());
@@ -2337,10 +2354,16 @@ async fn a_v1beta1_server_gets_no_share_fields_and_gpud_says_so_once() {
     // Exactly the slices of a 1.32 server without the flag.
     assert_golden("dra/mixed-v1beta1.json", &render(&slices));
     dra.log_when(SHARES_LEFT_OUT_V1BETA1);
-    let writes = dra.api.requests_to("POST", "/apis/resource.k8s.io/v1beta1/").len();
+    let writes = dra
+        .api
+        .requests_to("POST", "/apis/resource.k8s.io/v1beta1/")
+        .len();
     dra.api.wipe_slices("test-node");
     dra.until("the slices published again", || {
-        let again = dra.api.requests_to("POST", "/apis/resource.k8s.io/v1beta1/").len();
+        let again = dra
+            .api
+            .requests_to("POST", "/apis/resource.k8s.io/v1beta1/")
+            .len();
         (again > writes && !dra.api.slices().is_empty()).then_some(())
     });
     assert_eq!(log_count(&dra, SHARES_LEFT_OUT_V1BETA1), 1, "{}", dra.log());
@@ -2414,12 +2437,17 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
         daemon.display()
     );
     assert_eq!(mps_recorded(&dra), [format!("-d | {daemon_env}")]);
-    assert_eq!(compute_modes(&dra), [(gpu0.clone(), 3)].into_iter().collect());
+    assert_eq!(
+        compute_modes(&dra),
+        [(gpu0.clone(), 3)].into_iter().collect()
+    );
     let client = |share: &str, mib: u64, percent: u64| {
-        json!([format!("GPUD_GPU_MEMORY_SHARES={gpu0}={share}"),
+        json!([
+            format!("GPUD_GPU_MEMORY_SHARES={gpu0}={share}"),
             format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"),
             format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"),
-            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"])
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+        ])
     };
     assert_eq!(dra.spec_env("uid-a"), [client("20Gi", 20480, 25)]);
     assert_eq!(dra.spec_env("uid-b"), [client("40Gi", 40960, 50)]);
@@ -2459,7 +2487,10 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
     dra.stop();
     dra.start();
     dra.register().await;
-    assert_eq!(dra.prepare("c", "uid-c").await.claims["uid-c"].error, refusal);
+    assert_eq!(
+        dra.prepare("c", "uid-c").await.claims["uid-c"].error,
+        refusal
+    );
     assert_eq!(dra.prepare("a", "uid-a").await.claims["uid-a"].error, "");
 
     // Unprepare frees the share: the third fits now, beside b, on the same daemon.
@@ -2481,6 +2512,14 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
     // Time-slicing records the share and tells the workload its budget.
     dra.put_shared_claim("t", "uid-t", "gpu-1", "8Gi", time_slicing("Short"));
     assert_eq!(dra.prepare("t", "uid-t").await.claims["uid-t"].error, "");
+    // A share under MPS cannot join the GPU of shares without it.
+    dra.put_shared_claim("m", "uid-m", "gpu-1", "8Gi", mps.clone());
+    assert_eq!(
+        dra.prepare("m", "uid-m").await.claims["uid-m"].error,
+        "device gpu-1 is shared without MPS by claim ns/t: a share under MPS cannot run beside \
+         it (an MPS daemon holds the GPU in EXCLUSIVE_PROCESS mode); give the claim the same \
+         sharing strategy, or another GPU"
+    );
     assert_eq!(
         dra.spec_env("uid-t"),
         [json!([format!("GPUD_GPU_MEMORY_SHARES={gpu1}=8Gi")])]

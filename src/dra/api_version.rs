@@ -328,7 +328,14 @@ impl ResourceApi {
         let mut notes = self.notes();
         for &field in fields {
             if notes.dropped.insert(field) && notes.told.insert(field) {
-                warn!(gate = field.gate(), "The API server dropped {} ({}) from the ResourceSlices gpud wrote: feature gate {} is off there. Publishing the devices without them; enable {} on the API server, the scheduler and the kubelets to use them", field.fields(), field.feature(), field.gate(), field.gate());
+                warn!(
+                    gate = field.gate(),
+                    "The API server dropped {} ({}) from the ResourceSlices gpud wrote: feature gate {} is off there. Publishing the devices without them; enable {} on the API server, the scheduler and the kubelets to use them",
+                    field.fields(),
+                    field.feature(),
+                    field.gate(),
+                    field.gate()
+                );
             }
         }
     }
@@ -339,7 +346,13 @@ impl ResourceApi {
             return;
         }
         let version = self.version.get().map_or("?", |v| v.name());
-        warn!(gate = field.gate(), "Publishing the devices without {} ({}): the API server serves {GROUP} {version}, which has no such fields; they need {GROUP}/v1 (Kubernetes 1.34 or newer) with feature gate {}", field.fields(), field.feature(), field.gate());
+        warn!(
+            gate = field.gate(),
+            "Publishing the devices without {} ({}): the API server serves {GROUP} {version}, which has no such fields; they need {GROUP}/v1 (Kubernetes 1.34 or newer) with feature gate {}",
+            field.fields(),
+            field.feature(),
+            field.gate()
+        );
     }
 
     pub fn client(&self) -> kube::Client {

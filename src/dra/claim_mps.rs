@@ -7,6 +7,10 @@
 //! The workload's CDI edits point it at that daemon: `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps`
 //! with the pipe folder bound there, and the shm folder bound on `/dev/shm`.
 //!
+//! Claims sharing a GPU by capacity share one daemon over it instead, in a folder named after
+//! the GPU ([`ClaimMps::daemon`], [`super::shares`]); the functions here take the folder's
+//! name ([`ClaimMps::key`]) where they say `uid`.
+//!
 //! What a claim's daemon is (GPUs, limit commands) is recorded in the checkpoint, so a repeated
 //! prepare, or one after a gpud restart, probes the daemon it started instead of starting a
 //! second, and starts it again if it died. Every call blocks; callers use blocking threads.

@@ -7,7 +7,9 @@
 //!    the claim was deleted and re-created under the same name) and it must be allocated.
 //! 3. Each allocation result of this driver names a device of this node's pool. The device
 //!    must exist, must not be held by another prepared claim, and must not be one the device
-//!    plugin gave to a running pod.
+//!    plugin gave to a running pod. A result with a `shareID` takes part of a whole GPU's
+//!    memory ([`super::shares`]): it may sit beside other shares of the GPU as long as they
+//!    all fit its memory and agree on MPS.
 //! 4. The opaque configs are read ([`super::opaque`]) and a time-slice interval is set on its
 //!    GPU ([`super::timeslice`]; a claim whose setting fails gets nothing, and the GPUs it
 //!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
@@ -358,8 +360,7 @@ impl Preparer {
                 uid.as_str() != claim.uid
                     && other.devices.iter().any(|d| {
                         // Shares of one GPU do not clash; their sum is checked below.
-                        let both_shares =
-                            share.is_some() && d.share.is_some() && d.uuid == uuid;
+                        let both_shares = share.is_some() && d.share.is_some() && d.uuid == uuid;
                         !d.admin_access
                             && !both_shares
                             && Holding {
@@ -420,8 +421,12 @@ impl Preparer {
             });
         }
         let mps = claim_mps_plan(&snapshot, mps_asked, &devices)?;
+        check_share_modes(checkpoint, &claim.uid, &devices, mps.as_ref())?;
         // A shared daemon another claim runs set the compute mode itself.
-        if let Some(mps) = mps.as_ref().filter(|m| !daemon_in_use(checkpoint, &claim.uid, m)) {
+        if let Some(mps) = mps
+            .as_ref()
+            .filter(|m| !daemon_in_use(checkpoint, &claim.uid, m))
+        {
             self.check_mps_modes(mps).await?;
         }
         let env = share_env(&snapshot, &devices, mps.as_ref());
@@ -768,6 +773,46 @@ fn shares_held(
             .map(|(_, bytes)| ("this claim".to_owned(), *bytes)),
     );
     held
+}
+
+/// Refuses a share whose MPS use differs from the other shares of its GPU: an MPS daemon
+/// holds the GPU in EXCLUSIVE_PROCESS mode, where a workload without MPS cannot run, and a
+/// daemon started under running workloads would stop them.
+fn check_share_modes(
+    checkpoint: &Checkpoint,
+    uid: &str,
+    devices: &[PreparedDevice],
+    mps: Option<&ClaimMps>,
+) -> Result<(), String> {
+    let this_mps = mps.is_some_and(|m| m.daemon.is_some());
+    for device in devices.iter().filter(|d| d.share.is_some()) {
+        let other = checkpoint
+            .claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .find(|(_, c)| {
+                let shares_it = c
+                    .devices
+                    .iter()
+                    .any(|d| d.share.is_some() && d.uuid == device.uuid);
+                let other_mps = c.mps.as_ref().is_some_and(|m| m.daemon.is_some());
+                shares_it && other_mps != this_mps
+            });
+        if let Some((_, other)) = other {
+            let (them, us) = if this_mps {
+                ("without MPS", "under MPS")
+            } else {
+                ("under MPS", "without MPS")
+            };
+            return Err(format!(
+                "device {} is shared {them} by claim {}/{}: a share {us} cannot run beside it \
+                 (an MPS daemon holds the GPU in EXCLUSIVE_PROCESS mode); give the claim the \
+                 same sharing strategy, or another GPU",
+                device.device, other.namespace, other.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a prepared claim other than `uid` uses `mps`'s shared daemon.

@@ -111,7 +111,8 @@ mod tests {
             [NewField::Counters]
         );
         // v1beta1 spelling.
-        let basic = json!({"devices": [{"name": "gpu-0", "basic": {"allowMultipleAllocations": true}}]});
+        let basic =
+            json!({"devices": [{"name": "gpu-0", "basic": {"allowMultipleAllocations": true}}]});
         let bare = json!({"devices": [{"name": "gpu-0", "basic": {}}]});
         assert_eq!(dropped(&basic, &bare).len(), 1);
         assert!(dropped(&basic, &basic).is_empty());

@@ -119,6 +119,8 @@ pub struct ApiState {
     pub server_version: Option<String>,
     /// Kubernetes feature gates turned off: slice writes lose their fields.
     pub disabled_gates: std::collections::BTreeSet<String>,
+    /// The spec of every slice create and replace, as sent (before the gates cleared it).
+    pub slice_writes: Vec<Value>,
 }
 
 /// One Lease write the fake API server took.
@@ -371,10 +373,12 @@ async fn server_version(State(s): State<Shared>) -> Reply {
     };
     let mut parts = git.trim_start_matches('v').split('.');
     let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
-    Ok(axum::Json(json!({"major": major, "minor": minor, "gitVersion": git,
+    Ok(axum::Json(
+        json!({"major": major, "minor": minor, "gitVersion": git,
         "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25.0", "compiler": "gc",
-        "platform": "linux/amd64"})))
+        "platform": "linux/amd64"}),
+    ))
 }
 
 /// The minor release `GET /version` answers (36 when none is set).
@@ -389,9 +393,10 @@ fn server_minor(state: &ApiState) -> u32 {
 /// What the API server does to a slice before storing it: fields of disabled feature gates
 /// cleared; from 1.35, counter sets beside devices refused (422).
 fn admit_slice(
-    state: &ApiState,
+    state: &mut ApiState,
     object: &mut Value,
 ) -> Result<(), (StatusCode, axum::Json<Value>)> {
+    state.slice_writes.push(object["spec"].clone());
     let spec = &mut object["spec"];
     let gate = |name: &str| state.disabled_gates.contains(name);
     let mut devices: Vec<&mut serde_json::Map<String, Value>> = Vec::new();
@@ -1056,7 +1061,7 @@ async fn create_slice(
     if state.slices.contains_key(&name) {
         return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
     }
-    admit_slice(&state, &mut object)?;
+    admit_slice(&mut state, &mut object)?;
     object["metadata"]["uid"] = json!(format!("slice-uid-{name}"));
     slice_changed(&mut state, "ADDED", &mut object);
     state.slices.insert(name, object.clone());
@@ -1099,7 +1104,7 @@ async fn replace_slice(
         return Err(status(StatusCode::CONFLICT, "Conflict"));
     }
     object["metadata"]["uid"] = old["metadata"]["uid"].clone();
-    admit_slice(&state, &mut object)?;
+    admit_slice(&mut state, &mut object)?;
     slice_changed(&mut state, "MODIFIED", &mut object);
     state.slices.insert(name, object.clone());
     Ok(axum::Json(object))
@@ -1749,6 +1754,11 @@ impl FakeApi {
             .unwrap()
             .disabled_gates
             .insert(gate.to_owned());
+    }
+
+    /// The spec of every slice create and replace so far, as sent.
+    pub fn slice_writes(&self) -> Vec<Value> {
+        self.state.lock().unwrap().slice_writes.clone()
     }
 
     /// `METHOD path` of the `resource.k8s.io` requests so far.
