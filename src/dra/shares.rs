@@ -68,19 +68,6 @@ pub fn policy(bytes: u64) -> RequestPolicy {
     }
 }
 
-/// Takes the shared-capacity fields off `devices` (the server does not keep them): the GPUs
-/// are published exclusive, as without the flag. Whether there were any.
-pub fn withdraw(devices: &mut [Device]) -> bool {
-    let mut any = false;
-    for device in devices {
-        any |= device.allow_multiple_allocations.take().is_some();
-        for capacity in device.capacity.values_mut() {
-            any |= capacity.request_policy.take().is_some();
-        }
-    }
-    any
-}
-
 /// A claim's share of a GPU, as the checkpoint keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -248,7 +235,7 @@ mod tests {
     }
 
     #[test]
-    fn whole_gpus_are_offered_with_their_memory_policy_and_withdrawn_whole() {
+    fn whole_gpus_are_offered_with_their_memory_policy_and_mig_devices_are_not() {
         let gpu = |kind: &str| Device {
             name: format!("{kind}-0"),
             attributes: [("type".into(), Attribute::String(kind.into()))].into(),
@@ -265,9 +252,6 @@ mod tests {
                     "default": "79Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}}})
         );
         assert_eq!(devices[1], gpu("mig"), "MIG devices are not shared");
-        assert!(withdraw(&mut devices));
-        assert_eq!(devices, [gpu("gpu"), gpu("mig")]);
-        assert!(!withdraw(&mut devices));
     }
 
     #[test]
