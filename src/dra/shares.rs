@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::claim_mps::ClaimMps;
 use super::objects::{AllocationResult, Attribute, Device, RequestPolicy, ValidRange};
 use super::opaque::MpsSettings;
+use super::quantity;
 use super::slices::binary_quantity;
 
 const MIB: u64 = 1024 * 1024;
@@ -47,7 +48,7 @@ pub fn offer(devices: &mut [Device]) {
         let Some(memory) = device.capacity.get_mut("memory") else {
             continue;
         };
-        let Some(bytes) = quantity_bytes(&memory.value).filter(|b| *b >= STEP) else {
+        let Some(bytes) = quantity::bytes(&memory.value).filter(|b| *b >= STEP) else {
             continue;
         };
         memory.request_policy = Some(policy(bytes));
@@ -93,7 +94,7 @@ pub fn of_result(result: &AllocationResult) -> Result<Option<Share>, String> {
              (gpud shares GPUs by memory); refused"
         )
     })?;
-    let memory = quantity_bytes(memory).ok_or_else(|| {
+    let memory = quantity::bytes(memory).ok_or_else(|| {
         format!("device {device}: consumedCapacity.memory {memory:?} is not a quantity (e.g. 20Gi)")
     })?;
     Ok(Some(Share { id, memory }))
@@ -178,61 +179,10 @@ pub fn shared_mps(gpu_uuid: &str, settings: &MpsSettings) -> Result<ClaimMps, St
     })
 }
 
-/// A Kubernetes quantity in bytes (`20Gi`, `20480Mi`, `21474836480`, `1.5Gi`, `20G`),
-/// rounded up to a whole byte; `None` when it is not one.
-pub fn quantity_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let factor: u128 = match suffix {
-        "" => 1,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        _ => return None,
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.len() > 9 {
-        return None;
-    }
-    let parse = |digits: &str| -> Option<u128> {
-        if digits.is_empty() {
-            Some(0)
-        } else {
-            digits.parse().ok()
-        }
-    };
-    let scale = 10u128.pow(u32::try_from(fraction.len()).ok()?);
-    let scaled = parse(whole)?.checked_mul(scale)? + parse(fraction)?;
-    let bytes = scaled.checked_mul(factor)?.div_ceil(scale);
-    u64::try_from(bytes).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dra::objects::Capacity;
-
-    #[test]
-    fn quantities_read_as_kubernetes_writes_them() {
-        assert_eq!(quantity_bytes("20Gi"), Some(20 * GIB));
-        assert_eq!(quantity_bytes("20480Mi"), Some(20 * GIB));
-        assert_eq!(quantity_bytes("21474836480"), Some(20 * GIB));
-        assert_eq!(quantity_bytes("1.5Gi"), Some(3 * GIB / 2));
-        assert_eq!(quantity_bytes("2G"), Some(2_000_000_000));
-        assert_eq!(quantity_bytes("0.5"), Some(1));
-        for bad in ["", "Gi", "20Xi", "-1Gi", "1.2.3Gi"] {
-            assert_eq!(quantity_bytes(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn whole_gpus_are_offered_with_their_memory_policy_and_mig_devices_are_not() {
