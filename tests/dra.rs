@@ -2183,6 +2183,20 @@ async fn after_the_first_list_slices_are_listed_from_the_cache_and_watched_from_
     dra.api.state.lock().unwrap().slice_version = 100;
     dra.start();
     let first = dra.slices_when("slices", |_| true);
+    // The wipe lands once the watch is open again: else, when the first watch was opened
+    // before the first list ended (from 0, so it cannot resume), the list that follows its
+    // failure may be what sees the wipe.
+    dra.until("the second watch", || {
+        let watches = dra
+            .api
+            .requests_to("GET", "/apis/resource.k8s.io/v1/resourceslices?");
+        (watches
+            .iter()
+            .filter(|r| r.path.contains("watch=true"))
+            .count()
+            >= 2)
+            .then_some(())
+    });
     dra.api.wipe_slices("test-node");
     dra.slices_when("slices again", |s| generation(s) > generation(&first));
     let calls: Vec<String> = dra
@@ -2263,12 +2277,20 @@ const SHARES_DROPPED: &str = "The API server dropped allowMultipleAllocations an
     them; enable DRAConsumableCapacity on the API server, the scheduler and the kubelets to \
     use them";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_server() {
-    let mut dra = Dra::new("dgx-h100");
+/// `gpud dra --dra-shared-capacity` on `fixture`, started and registered once `api` has set
+/// the API server up.
+async fn shared_capacity(fixture: &str, api: impl FnOnce(&FakeApi)) -> Dra {
+    let mut dra = Dra::new(fixture);
+    api(&dra.api);
     dra.applet.push("--dra-shared-capacity".into());
     dra.start();
     dra.register().await;
+    dra
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_server() {
+    let dra = shared_capacity("dgx-h100", |_| {}).await;
     let slices = dra.slices_when("slices", |_| true);
     // NVIDIA's devices, each with the two fields added; 81559Mi of memory takes 79Gi by default.
     let expected: Vec<Value> = golden_devices("dgx-h100.json")
@@ -2287,10 +2309,7 @@ async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_serve
     assert_eq!(dra.api.requests_to("GET", "/version").len(), 1);
 
     // MIG devices are never shared.
-    let mut mig = Dra::new("a100-mig");
-    mig.applet.push("--dra-shared-capacity".into());
-    mig.start();
-    mig.register().await;
+    let mig = shared_capacity("a100-mig", |_| {}).await;
     let slices = mig.slices_when("slices", |_| true);
     let devices = all_devices(&slices);
     assert!(
@@ -2306,12 +2325,11 @@ async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_serve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_whose_gate_is_off_drops_the_share_fields_and_gpud_says_so_once() {
-    let mut dra = Dra::new("dgx-h100");
-    dra.api.set_server_version(Some("v1.34.2"));
-    dra.api.disable_gate("DRAConsumableCapacity");
-    dra.applet.push("--dra-shared-capacity".into());
-    dra.start();
-    dra.register().await;
+    let dra = shared_capacity("dgx-h100", |api| {
+        api.set_server_version(Some("v1.34.2"));
+        api.disable_gate("DRAConsumableCapacity");
+    })
+    .await;
     dra.log_when(SHARES_DROPPED);
     // The slices hold NVIDIA's devices, exclusive, exactly as without the flag.
     let slices = dra.slices_when("slices", |_| true);
@@ -2344,12 +2362,11 @@ async fn a_server_whose_gate_is_off_drops_the_share_fields_and_gpud_says_so_once
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1beta1_server_gets_no_share_fields_and_gpud_says_so_once() {
-    let mut dra = Dra::new("mixed");
-    dra.api.set_resource_versions(&["v1beta1"]);
-    dra.api.set_server_version(Some("v1.32.4"));
-    dra.applet.push("--dra-shared-capacity".into());
-    dra.start();
-    dra.register().await;
+    let dra = shared_capacity("mixed", |api| {
+        api.set_resource_versions(&["v1beta1"]);
+        api.set_server_version(Some("v1.32.4"));
+    })
+    .await;
     let slices = dra.slices_when("slices", |_| true);
     // Exactly the slices of a 1.32 server without the flag.
     assert_golden("dra/mixed-v1beta1.json", &render(&slices));
@@ -2371,11 +2388,10 @@ async fn a_v1beta1_server_gets_no_share_fields_and_gpud_says_so_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_version_answer_the_newest_shape_is_assumed_and_said() {
-    let mut dra = Dra::new("dgx-h100");
-    dra.api.set_server_version(None);
-    dra.applet.push("--dra-shared-capacity".into());
-    dra.start();
-    dra.register().await;
+    let dra = shared_capacity("dgx-h100", |api| {
+        api.set_server_version(None);
+    })
+    .await;
     let slices = dra.slices_when("slices", |_| true);
     assert_eq!(device(&slices, "gpu-0")["allowMultipleAllocations"], true);
     dra.log_when(
@@ -2397,6 +2413,11 @@ impl Dra {
         }));
     }
 
+    /// The checkpoint now.
+    fn checkpoint_json(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.checkpoint()).unwrap()).unwrap()
+    }
+
     /// The environment of claim `uid`'s CDI devices.
     fn spec_env(&self, uid: &str) -> Vec<Value> {
         let spec: Value =
@@ -2413,10 +2434,7 @@ impl Dra {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_more() {
-    let mut dra = Dra::new("dgx-h100");
-    dra.applet.push("--dra-shared-capacity".into());
-    dra.start();
-    dra.register().await;
+    let mut dra = shared_capacity("dgx-h100", |_| {}).await;
     let (gpu0, gpu1) = (dra.uuid(0), dra.uuid(1));
     let mps = mps_sharing(json!({}));
     dra.put_shared_claim("a", "uid-a", "gpu-0", "20Gi", mps.clone());
@@ -2463,8 +2481,7 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
     assert!(!dra.spec_file("uid-c").exists());
     assert_eq!(dra.spec_env("uid-a"), [client("20Gi", 20480, 25)]);
     assert_eq!(dra.spec_env("uid-b"), [client("40Gi", 40960, 50)]);
-    let checkpoint: Value =
-        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    let checkpoint = dra.checkpoint_json();
     assert_eq!(
         checkpoint["claims"]["uid-a"]["devices"][0]["share"],
         json!({"id": "share-a", "memory": 20u64 << 30})
@@ -2524,8 +2541,7 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
         dra.spec_env("uid-t"),
         [json!([format!("GPUD_GPU_MEMORY_SHARES={gpu1}=8Gi")])]
     );
-    let checkpoint: Value =
-        serde_json::from_str(&std::fs::read_to_string(dra.checkpoint()).unwrap()).unwrap();
+    let checkpoint = dra.checkpoint_json();
     assert_eq!(
         checkpoint["claims"]["uid-t"]["devices"][0]["share"],
         json!({"id": "share-t", "memory": 8u64 << 30})
