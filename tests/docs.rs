@@ -90,6 +90,10 @@ const FOREIGN_ENV: &[(&str, &str)] = &[
         "GPUD_ARGS",
         "systemd/gpud.service passes it to gpud run as arguments",
     ),
+    (
+        "GPUD_GPU_MEMORY_SHARES",
+        "set by the DRA plugin in a shared claim's CDI spec, for the workload",
+    ),
     ("GPUD_BLESS", "the test harness: rewrite golden files"),
     ("GPUD_BENCH_BASELINE", "make bench"),
     ("GPUD_BENCH_INTERVALS", "make bench"),

@@ -2182,6 +2182,20 @@ async fn after_the_first_list_slices_are_listed_from_the_cache_and_watched_from_
     dra.api.state.lock().unwrap().slice_version = 100;
     dra.start();
     let first = dra.slices_when("slices", |_| true);
+    // The wipe lands once the watch is open again: else, when the first watch was opened
+    // before the first list ended (from 0, so it cannot resume), the list that follows its
+    // failure may be what sees the wipe.
+    dra.until("the second watch", || {
+        let watches = dra
+            .api
+            .requests_to("GET", "/apis/resource.k8s.io/v1/resourceslices?");
+        (watches
+            .iter()
+            .filter(|r| r.path.contains("watch=true"))
+            .count()
+            >= 2)
+            .then_some(())
+    });
     dra.api.wipe_slices("test-node");
     dra.slices_when("slices again", |s| generation(s) > generation(&first));
     let calls: Vec<String> = dra
@@ -2217,5 +2231,318 @@ async fn after_the_first_list_slices_are_listed_from_the_cache_and_watched_from_
             .iter()
             .all(|p| version(p).is_some_and(|v| v != "0")),
         "a watch started again from 0: {watches:?}"
+    );
+}
+
+// --- GPUs shared by capacity, and the newer slice fields each API server keeps -------------
+
+/// The consumable-capacity fields of a GPU of `memory` as `--dra-shared-capacity` publishes
+/// them: several claims, each with whole GiB, one that asks nothing taking whole GiB of all.
+fn shared(mut device: Value, default: &str) -> Value {
+    device["allowMultipleAllocations"] = json!(true);
+    device["capacity"]["memory"]["requestPolicy"] =
+        json!({"default": default, "validRange": {"min": "1Gi", "step": "1Gi"}});
+    device
+}
+
+/// The devices of the slices, in order.
+fn all_devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap().clone())
+        .collect()
+}
+
+fn golden_devices(name: &str) -> Vec<Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/golden/dra")
+        .join(name);
+    let slices: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    all_devices(&slices)
+}
+
+/// How many lines of gpud's log hold `text`.
+fn log_count(dra: &Dra, text: &str) -> usize {
+    dra.log().lines().filter(|l| l.contains(text)).count()
+}
+
+const SHARES_LEFT_OUT_V1BETA1: &str = "Publishing the devices without allowMultipleAllocations \
+    and capacity requestPolicy (consumable capacity, GPUs shared by capacity): the API server \
+    serves resource.k8s.io v1beta1, which has no such fields; they need resource.k8s.io/v1 \
+    (Kubernetes 1.34 or newer) with feature gate DRAConsumableCapacity";
+const SHARES_DROPPED: &str = "The API server dropped allowMultipleAllocations and capacity \
+    requestPolicy (consumable capacity, GPUs shared by capacity) from the ResourceSlices gpud \
+    wrote: feature gate DRAConsumableCapacity is off there. Publishing the devices without \
+    them; enable DRAConsumableCapacity on the API server, the scheduler and the kubelets to \
+    use them";
+
+/// `gpud dra --dra-shared-capacity` on `fixture`, started and registered once `api` has set
+/// the API server up.
+async fn shared_capacity(fixture: &str, api: impl FnOnce(&FakeApi)) -> Dra {
+    let mut dra = Dra::new(fixture);
+    api(&dra.api);
+    dra.applet.push("--dra-shared-capacity".into());
+    dra.start();
+    dra.register().await;
+    dra
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_capacity_publishes_every_gpu_shareable_by_memory_on_a_1_36_server() {
+    let dra = shared_capacity("dgx-h100", |_| {}).await;
+    let slices = dra.slices_when("slices", |_| true);
+    // NVIDIA's devices, each with the two fields added; 81559Mi of memory takes 79Gi by default.
+    let expected: Vec<Value> = golden_devices("dgx-h100.json")
+        .into_iter()
+        .map(|d| shared(d, "79Gi"))
+        .collect();
+    assert_eq!(all_devices(&slices), expected);
+    assert_eq!(
+        device(&slices, "gpu-0")["capacity"],
+        json!({"memory": {"value": "81559Mi", "requestPolicy": {"default": "79Gi",
+            "validRange": {"min": "1Gi", "step": "1Gi"}}}})
+    );
+    assert_eq!(log_count(&dra, "Publishing the devices without allow"), 0);
+    assert_eq!(log_count(&dra, "The API server dropped"), 0);
+    // The 1.36 release was read once.
+    assert_eq!(dra.api.requests_to("GET", "/version").len(), 1);
+
+    // MIG devices are never shared.
+    let mig = shared_capacity("a100-mig", |_| {}).await;
+    let slices = mig.slices_when("slices", |_| true);
+    let devices = all_devices(&slices);
+    assert!(
+        devices
+            .iter()
+            .any(|d| d["attributes"]["type"]["string"] == "mig")
+    );
+    for d in devices {
+        let is_gpu = d["attributes"]["type"]["string"] == "gpu";
+        assert_eq!(d.get("allowMultipleAllocations").is_some(), is_gpu, "{d}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_gate_is_off_drops_the_share_fields_and_gpud_says_so_once() {
+    let dra = shared_capacity("dgx-h100", |api| {
+        api.set_server_version(Some("v1.34.2"));
+        api.disable_gate("DRAConsumableCapacity");
+    })
+    .await;
+    dra.log_when(SHARES_DROPPED);
+    // The slices hold NVIDIA's devices, exclusive, exactly as without the flag.
+    let slices = dra.slices_when("slices", |_| true);
+    assert_eq!(all_devices(&slices), golden_devices("dgx-h100.json"));
+    // gpud wrote the fields once; what it writes next is without them: the kubelet's wipe
+    // makes it publish again, and no second message.
+    let sent = |write: &Value| {
+        let devices = write["devices"].as_array().unwrap();
+        devices
+            .iter()
+            .filter(|d| d.get("allowMultipleAllocations").is_some())
+            .count()
+    };
+    assert_eq!(
+        dra.api.slice_writes().iter().map(sent).collect::<Vec<_>>(),
+        [8]
+    );
+    dra.api.wipe_slices("test-node");
+    dra.until("the slices published again", || {
+        (dra.api.slice_writes().len() == 2 && !dra.api.slices().is_empty()).then_some(())
+    });
+    let writes = dra.api.slice_writes();
+    assert_eq!(writes.iter().map(sent).collect::<Vec<_>>(), [8, 0]);
+    assert_eq!(writes[1]["devices"], json!(golden_devices("dgx-h100.json")));
+    let slices = dra.slices_when("slices", |_| true);
+    assert_eq!(all_devices(&slices), golden_devices("dgx-h100.json"));
+    assert_eq!(log_count(&dra, SHARES_DROPPED), 1, "{}", dra.log());
+    assert_eq!(log_count(&dra, "Publishing the devices without allow"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_server_gets_no_share_fields_and_gpud_says_so_once() {
+    let dra = shared_capacity("mixed", |api| {
+        api.set_resource_versions(&["v1beta1"]);
+        api.set_server_version(Some("v1.32.4"));
+    })
+    .await;
+    let slices = dra.slices_when("slices", |_| true);
+    // Exactly the slices of a 1.32 server without the flag.
+    assert_golden("dra/mixed-v1beta1.json", &render(&slices));
+    dra.log_when(SHARES_LEFT_OUT_V1BETA1);
+    let writes = dra
+        .api
+        .requests_to("POST", "/apis/resource.k8s.io/v1beta1/")
+        .len();
+    dra.api.wipe_slices("test-node");
+    dra.until("the slices published again", || {
+        let again = dra
+            .api
+            .requests_to("POST", "/apis/resource.k8s.io/v1beta1/")
+            .len();
+        (again > writes && !dra.api.slices().is_empty()).then_some(())
+    });
+    assert_eq!(log_count(&dra, SHARES_LEFT_OUT_V1BETA1), 1, "{}", dra.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_version_answer_the_newest_shape_is_assumed_and_said() {
+    let dra = shared_capacity("dgx-h100", |api| {
+        api.set_server_version(None);
+    })
+    .await;
+    let slices = dra.slices_when("slices", |_| true);
+    assert_eq!(device(&slices, "gpu-0")["allowMultipleAllocations"], true);
+    dra.log_when(
+        "Cannot read the API server's Kubernetes version; assuming 1.35 or newer (counter sets \
+         published in slices of their own)",
+    );
+}
+
+impl Dra {
+    /// A claim allocated a share of `memory` of `device`, with allocation `config`.
+    fn put_shared_claim(&self, name: &str, uid: &str, device: &str, memory: &str, config: Value) {
+        self.api.put_claim(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [{"request": "gpu",
+                "driver": DRIVER, "pool": "test-node", "device": device,
+                "shareID": format!("share-{name}"), "consumedCapacity": {"memory": memory}}],
+                "config": config}}}
+        }));
+    }
+
+    /// The checkpoint now.
+    fn checkpoint_json(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(self.checkpoint()).unwrap()).unwrap()
+    }
+
+    /// The environment of claim `uid`'s CDI devices.
+    fn spec_env(&self, uid: &str) -> Vec<Value> {
+        let spec: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(self.spec_file(uid)).unwrap())
+                .unwrap();
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["containerEdits"]["env"].clone())
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_more() {
+    let mut dra = shared_capacity("dgx-h100", |_| {}).await;
+    let (gpu0, gpu1) = (dra.uuid(0), dra.uuid(1));
+    let mps = mps_sharing(json!({}));
+    dra.put_shared_claim("a", "uid-a", "gpu-0", "20Gi", mps.clone());
+    dra.put_shared_claim("b", "uid-b", "gpu-0", "40Gi", mps.clone());
+    let answer = dra.prepare("a", "uid-a").await;
+    assert_eq!(answer.claims["uid-a"].error, "");
+    let mut expected = prepared("uid-a", "gpu-0");
+    expected.share_id = Some("share-a".into());
+    assert_eq!(answer.claims["uid-a"].devices, [expected]);
+    assert_eq!(dra.prepare("b", "uid-b").await.claims["uid-b"].error, "");
+
+    // One daemon over the GPU for both, with no daemon-wide limits; each workload's client
+    // limits are its share: 20480M + 40960M of 81559M, 25 % + 50 % of the threads.
+    let daemon = dra.path(&format!("plugins/gpu.nvidia.com/mps/shared-{gpu0}"));
+    let daemon_env = format!(
+        "CUDA_MPS_LOG_DIRECTORY={0}/log CUDA_MPS_PIPE_DIRECTORY={0}/pipe \
+         CUDA_VISIBLE_DEVICES={gpu0}",
+        daemon.display()
+    );
+    assert_eq!(mps_recorded(&dra), [format!("-d | {daemon_env}")]);
+    assert_eq!(
+        compute_modes(&dra),
+        [(gpu0.clone(), 3)].into_iter().collect()
+    );
+    let client = |share: &str, mib: u64, percent: u64| {
+        json!([
+            format!("GPUD_GPU_MEMORY_SHARES={gpu0}={share}"),
+            format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"),
+            format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"),
+            "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+        ])
+    };
+    assert_eq!(dra.spec_env("uid-a"), [client("20Gi", 20480, 25)]);
+    assert_eq!(dra.spec_env("uid-b"), [client("40Gi", 40960, 50)]);
+
+    // A third share that would take the GPU over its memory is refused; the first two keep
+    // theirs.
+    let refusal = "device gpu-0: this claim's share of 30Gi and the shares prepared on it \
+        (20Gi for ns/a, 40Gi for ns/b) add up to 90Gi, over its memory of 81559Mi; refused (the \
+        scheduler should not have allocated it)";
+    dra.put_shared_claim("c", "uid-c", "gpu-0", "30Gi", mps.clone());
+    let refused = dra.prepare("c", "uid-c").await;
+    assert_eq!(refused.claims["uid-c"].error, refusal);
+    assert!(!dra.spec_file("uid-c").exists());
+    assert_eq!(dra.spec_env("uid-a"), [client("20Gi", 20480, 25)]);
+    assert_eq!(dra.spec_env("uid-b"), [client("40Gi", 40960, 50)]);
+    let checkpoint = dra.checkpoint_json();
+    assert_eq!(
+        checkpoint["claims"]["uid-a"]["devices"][0]["share"],
+        json!({"id": "share-a", "memory": 20u64 << 30})
+    );
+    assert_eq!(
+        checkpoint["claims"]["uid-b"]["mps"],
+        json!({"gpus": [gpu0], "limits": [], "daemon": format!("shared-{gpu0}")})
+    );
+    // A share and a whole-GPU claim never meet on one GPU.
+    dra.put_claim("whole", "uid-w", &["gpu-0"]);
+    let held = dra.prepare("whole", "uid-w").await;
+    assert!(
+        held.claims["uid-w"]
+            .error
+            .starts_with("device gpu-0 is held by claim ns/"),
+        "{held:?}"
+    );
+
+    // A restart keeps the accounting.
+    dra.stop();
+    dra.start();
+    dra.register().await;
+    assert_eq!(
+        dra.prepare("c", "uid-c").await.claims["uid-c"].error,
+        refusal
+    );
+    assert_eq!(dra.prepare("a", "uid-a").await.claims["uid-a"].error, "");
+
+    // Unprepare frees the share: the third fits now, beside b, on the same daemon.
+    assert_eq!(dra.unprepare("a", "uid-a").await, "");
+    assert_eq!(dra.prepare("c", "uid-c").await.claims["uid-c"].error, "");
+    assert_eq!(dra.spec_env("uid-c"), [client("30Gi", 30720, 37)]);
+    assert_eq!(mps_recorded(&dra), [format!("-d | {daemon_env}")]);
+    // The daemon stops with the last claim on it.
+    assert_eq!(dra.unprepare("b", "uid-b").await, "");
+    assert_eq!(mps_recorded(&dra), [format!("-d | {daemon_env}")]);
+    assert_eq!(dra.unprepare("c", "uid-c").await, "");
+    assert_eq!(
+        mps_recorded(&dra),
+        [format!("-d | {daemon_env}"), format!("quit | {daemon_env}")]
+    );
+    assert_eq!(compute_modes(&dra), BTreeMap::new());
+    assert!(!daemon.exists());
+
+    // Time-slicing records the share and tells the workload its budget.
+    dra.put_shared_claim("t", "uid-t", "gpu-1", "8Gi", time_slicing("Short"));
+    assert_eq!(dra.prepare("t", "uid-t").await.claims["uid-t"].error, "");
+    // A share under MPS cannot join the GPU of shares without it.
+    dra.put_shared_claim("m", "uid-m", "gpu-1", "8Gi", mps.clone());
+    assert_eq!(
+        dra.prepare("m", "uid-m").await.claims["uid-m"].error,
+        "device gpu-1 is shared without MPS by claim ns/t: a share under MPS cannot run beside \
+         it (an MPS daemon holds the GPU in EXCLUSIVE_PROCESS mode); give the claim the same \
+         sharing strategy, or another GPU"
+    );
+    assert_eq!(
+        dra.spec_env("uid-t"),
+        [json!([format!("GPUD_GPU_MEMORY_SHARES={gpu1}=8Gi")])]
+    );
+    let checkpoint = dra.checkpoint_json();
+    assert_eq!(
+        checkpoint["claims"]["uid-t"]["devices"][0]["share"],
+        json!({"id": "share-t", "memory": 8u64 << 30})
     );
 }

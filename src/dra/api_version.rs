@@ -8,10 +8,23 @@
 //! Discovered on first use and kept: a failed discovery is tried again on the next call, so a
 //! plugin started before the API server answers (or before DRA is enabled there) catches up
 //! without a restart.
+//!
+//! Which of the newer slice fields the server keeps ([`ServedFields`]) follows from three
+//! things: the version (v1beta1 and v1beta2 have none of them; gpud does not write them
+//! there), the server's Kubernetes version from `GET /version` (1.35+ wants counter sets in
+//! slices of their own; when it cannot be read gpud assumes the newest shape and says so),
+//! and what the server does with a write: an API server whose feature gate is off drops the
+//! field silently, so the publisher compares what it wrote with what came back
+//! ([`super::read_back`]), marks a dropped field unserved ([`ResourceApi::dropped_on_write`])
+//! and publishes again without it. What gpud leaves out is logged once, with the reason.
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, PoisonError};
 
 use kube::discovery::ApiResource;
 use serde_json::Value;
 use tokio::sync::OnceCell;
+use tracing::{info, warn};
 
 use super::objects::SliceSpec;
 use crate::kube::{ApiError, bounded};
@@ -107,6 +120,21 @@ fn devices_mut(spec: &mut Value) -> impl Iterator<Item = &mut Value> {
         .flatten()
 }
 
+/// A call to the API server failed, or it serves no version gpud speaks.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceApiError {
+    #[error(transparent)]
+    Call(#[from] ApiError),
+    #[error(
+        "the API server serves {GROUP} in none of the versions gpud speaks (v1, v1beta2, \
+         v1beta1; it serves: {}): DRA needs Kubernetes 1.32 or newer, and on 1.32 and 1.33 the \
+         beta API enabled (--runtime-config={GROUP}/v1beta1=true or v1beta2=true, feature gate \
+         DynamicResourceAllocation)",
+        if served.is_empty() { "none".to_owned() } else { served.join(", ") }
+    )]
+    NotServed { served: Vec<String> },
+}
+
 /// The newer ResourceSlice fields the API server keeps, as far as gpud can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServedFields {
@@ -124,27 +152,112 @@ impl ServedFields {
         counters_in_own_slices: true,
         shared_capacity: true,
     };
+    /// A v1beta1 or v1beta2 server: none of the newer fields.
+    pub const NONE: ServedFields = ServedFields {
+        counters: false,
+        counters_in_own_slices: false,
+        shared_capacity: false,
+    };
+
+    /// Whether `field` is kept.
+    pub fn has(self, field: NewField) -> bool {
+        match field {
+            NewField::Counters => self.counters,
+            NewField::SharedCapacity => self.shared_capacity,
+        }
+    }
+
+    /// These fields, less `dropped`.
+    pub fn without(mut self, dropped: &BTreeSet<NewField>) -> ServedFields {
+        for field in dropped {
+            match field {
+                NewField::Counters => self.counters = false,
+                NewField::SharedCapacity => self.shared_capacity = false,
+            }
+        }
+        self
+    }
 }
 
-/// A call to the API server failed, or it serves no version gpud speaks.
-#[derive(Debug, thiserror::Error)]
-pub enum ResourceApiError {
-    #[error(transparent)]
-    Call(#[from] ApiError),
-    #[error(
-        "the API server serves {GROUP} in none of the versions gpud speaks (v1, v1beta2, \
-         v1beta1; it serves: {}): DRA needs Kubernetes 1.32 or newer, and on 1.32 and 1.33 the \
-         beta API enabled (--runtime-config={GROUP}/v1beta1=true or v1beta2=true, feature gate \
-         DynamicResourceAllocation)",
-        if served.is_empty() { "none".to_owned() } else { served.join(", ") }
-    )]
-    NotServed { served: Vec<String> },
+/// A group of newer slice fields that come and go together, behind one feature gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NewField {
+    /// `sharedCounters`, `consumesCounters`.
+    Counters,
+    /// `allowMultipleAllocations`, capacity `requestPolicy`.
+    SharedCapacity,
+}
+
+impl NewField {
+    /// The fields, as the API spells them.
+    pub fn fields(self) -> &'static str {
+        match self {
+            NewField::Counters => "sharedCounters and consumesCounters",
+            NewField::SharedCapacity => "allowMultipleAllocations and capacity requestPolicy",
+        }
+    }
+
+    /// What they are for.
+    pub fn feature(self) -> &'static str {
+        match self {
+            NewField::Counters => "partitionable devices",
+            NewField::SharedCapacity => "consumable capacity, GPUs shared by capacity",
+        }
+    }
+
+    /// The Kubernetes feature gate that keeps them.
+    pub fn gate(self) -> &'static str {
+        match self {
+            NewField::Counters => "DRAPartitionableDevices",
+            NewField::SharedCapacity => "DRAConsumableCapacity",
+        }
+    }
+}
+
+/// The newer fields a server of `version` can keep, the server being Kubernetes `server`
+/// (`(major, minor)`; `None` when `GET /version` failed: the newest shape is assumed).
+pub fn served_fields(version: ResourceVersion, server: Option<(u32, u32)>) -> ServedFields {
+    match version {
+        ResourceVersion::V1 => ServedFields {
+            counters: true,
+            counters_in_own_slices: server.is_none_or(|v| v >= (1, 35)),
+            shared_capacity: true,
+        },
+        ResourceVersion::V1beta2 | ResourceVersion::V1beta1 => ServedFields::NONE,
+    }
+}
+
+/// `(major, minor)` of a `GET /version` answer: from `gitVersion` (`v1.35.2-gke.100`), else
+/// from `major` and `minor` (`35+` on some managed clusters); `None` when neither reads.
+pub fn kubernetes_version(git_version: &str, major: &str, minor: &str) -> Option<(u32, u32)> {
+    let leading = |text: &str| -> Option<u32> {
+        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let mut parts = git_version.trim().trim_start_matches('v').split('.');
+    if let (Some(a), Some(b)) = (parts.next(), parts.next())
+        && let (Some(a), Some(b)) = (leading(a), leading(b))
+    {
+        return Some((a, b));
+    }
+    Some((leading(major)?, leading(minor)?))
 }
 
 /// The API server's `resource.k8s.io`, in the version it serves best.
 pub struct ResourceApi {
     client: kube::Client,
     version: OnceCell<ResourceVersion>,
+    /// The newer fields the version and the server's release allow.
+    shape: OnceCell<ServedFields>,
+    /// What writes showed the server drops, and what was logged.
+    notes: Mutex<FieldNotes>,
+}
+
+/// Fields the server dropped from gpud's writes, and those whose absence was logged.
+#[derive(Debug, Default)]
+struct FieldNotes {
+    dropped: BTreeSet<NewField>,
+    told: BTreeSet<NewField>,
 }
 
 impl std::fmt::Debug for ResourceApi {
@@ -160,7 +273,86 @@ impl ResourceApi {
         ResourceApi {
             client,
             version: OnceCell::new(),
+            shape: OnceCell::new(),
+            notes: Mutex::new(FieldNotes::default()),
         }
+    }
+
+    /// The newer slice fields the server keeps: found on the first call (after the version),
+    /// less the ones writes showed it drops.
+    pub async fn served_fields(&self) -> Result<ServedFields, ResourceApiError> {
+        let version = self.version().await?;
+        let shape = *self
+            .shape
+            .get_or_init(|| async {
+                let server = self.kubernetes_version().await;
+                let shape = served_fields(version, server.as_ref().ok().copied());
+                match (&server, version) {
+                    (Ok((major, minor)), _) => {
+                        info!(version = %version.name(), kubernetes = %format!("{major}.{minor}"), counters_in_own_slices = shape.counters_in_own_slices, "The API server's release decides the shape of the ResourceSlices");
+                    }
+                    (Err(why), ResourceVersion::V1) => {
+                        warn!(error = %why, "Cannot read the API server's Kubernetes version; assuming 1.35 or newer (counter sets published in slices of their own)");
+                    }
+                    (Err(_), _) => {}
+                }
+                shape
+            })
+            .await;
+        Ok(shape.without(&self.notes().dropped))
+    }
+
+    /// `(major, minor)` from `GET /version`; the error says why not.
+    async fn kubernetes_version(&self) -> Result<(u32, u32), String> {
+        let info = bounded(
+            || "reading the API server's version (GET /version)".to_owned(),
+            self.client.apiserver_version(),
+        )
+        .await
+        .map_err(|e| crate::logging::error_chain(&e))?;
+        kubernetes_version(&info.git_version, &info.major, &info.minor).ok_or_else(|| {
+            format!(
+                "GET /version answered gitVersion {:?}, major {:?}, minor {:?}: no version gpud can read",
+                info.git_version, info.major, info.minor
+            )
+        })
+    }
+
+    fn notes(&self) -> std::sync::MutexGuard<'_, FieldNotes> {
+        self.notes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The server dropped `fields` from a slice gpud wrote (its feature gate is off): from
+    /// now on they count as unserved; each is logged once, naming the gate to enable.
+    pub fn dropped_on_write(&self, fields: &BTreeSet<NewField>) {
+        let mut notes = self.notes();
+        for &field in fields {
+            if notes.dropped.insert(field) && notes.told.insert(field) {
+                warn!(
+                    gate = field.gate(),
+                    "The API server dropped {} ({}) from the ResourceSlices gpud wrote: feature gate {} is off there. Publishing the devices without them; enable {} on the API server, the scheduler and the kubelets to use them",
+                    field.fields(),
+                    field.feature(),
+                    field.gate(),
+                    field.gate()
+                );
+            }
+        }
+    }
+
+    /// gpud wanted `field` but the server does not keep it: logged once, with the reason.
+    pub fn left_out(&self, field: NewField) {
+        if !self.notes().told.insert(field) {
+            return;
+        }
+        let version = self.version.get().map_or("?", |v| v.name());
+        warn!(
+            gate = field.gate(),
+            "Publishing the devices without {} ({}): the API server serves {GROUP} {version}, which has no such fields; they need {GROUP}/v1 (Kubernetes 1.34 or newer) with feature gate {}",
+            field.fields(),
+            field.feature(),
+            field.gate()
+        );
     }
 
     pub fn client(&self) -> kube::Client {
@@ -221,6 +413,39 @@ pub fn choose(served: &[String]) -> Result<ResourceVersion, ResourceApiError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_shape_follows_the_served_version_and_the_servers_release() {
+        let v = |git: &str| kubernetes_version(git, "", "");
+        assert_eq!(v("v1.34.2"), Some((1, 34)));
+        assert_eq!(v("v1.36.0"), Some((1, 36)));
+        assert_eq!(v("v1.35.1-gke.1616000"), Some((1, 35)));
+        assert_eq!(kubernetes_version("", "1", "35+"), Some((1, 35)));
+        assert_eq!(kubernetes_version("unknown", "", ""), None);
+
+        let shape = |version, server| served_fields(version, server);
+        let v134 = shape(ResourceVersion::V1, Some((1, 34)));
+        assert_eq!(
+            v134,
+            ServedFields {
+                counters: true,
+                counters_in_own_slices: false,
+                shared_capacity: true
+            }
+        );
+        assert_eq!(shape(ResourceVersion::V1, Some((1, 35))), ServedFields::ALL);
+        assert_eq!(shape(ResourceVersion::V1, Some((1, 36))), ServedFields::ALL);
+        // GET /version failed: the newest shape.
+        assert_eq!(shape(ResourceVersion::V1, None), ServedFields::ALL);
+        for beta in [ResourceVersion::V1beta2, ResourceVersion::V1beta1] {
+            assert_eq!(shape(beta, Some((1, 36))), ServedFields::NONE);
+            assert_eq!(shape(beta, None), ServedFields::NONE);
+        }
+        let dropped = [NewField::SharedCapacity].into_iter().collect();
+        let less = ServedFields::ALL.without(&dropped);
+        assert!(less.counters && less.counters_in_own_slices && !less.shared_capacity);
+        assert!(!less.has(NewField::SharedCapacity) && less.has(NewField::Counters));
+    }
 
     #[test]
     fn the_best_served_version_is_chosen() {

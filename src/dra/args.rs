@@ -115,6 +115,14 @@ pub struct DraArgs {
           require_equals = true, default_missing_value = "true",
           value_parser = crate::nvidia_config::parse_bool)]
     pub dra_dynamic_mig: bool,
+    /// Publish whole GPUs shareable by memory (allowMultipleAllocations and a memory request
+    /// policy; Kubernetes feature gate DRAConsumableCapacity): several claims share a GPU, each
+    /// taking the memory it asks for.
+    #[arg(long = "dra-shared-capacity", env = "GPUD_DRA_SHARED_CAPACITY", value_name = "BOOL",
+          default_value = "false", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true",
+          value_parser = crate::nvidia_config::parse_bool)]
+    pub dra_shared_capacity: bool,
 }
 
 /// Everything the DRA plugin runs with, resolved from [`DraArgs`].
@@ -136,6 +144,8 @@ pub struct DraConfig {
     pub mps: Launch,
     /// MIG devices made at prepare time (`--dra-dynamic-mig`).
     pub dynamic_mig: bool,
+    /// Whole GPUs are published shareable by memory ([`super::shares`]).
+    pub shared_capacity: bool,
 }
 
 impl DraArgs {
@@ -177,6 +187,7 @@ impl DraArgs {
             nvidia_smi: self.nvidia_smi(),
             mps,
             dynamic_mig: self.dra_dynamic_mig,
+            shared_capacity: self.dra_shared_capacity,
         })
     }
 

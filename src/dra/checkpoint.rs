@@ -61,6 +61,9 @@ pub struct PreparedDevice {
     /// Allocated with admin access (monitoring beside the device's user): it holds nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin_access: bool,
+    /// The part of a GPU shared by capacity the claim holds ([`super::shares`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<super::shares::Share>,
 }
 
 /// A checkpoint that could not be read, and what was done about it.
@@ -181,6 +184,7 @@ mod tests {
                     ],
                     time_slice: None,
                     admin_access: false,
+                    share: None,
                 }],
                 mps: None,
             },

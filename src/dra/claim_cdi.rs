@@ -26,6 +26,8 @@ pub struct ClaimDevice {
     pub uuid: String,
     /// Whether it is served by the claim's MPS daemon (it gets the daemon's edits).
     pub mps: bool,
+    /// Environment of its share, for a GPU shared by capacity ([`super::shares::env`]).
+    pub env: Vec<String>,
 }
 
 /// Where the spec of claim `uid` lives.
@@ -74,6 +76,7 @@ pub fn write(
                 )
             })?;
         found.name = format!("{uid}-{}", device.name);
+        found.container_edits.env.extend(device.env.iter().cloned());
         if let Some(extra) = mps_edits.filter(|_| device.mps) {
             let edits = &mut found.container_edits;
             edits.env.extend(extra.env.iter().cloned());

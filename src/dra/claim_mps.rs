@@ -7,6 +7,10 @@
 //! The workload's CDI edits point it at that daemon: `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps`
 //! with the pipe folder bound there, and the shm folder bound on `/dev/shm`.
 //!
+//! Claims sharing a GPU by capacity share one daemon over it instead, in a folder named after
+//! the GPU ([`ClaimMps::daemon`], [`super::shares`]); the functions here take the folder's
+//! name ([`ClaimMps::key`]) where they say `uid`.
+//!
 //! What a claim's daemon is (GPUs, limit commands) is recorded in the checkpoint, so a repeated
 //! prepare, or one after a gpud restart, probes the daemon it started instead of starting a
 //! second, and starts it again if it died. Every call blocks; callers use blocking threads.
@@ -37,6 +41,17 @@ pub struct ClaimMps {
     pub gpus: Vec<String>,
     /// The limit commands sent once it answers.
     pub limits: Vec<String>,
+    /// The folder of a daemon shared by the claims sharing its GPU by capacity
+    /// ([`super::shares`]); none: the claim's own, named after its UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<String>,
+}
+
+impl ClaimMps {
+    /// The name of the daemon's folder: the shared daemon's, else claim `uid`'s.
+    pub fn key<'a>(&'a self, uid: &'a str) -> &'a str {
+        self.daemon.as_deref().unwrap_or(uid)
+    }
 }
 
 /// `<plugins>/<driver>/mps/<uid>`: the claim's daemon folders.
@@ -75,7 +90,11 @@ pub fn plan(gpus: Vec<String>, settings: &MpsSettings) -> Result<ClaimMps, Strin
     if let Some(percentage) = settings.active_thread_percentage {
         limits.push(format!("set_default_active_thread_percentage {percentage}"));
     }
-    Ok(ClaimMps { gpus, limits })
+    Ok(ClaimMps {
+        gpus,
+        limits,
+        daemon: None,
+    })
 }
 
 /// The claim's daemon.

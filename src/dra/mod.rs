@@ -2,7 +2,9 @@
 //!
 //! One job per file (device names are [`crate::dra_names`]): [`args`] (flags and paths),
 //! [`objects`] (the `resource.k8s.io/v1` fields gpud uses), [`api_version`] (the
-//! `resource.k8s.io` version the API server serves), [`slices`] (devices, attributes,
+//! `resource.k8s.io` version the API server serves, and which newer slice fields it keeps),
+//! [`read_back`] (fields the API server dropped from a write), [`shares`] (GPUs shared by
+//! capacity), [`quantity`] (Kubernetes quantities), [`slices`] (devices, attributes,
 //! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
@@ -24,8 +26,11 @@ pub mod partitions;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
+pub mod quantity;
+pub mod read_back;
 pub mod registration;
 pub mod service;
+pub mod shares;
 pub mod slices;
 pub mod sockets;
 pub mod taints;

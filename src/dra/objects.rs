@@ -36,7 +36,7 @@ pub struct Pool {
 }
 
 /// One device of a slice.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
     pub name: String,
@@ -49,6 +49,10 @@ pub struct Device {
     /// What allocating the device takes from the pool's counter sets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumes_counters: Vec<CounterConsumption>,
+    /// Several claims may hold the device at once, each taking part of its capacities
+    /// (consumable capacity, KEP-5075; [`super::shares`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_multiple_allocations: Option<bool>,
 }
 
 /// `sharedCounters[]`: a named set of counters that devices consume from; the scheduler never
@@ -84,10 +88,47 @@ pub enum Attribute {
     Version(String),
 }
 
-/// A device capacity: a quantity.
+/// A device capacity: a quantity, and for a shared device how much of it a claim may take.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Capacity {
     pub value: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_policy: Option<RequestPolicy>,
+}
+
+impl Capacity {
+    /// A plain quantity.
+    pub fn of(value: String) -> Capacity {
+        Capacity {
+            value,
+            request_policy: None,
+        }
+    }
+}
+
+/// `capacity.<name>.requestPolicy`: what a claim that names no amount takes (`default`) and
+/// which amounts it may ask for (the scheduler rounds a request up to a valid one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub valid_values: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_range: Option<ValidRange>,
+}
+
+/// `requestPolicy.validRange`: from `min`, in steps of `step`, up to `max` (the capacity when
+/// unset).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidRange {
+    pub min: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
 }
 
 /// A device taint (`NoSchedule`, or `None` for information only).
@@ -157,6 +198,9 @@ pub struct AllocationResult {
     pub admin_access: Option<bool>,
     #[serde(default, rename = "shareID")]
     pub share_id: Option<String>,
+    /// What the claim takes of a shared device's capacities (`memory`), by capacity name.
+    #[serde(default)]
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 /// One configuration entry of the allocation (from the class or the claim).

@@ -213,34 +213,14 @@ fn mebibytes(quantity: &serde_json::Value) -> Result<u64, String> {
         serde_json::Value::Number(n) => n.to_string(),
         other => return Err(format!("{other} is not a quantity (e.g. 10Gi)")),
     };
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let factor: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("{text:?} is not a quantity (e.g. 10Gi)")),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a quantity (e.g. 10Gi)"))?;
-    let mib = (value * factor / (1024.0 * 1024.0)).floor();
-    if !(1.0..=1e15).contains(&mib) {
-        return Err(format!(
+    let bytes = super::quantity::bytes(&text)
+        .ok_or_else(|| format!("{text:?} is not a quantity (e.g. 10Gi)"))?;
+    match bytes / (1024 * 1024) {
+        0 => Err(format!(
             "{text:?} is below 1Mi, the smallest limit MPS takes"
-        ));
+        )),
+        mib => Ok(mib),
     }
-    // In range by the check above.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(mib as u64)
 }
 
 #[cfg(test)]

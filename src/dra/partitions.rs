@@ -192,22 +192,17 @@ fn unmade(whole: &Device, name: String, gpu: &Gpu, profile: &GiProfile, start: u
     let mut capacity = BTreeMap::new();
     capacity.insert(
         "memory".to_owned(),
-        Capacity {
-            value: binary_quantity(profile.memory_mib * MIB),
-        },
+        Capacity::of(binary_quantity(profile.memory_mib * MIB)),
     );
     for slice in start..start + profile.memory_slices {
-        capacity.insert(
-            format!("memorySlice{slice}"),
-            Capacity { value: "1".into() },
-        );
+        capacity.insert(format!("memorySlice{slice}"), Capacity::of("1".into()));
     }
     Device {
         name,
         attributes,
         capacity,
         taints: whole.taints.clone(),
-        consumes_counters: Vec::new(),
+        ..Device::default()
     }
 }
 

@@ -54,7 +54,7 @@ fn v1_device(d: &PreparedDevice) -> v1::Device {
         pool_name: d.pool.clone(),
         device_name: d.device.clone(),
         cdi_device_ids: d.cdi_device_ids.clone(),
-        share_id: None,
+        share_id: d.share.as_ref().map(|s| s.id.clone()),
     }
 }
 

@@ -7,7 +7,9 @@
 //!    the claim was deleted and re-created under the same name) and it must be allocated.
 //! 3. Each allocation result of this driver names a device of this node's pool. The device
 //!    must exist, must not be held by another prepared claim, and must not be one the device
-//!    plugin gave to a running pod.
+//!    plugin gave to a running pod. A result with a `shareID` takes part of a whole GPU's
+//!    memory ([`super::shares`]): it may sit beside other shares of the GPU as long as they
+//!    all fit its memory and agree on MPS.
 //! 4. The opaque configs are read ([`super::opaque`]) and a time-slice interval is set on its
 //!    GPU ([`super::timeslice`]; a claim whose setting fails gets nothing, and the GPUs it
 //!    had set already go back), one CDI spec is written for the claim ([`super::claim_cdi`]),
@@ -48,6 +50,7 @@ use super::claim_mps::{self, ClaimMps};
 use super::dynamic_mig::DynamicMig;
 use super::objects::{Allocation, AllocationResult, Claim};
 use super::opaque;
+use super::shares;
 use super::timeslice::{self, TimeSlicer};
 use crate::dra_names::{self, DraDevice};
 use crate::holdings::Held;
@@ -59,6 +62,7 @@ use crate::nvml::Nvml;
 /// The most results one claim may have for one driver: the API's own limit on a claim's
 /// requests (`resource.k8s.io`: 32). A claim with more was not written by a real API server.
 pub const MAX_RESULTS: usize = 32;
+const MIB: u64 = 1024 * 1024;
 /// How many claim objects one prepare call reads from the API server at once.
 const READ_CONCURRENCY: usize = 16;
 /// The longest claim UID accepted (a Kubernetes UID is a 36-character UUID).
@@ -265,6 +269,7 @@ impl Preparer {
             }
             let spec = claim_cdi::spec_path(&self.config.cdi_root, &claim.uid);
             if !prepared.devices.is_empty() && !spec.exists() {
+                let env = share_env(&snapshot, &prepared.devices, prepared.mps.as_ref());
                 let devices: Vec<ClaimDevice> = prepared
                     .devices
                     .iter()
@@ -275,6 +280,11 @@ impl Preparer {
                             .mps
                             .as_ref()
                             .is_some_and(|m| m.gpus.contains(&d.uuid)),
+                        env: if d.share.is_some() {
+                            env.clone()
+                        } else {
+                            Vec::new()
+                        },
                     })
                     .collect();
                 // A missing spec means the node rebooted (or the runtime's folder was
@@ -291,7 +301,7 @@ impl Preparer {
                     prepared
                         .mps
                         .as_ref()
-                        .map(|_| self.mps_edits(&claim.uid))
+                        .map(|m| self.mps_edits(m.key(&claim.uid)))
                         .as_ref(),
                 )?;
             }
@@ -372,6 +382,8 @@ impl Preparer {
         let mut devices = Vec::new();
         let mut cdi_devices = Vec::new();
         let mut mps_asked: Vec<(String, opaque::MpsSettings)> = Vec::new();
+        // Shares of this claim's earlier results, by GPU UUID.
+        let mut own_shares: Vec<(String, u64)> = Vec::new();
         for result in results {
             if result.pool != self.config.node {
                 return Err(format!(
@@ -388,13 +400,24 @@ impl Preparer {
             })?;
             let uuid = device.uuid().to_owned();
             let gpu_uuid = device.gpu().uuid.clone();
+            let share = shares::of_result(result)?;
+            if share.is_some() && !matches!(device, DraDevice::Gpu(_)) {
+                return Err(format!(
+                    "device {} is allocated as a share, but only whole GPUs are shared by \
+                     capacity; refused",
+                    result.device
+                ));
+            }
             // Admin access (a monitoring claim beside the device's user) holds nothing and is
             // refused nothing.
             let admin_access = result.admin_access == Some(true);
             let other = checkpoint.claims.iter().find(|(uid, other)| {
                 uid.as_str() != claim.uid
                     && other.devices.iter().any(|d| {
+                        // Shares of one GPU do not clash; their sum is checked below.
+                        let both_shares = share.is_some() && d.share.is_some() && d.uuid == uuid;
                         !d.admin_access
+                            && !both_shares
                             && Holding {
                                 uuid: d.uuid.clone(),
                                 gpu_uuid: d.gpu_uuid.clone(),
@@ -408,6 +431,12 @@ impl Preparer {
                     "device {} is held by claim {}/{} (UID {uid}); one device serves one claim",
                     result.device, other.namespace, other.name
                 ));
+            }
+            if let Some(share) = &share {
+                let held = shares_held(checkpoint, &claim.uid, &uuid, &own_shares);
+                let total = device.gpu().memory_mib * MIB;
+                shares::check_fits(&result.device, total, &held, share.memory)?;
+                own_shares.push((uuid.clone(), share.memory));
             }
             let plugin_holder = holders.iter().find(|h| h.clashes(&uuid, &gpu_uuid));
             if let Some(holding) = plugin_holder.filter(|_| !admin_access) {
@@ -432,6 +461,7 @@ impl Preparer {
                 name: result.device.clone(),
                 uuid: uuid.clone(),
                 mps: mps.is_some(),
+                env: Vec::new(),
             });
             devices.push(PreparedDevice {
                 request_names: vec![result.request.clone()],
@@ -442,11 +472,23 @@ impl Preparer {
                 cdi_device_ids: vec![claim_cdi::cdi_id(&claim.uid, &result.device)],
                 time_slice: settings.time_slice.filter(|_| !admin_access),
                 admin_access,
+                share,
             });
         }
-        let mps = claim_mps_plan(snapshot, mps_asked)?;
-        if let Some(mps) = &mps {
+        let mps = claim_mps_plan(snapshot, mps_asked, &devices)?;
+        check_share_modes(checkpoint, &claim.uid, &devices, mps.as_ref())?;
+        // A shared daemon another claim runs set the compute mode itself.
+        if let Some(mps) = mps
+            .as_ref()
+            .filter(|m| !daemon_in_use(checkpoint, &claim.uid, m))
+        {
             self.check_mps_modes(mps).await?;
+        }
+        let env = share_env(snapshot, &devices, mps.as_ref());
+        for (cdi, device) in cdi_devices.iter_mut().zip(&devices) {
+            if device.share.is_some() {
+                cdi.env.clone_from(&env);
+            }
         }
         self.set_intervals(checkpoint, &claim.uid, &devices).await?;
         if let Some(mps) = &mps
@@ -466,7 +508,9 @@ impl Preparer {
                 &self.config.cdi_root,
                 &claim.uid,
                 &cdi_devices,
-                mps.as_ref().map(|_| self.mps_edits(&claim.uid)).as_ref(),
+                mps.as_ref()
+                    .map(|m| self.mps_edits(m.key(&claim.uid)))
+                    .as_ref(),
             )
         {
             if let Some(mps) = &mps {
@@ -576,7 +620,8 @@ impl Preparer {
         );
         let (uid, mps) = (uid.to_owned(), mps.clone());
         let started = tokio::task::spawn_blocking(move || {
-            claim_mps::ensure(&launch, &nvml, &dir, &uid, &mps).map(|started| (started, uid, mps))
+            claim_mps::ensure(&launch, &nvml, &dir, mps.key(&uid), &mps)
+                .map(|started| (started, uid, mps))
         })
         .await
         .map_err(|e| e.to_string())??;
@@ -590,6 +635,10 @@ impl Preparer {
     /// Stops claim `uid`'s MPS daemon; its GPUs go back to compute mode DEFAULT unless another
     /// prepared claim's daemon keeps them.
     async fn stop_mps(&self, checkpoint: &Checkpoint, uid: &str, mps: ClaimMps) {
+        // A daemon shared by claims on one GPU stops with the last of them.
+        if daemon_in_use(checkpoint, uid, &mps) {
+            return;
+        }
         let still_mps: Vec<String> = checkpoint
             .claims
             .iter()
@@ -604,7 +653,7 @@ impl Preparer {
         );
         let uid = uid.to_owned();
         let stopped = tokio::task::spawn_blocking(move || {
-            claim_mps::stop(&launch, &nvml, &dir, &uid, &mps, &still_mps);
+            claim_mps::stop(&launch, &nvml, &dir, mps.key(&uid), &mps, &still_mps);
         })
         .await;
         if let Err(err) = stopped {
@@ -612,9 +661,9 @@ impl Preparer {
         }
     }
 
-    /// The CDI edits that point claim `uid`'s workload at its MPS daemon.
-    fn mps_edits(&self, uid: &str) -> crate::cdi::spec::ContainerEdits {
-        claim_mps::edits(&self.config.plugin_dir(), uid)
+    /// The CDI edits that point a workload at MPS daemon `key` ([`ClaimMps::key`]).
+    fn mps_edits(&self, key: &str) -> crate::cdi::spec::ContainerEdits {
+        claim_mps::edits(&self.config.plugin_dir(), key)
     }
 
     /// Probes every prepared claim's MPS daemon and starts again one that does not answer.
@@ -700,14 +749,30 @@ impl Preparer {
 }
 
 /// The daemon a claim's MPS requests ask for, over their GPUs in NVML index order; `None`
-/// when none asks. One daemon serves the claim, so its requests must agree on `mpsConfig`.
+/// when none asks. One daemon serves the claim, so its requests must agree on `mpsConfig`;
+/// a claim sharing a GPU by capacity (`devices` with a share) uses that GPU's shared daemon,
+/// so it may have no other MPS device.
 fn claim_mps_plan(
     snapshot: &crate::inventory::Snapshot,
     asked: Vec<(String, opaque::MpsSettings)>,
+    devices: &[PreparedDevice],
 ) -> Result<Option<ClaimMps>, String> {
     let Some((_, settings)) = asked.first().cloned() else {
         return Ok(None);
     };
+    let shared: Vec<&PreparedDevice> = devices.iter().filter(|d| d.share.is_some()).collect();
+    if let Some(first) = shared.first() {
+        if asked.len() != 1 || shared.len() != 1 {
+            return Err(format!(
+                "the claim asks for MPS on {} devices, {} of them shared by capacity: a \
+                 workload talks to one MPS control daemon, and each shared GPU has its own, so \
+                 a claim sharing a GPU under MPS has that one MPS device",
+                asked.len(),
+                shared.len()
+            ));
+        }
+        return shares::shared_mps(&first.gpu_uuid, &settings).map(Some);
+    }
     if asked.iter().any(|(_, other)| *other != settings) {
         return Err(
             "the claim's requests ask for MPS with different sharing.mpsConfig: one \
@@ -735,4 +800,99 @@ fn wanted_interval(checkpoint: &Checkpoint, uid: &str, gpu_uuid: &str) -> String
         .filter(|d| d.gpu_uuid == gpu_uuid)
         .find_map(|d| d.time_slice.clone())
         .unwrap_or_else(|| timeslice::DEFAULT_INTERVAL.to_owned())
+}
+
+/// What the other prepared claims (and `own`, this claim's earlier results) take of device
+/// `uuid` by capacity, as (`namespace/name`, bytes).
+fn shares_held(
+    checkpoint: &Checkpoint,
+    uid: &str,
+    uuid: &str,
+    own: &[(String, u64)],
+) -> Vec<(String, u64)> {
+    let mut held: Vec<(String, u64)> = checkpoint
+        .claims
+        .iter()
+        .filter(|(other, _)| other.as_str() != uid)
+        .flat_map(|(_, c)| {
+            c.devices
+                .iter()
+                .filter(|d| d.uuid == uuid)
+                .filter_map(|d| d.share.as_ref())
+                .map(|s| (format!("{}/{}", c.namespace, c.name), s.memory))
+        })
+        .collect();
+    held.extend(
+        own.iter()
+            .filter(|(u, _)| u == uuid)
+            .map(|(_, bytes)| ("this claim".to_owned(), *bytes)),
+    );
+    held
+}
+
+/// Refuses a share whose MPS use differs from the other shares of its GPU: an MPS daemon
+/// holds the GPU in EXCLUSIVE_PROCESS mode, where a workload without MPS cannot run, and a
+/// daemon started under running workloads would stop them.
+fn check_share_modes(
+    checkpoint: &Checkpoint,
+    uid: &str,
+    devices: &[PreparedDevice],
+    mps: Option<&ClaimMps>,
+) -> Result<(), String> {
+    let this_mps = mps.is_some_and(|m| m.daemon.is_some());
+    for device in devices.iter().filter(|d| d.share.is_some()) {
+        let other = checkpoint
+            .claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .find(|(_, c)| {
+                let shares_it = c
+                    .devices
+                    .iter()
+                    .any(|d| d.share.is_some() && d.uuid == device.uuid);
+                let other_mps = c.mps.as_ref().is_some_and(|m| m.daemon.is_some());
+                shares_it && other_mps != this_mps
+            });
+        if let Some((_, other)) = other {
+            let (them, us) = if this_mps {
+                ("without MPS", "under MPS")
+            } else {
+                ("under MPS", "without MPS")
+            };
+            return Err(format!(
+                "device {} is shared {them} by claim {}/{}: a share {us} cannot run beside it \
+                 (an MPS daemon holds the GPU in EXCLUSIVE_PROCESS mode); give the claim the \
+                 same sharing strategy, or another GPU",
+                device.device, other.namespace, other.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a prepared claim other than `uid` uses `mps`'s shared daemon.
+fn daemon_in_use(checkpoint: &Checkpoint, uid: &str, mps: &ClaimMps) -> bool {
+    mps.daemon.is_some()
+        && checkpoint.claims.iter().any(|(other, c)| {
+            other.as_str() != uid && c.mps.as_ref().is_some_and(|m| m.daemon == mps.daemon)
+        })
+}
+
+/// The environment of a claim's shared devices ([`shares::env`]): under a shared MPS daemon,
+/// with the client limits of its GPU's memory.
+fn share_env(
+    snapshot: &crate::inventory::Snapshot,
+    devices: &[PreparedDevice],
+    mps: Option<&ClaimMps>,
+) -> Vec<String> {
+    let held: Vec<(String, u64)> = devices
+        .iter()
+        .filter_map(|d| d.share.as_ref().map(|s| (d.gpu_uuid.clone(), s.memory)))
+        .collect();
+    let mps_total = mps
+        .filter(|m| m.daemon.is_some())
+        .and_then(|m| m.gpus.first())
+        .and_then(|uuid| snapshot.gpus.iter().find(|g| g.uuid == *uuid))
+        .map(|g| g.memory_mib * MIB);
+    shares::env(&held, mps_total)
 }

@@ -13,6 +13,10 @@
 //! every few minutes replays nothing and lists nothing; only a watch that fails (410 Gone after
 //! a long break, an outage) makes the publisher list again.
 //!
+//! Every write is read back ([`super::read_back`]): a field the API server dropped (its
+//! feature gate off) is reported to [`ResourceApi::dropped_on_write`], and the caller builds
+//! and publishes the slices again without it ([`Publisher::served_fields`] says what is kept).
+//!
 //! Why watch as well as re-list on registration: the kubelet deletes the node's slices when it
 //! starts and again 30 s after it loses the plugin, in a retried `DeleteCollection` whose
 //! timing relative to the plugin's (re-)registration is not fixed. Re-listing only when the
@@ -27,11 +31,13 @@ use tokio::sync::Notify;
 use tokio_stream::StreamExt;
 use tracing::{debug, info};
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion, ServedFields};
 use super::objects::{Device, SliceSpec};
 use super::partitions::{self, Group};
+use super::read_back;
 
 /// How long one watch request stays open before it is renewed.
 const WATCH_SECONDS: u32 = 290;
@@ -94,6 +100,16 @@ impl Publisher {
     async fn slices(&self) -> Result<(Api<DynamicObject>, ResourceVersion), ResourceApiError> {
         let version = self.api.version().await?;
         Ok((Api::all_with(self.api.client(), &version.slices()), version))
+    }
+
+    /// The newer slice fields the API server keeps, for building the slices.
+    pub async fn served_fields(&self) -> Result<ServedFields, ResourceApiError> {
+        self.api.served_fields().await
+    }
+
+    /// The API server's `resource.k8s.io`.
+    pub fn api(&self) -> &ResourceApi {
+        &self.api
     }
 
     /// Whether the watch can resume from a version it saw, missing nothing.
@@ -178,10 +194,11 @@ impl Publisher {
         let generation = current + 1;
         let wanted = build(generation);
         let (api, version) = self.slices().await?;
+        let mut dropped = BTreeSet::new();
         for (index, spec) in wanted.iter().enumerate() {
             let name = self.slice_name(index);
             let old = existing.iter().find(|e| e.name == name);
-            write(
+            let (sent, kept) = write(
                 &api,
                 version,
                 &name,
@@ -189,7 +206,9 @@ impl Publisher {
                 old.and_then(|e| e.resource_version.clone()),
             )
             .await?;
+            dropped.extend(read_back::dropped(&sent, &kept));
         }
+        self.api.dropped_on_write(&dropped);
         for extra in existing
             .iter()
             .filter(|e| !(0..wanted.len()).any(|i| self.slice_name(i) == e.name))
@@ -276,28 +295,29 @@ impl Publisher {
 }
 
 /// Writes slice `name` in `version`: replaces the one at `resource_version`, or creates it.
+/// Returns the spec sent and the spec the API server answered with (what it kept).
 async fn write(
     api: &Api<DynamicObject>,
     version: ResourceVersion,
     name: &str,
     spec: &SliceSpec,
     resource_version: Option<String>,
-) -> Result<(), ApiError> {
+) -> Result<(serde_json::Value, serde_json::Value), ApiError> {
     let what = || format!("writing ResourceSlice {name}");
-    let data = json!({"spec": version.slice_to_wire(spec)});
+    let sent = version.slice_to_wire(spec);
+    let data = json!({"spec": sent});
     let mut object = DynamicObject::new(name, &version.slices()).data(data);
     let params = PostParams {
         field_manager: Some("gpud".to_owned()),
         ..PostParams::default()
     };
-    match resource_version {
+    let answered = match resource_version {
         Some(version) => {
             object.metadata.resource_version = Some(version);
-            bounded(what, api.replace(name, &params, &object)).await?;
+            bounded(what, api.replace(name, &params, &object)).await?
         }
-        None => {
-            bounded(what, api.create(&params, &object)).await?;
-        }
-    }
-    Ok(())
+        None => bounded(what, api.create(&params, &object)).await?,
+    };
+    let kept = answered.data.get("spec").cloned().unwrap_or_default();
+    Ok((sent, kept))
 }

@@ -21,20 +21,21 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::api_version::{ResourceApi, ResourceApiError, ServedFields};
+use super::api_version::{NewField, ResourceApi, ResourceApiError};
 use super::args::DraConfig;
 use super::checkpoint::Checkpoint;
 use super::dynamic_mig::DynamicMig;
 use super::partitions::{self, DynamicGpus};
 use super::prepare::Preparer;
 use super::publish::Publisher;
+use super::shares;
 use super::sockets::Sockets;
-use super::topology;
+use super::topology::{self, Topology};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
 use crate::grpc;
 use crate::holdings::Held;
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, Snapshot};
 use crate::kube::events::{Kind, NodeEvent};
 use crate::kube::{self, EventSender};
 use crate::logging;
@@ -196,13 +197,11 @@ impl Subsystem for Dra {
                 cancel.clone(),
             ),
         );
-        // The newer slice fields the API server keeps: all of them, as of Kubernetes 1.35.
-        let served = ServedFields::ALL;
         publish_loop(
             publisher,
             &config.driver,
             &config.sysfs_root,
-            (&partitioned, served),
+            (&partitioned, config.shared_capacity),
             seed,
             &inventory,
             &registered,
@@ -273,12 +272,42 @@ async fn watch_slices(
     }
 }
 
+/// Publishes `devices` with what the API server keeps of the newer fields, again without a
+/// field a write showed it drops (fields only ever go, so this ends).
+async fn publish(
+    publisher: &mut Publisher,
+    (snapshot, driver, topology): (&Snapshot, &str, &Topology),
+    partitioned: &DynamicGpus,
+    shared_capacity: bool,
+) -> Result<(), ResourceApiError> {
+    loop {
+        let served = publisher.served_fields().await?;
+        if !partitioned.profiles.is_empty() && !served.has(NewField::Counters) {
+            publisher.api().left_out(NewField::Counters);
+        }
+        let (mut devices, groups) =
+            partitions::layout(snapshot, driver, topology, partitioned, served);
+        if shared_capacity {
+            if served.has(NewField::SharedCapacity) {
+                shares::offer(&mut devices);
+            } else {
+                publisher.api().left_out(NewField::SharedCapacity);
+            }
+        }
+        publisher.sync(devices, groups, served).await?;
+        // A write that showed a field dropped changed what is served: publish again without it.
+        if publisher.served_fields().await? == served {
+            return Ok(());
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn publish_loop(
     mut publisher: Publisher,
     driver: &str,
     sysfs_root: &std::path::Path,
-    (partitioned, served): (&DynamicGpus, ServedFields),
+    (partitioned, shared_capacity): (&DynamicGpus, bool),
     seed: u64,
     inventory: &Inventory,
     registered: &Notify,
@@ -293,9 +322,14 @@ async fn publish_loop(
         // A few symlinks per GPU, read again with each inventory change (a GPU back after a
         // reset may sit elsewhere).
         let topology = topology::read(sysfs_root, &snapshot);
-        let (devices, groups) =
-            partitions::layout(&snapshot, driver, &topology, partitioned, served);
-        let wait = match publisher.sync(devices, groups, served).await {
+        let wait = match publish(
+            &mut publisher,
+            (&snapshot, driver, &topology),
+            partitioned,
+            shared_capacity,
+        )
+        .await
+        {
             Ok(_) => {
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");

@@ -49,8 +49,8 @@ pub fn device(
         attributes: attributes(snapshot, device, topology),
         capacity: capacity(device),
         taints: taints::taints(driver, device),
-        consumes_counters: Vec::new(),
         name,
+        ..Device::default()
     }
 }
 
@@ -145,7 +145,7 @@ fn attributes(
 fn capacity(device: &DraDevice<'_>) -> BTreeMap<String, Capacity> {
     let mut out = BTreeMap::new();
     let mut put = |key: String, value: String| {
-        out.insert(key, Capacity { value });
+        out.insert(key, Capacity::of(value));
     };
     match device {
         DraDevice::Gpu(gpu) => put("memory".into(), binary_quantity(gpu.memory_mib * MIB)),

@@ -13,6 +13,13 @@
 //! fail the next requests with 500, and stop and come back on the same port (an API server
 //! restart) with what it held.
 //!
+//! `GET /version` answers the Kubernetes release set with [`FakeApi::set_server_version`]
+//! (v1.36.0 unless set; none: 404). Feature gates turned off with [`FakeApi::disable_gate`]
+//! make slice writes lose their fields as a real API server's do, silently:
+//! `DRAPartitionableDevices` clears `sharedCounters` and devices' `consumesCounters`,
+//! `DRAConsumableCapacity` clears `allowMultipleAllocations` and capacities' `requestPolicy`.
+//! From 1.35 a slice with both `sharedCounters` and devices is refused with 422, as there.
+//!
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
 //! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
 //! event carrying 410, 429 with `Retry-After` in seconds or as an HTTP date, 403, 422, a stall,
@@ -108,6 +115,12 @@ pub struct ApiState {
     pub lease_writes: Vec<LeaseWrite>,
     /// `namespace/name` of every pod evicted, in order.
     pub evictions: Vec<String>,
+    /// The `gitVersion` `GET /version` answers; `None`: 404.
+    pub server_version: Option<String>,
+    /// Kubernetes feature gates turned off: slice writes lose their fields.
+    pub disabled_gates: std::collections::BTreeSet<String>,
+    /// The spec of every slice create and replace, as sent (before the gates cleared it).
+    pub slice_writes: Vec<Value>,
 }
 
 /// One Lease write the fake API server took.
@@ -349,6 +362,90 @@ async fn resource_group(State(s): State<Shared>, uri: axum::http::Uri) -> Reply 
         json!({"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
         "versions": versions, "preferredVersion": preferred}),
     ))
+}
+
+/// `GET /version`: the release set, as an API server reports it.
+async fn server_version(State(s): State<Shared>) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let Some(git) = state.server_version.clone() else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound"));
+    };
+    let mut parts = git.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
+    Ok(axum::Json(
+        json!({"major": major, "minor": minor, "gitVersion": git,
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25.0", "compiler": "gc",
+        "platform": "linux/amd64"}),
+    ))
+}
+
+/// The minor release `GET /version` answers (36 when none is set).
+fn server_minor(state: &ApiState) -> u32 {
+    state
+        .server_version
+        .as_deref()
+        .and_then(|v| v.trim_start_matches('v').split('.').nth(1)?.parse().ok())
+        .unwrap_or(36)
+}
+
+/// What the API server does to a slice before storing it: fields of disabled feature gates
+/// cleared; from 1.35, counter sets beside devices refused (422).
+fn admit_slice(
+    state: &mut ApiState,
+    object: &mut Value,
+) -> Result<(), (StatusCode, axum::Json<Value>)> {
+    state.slice_writes.push(object["spec"].clone());
+    let spec = &mut object["spec"];
+    let gate = |name: &str| state.disabled_gates.contains(name);
+    let mut devices: Vec<&mut serde_json::Map<String, Value>> = Vec::new();
+    let partitionable_off = gate("DRAPartitionableDevices");
+    if partitionable_off && let Some(fields) = spec.as_object_mut() {
+        fields.remove("sharedCounters");
+    }
+    let counters = spec["sharedCounters"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
+    let has_devices = spec["devices"].as_array().is_some_and(|a| !a.is_empty());
+    if counters && has_devices && server_minor(state) >= 35 {
+        let mut refused = status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid");
+        refused.1.0["message"] = json!(
+            "ResourceSlice.resource.k8s.io is invalid: spec.sharedCounters: Invalid value:              sharedCounters cannot be set together with devices"
+        );
+        return Err(refused);
+    }
+    for device in spec["devices"].as_array_mut().into_iter().flatten() {
+        let Some(fields) = device.as_object_mut() else {
+            continue;
+        };
+        if fields.contains_key("basic") {
+            if let Some(basic) = fields.get_mut("basic").and_then(Value::as_object_mut) {
+                devices.push(basic);
+            }
+        } else {
+            devices.push(fields);
+        }
+    }
+    for device in devices {
+        if partitionable_off {
+            device.remove("consumesCounters");
+        }
+        if gate("DRAConsumableCapacity") {
+            device.remove("allowMultipleAllocations");
+            for capacity in device
+                .get_mut("capacity")
+                .and_then(Value::as_object_mut)
+                .into_iter()
+                .flat_map(|c| c.values_mut())
+            {
+                if let Some(capacity) = capacity.as_object_mut() {
+                    capacity.remove("requestPolicy");
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A Kubernetes `Status` error body, which kube needs to tell "not found" from a failure.
@@ -964,6 +1061,7 @@ async fn create_slice(
     if state.slices.contains_key(&name) {
         return Err(status(StatusCode::CONFLICT, "AlreadyExists"));
     }
+    admit_slice(&mut state, &mut object)?;
     object["metadata"]["uid"] = json!(format!("slice-uid-{name}"));
     slice_changed(&mut state, "ADDED", &mut object);
     state.slices.insert(name, object.clone());
@@ -1006,6 +1104,7 @@ async fn replace_slice(
         return Err(status(StatusCode::CONFLICT, "Conflict"));
     }
     object["metadata"]["uid"] = old["metadata"]["uid"].clone();
+    admit_slice(&mut state, &mut object)?;
     slice_changed(&mut state, "MODIFIED", &mut object);
     state.slices.insert(name, object.clone());
     Ok(axum::Json(object))
@@ -1477,6 +1576,7 @@ impl FakeApi {
                                       "resourceVersion": "1"}}),
             node_version: 1,
             resource_versions: vec!["v1".into()],
+            server_version: Some("v1.36.0".into()),
             ..ApiState::default()
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1642,6 +1742,25 @@ impl FakeApi {
             versions.iter().map(|v| (*v).to_owned()).collect();
     }
 
+    /// Answers `GET /version` with `git_version` (`v1.34.2`); `None`: 404.
+    pub fn set_server_version(&self, git_version: Option<&str>) {
+        self.state.lock().unwrap().server_version = git_version.map(str::to_owned);
+    }
+
+    /// Turns Kubernetes feature gate `gate` off: slice writes lose its fields.
+    pub fn disable_gate(&self, gate: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .disabled_gates
+            .insert(gate.to_owned());
+    }
+
+    /// The spec of every slice create and replace so far, as sent.
+    pub fn slice_writes(&self) -> Vec<Value> {
+        self.state.lock().unwrap().slice_writes.clone()
+    }
+
     /// `METHOD path` of the `resource.k8s.io` requests so far.
     pub fn resource_requests(&self) -> Vec<String> {
         self.state.lock().unwrap().resource_requests.clone()
@@ -1743,6 +1862,7 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
             get(get_lease).put(replace_lease).delete(delete_lease),
         )
         .route("/api/v1/pods", get(list_pods))
+        .route("/version", get(server_version))
         .route("/apis/resource.k8s.io", get(resource_group))
         .route(
             "/apis/resource.k8s.io/{version}/resourceslices",

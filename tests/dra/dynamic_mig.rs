@@ -434,3 +434,56 @@ async fn gpud_run_partitions_on_demand_when_the_environment_says_so() {
     assert_eq!(dra.unprepare("one", "uid-one").await, "");
     assert_eq!(dra.mig_devices(), Vec::<String>::new());
 }
+
+const COUNTERS_DROPPED: &str = "The API server dropped sharedCounters and consumesCounters \
+    (partitionable devices) from the ResourceSlices gpud wrote: feature gate \
+    DRAPartitionableDevices is off there.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_34_server_gets_counter_sets_beside_their_devices_and_without_the_gate_whole_gpus() {
+    // The release the API server reports decides the shape: counter sets in the slice of their
+    // devices, exactly the 1.34 golden file.
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.api.set_server_version(Some("v1.34.2"));
+    dra.start();
+    dra.register().await;
+    let slices = dra.slices_when("counter sets", partitioned);
+    assert_golden("dra/dgx-h100-dynamic-mig-1.34.json", &render(&slices));
+    assert_eq!(log_count(&dra, "The API server dropped"), 0);
+
+    // A server that keeps no counters (its gate off clears them from the write) gets whole
+    // GPUs only, as without the flag: placements without counters would overlap. Said once.
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.api.set_server_version(Some("v1.34.2"));
+    dra.api.disable_gate("DRAPartitionableDevices");
+    dra.start();
+    dra.register().await;
+    dra.log_when(COUNTERS_DROPPED);
+    let slices = dra.slices_when("whole GPUs only", |s| {
+        s.iter()
+            .all(|slice| slice["spec"].get("sharedCounters").is_none())
+            && s.iter()
+                .flat_map(|slice| {
+                    slice["spec"]["devices"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .count()
+                == 8
+    });
+    assert_eq!(all_devices(&slices), golden_devices("dgx-h100.json"));
+    // The last write held no counter consumer either.
+    let writes = dra.api.slice_writes();
+    let last = writes.last().unwrap();
+    assert!(
+        last["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d.get("consumesCounters").is_none()
+                && !d["name"].as_str().unwrap().contains("-mig-")),
+        "{last}"
+    );
+    assert_eq!(log_count(&dra, COUNTERS_DROPPED), 1, "{}", dra.log());
+}
