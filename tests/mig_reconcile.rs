@@ -91,22 +91,20 @@ fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// Whether the reconciler read the Node after `since` and then watched it again: a read
-/// after `since` sees what changed before it, and the reconciler watches only once it has
-/// acted on (or passed over) what it read.
-fn read_then_watched(api: &FakeApi, since: Instant) -> bool {
-    let log = api.log();
-    let node = "/api/v1/nodes/test-node";
-    log.iter()
-        .find(|r| r.at >= since && r.method == "GET" && r.path == node)
-        .is_some_and(|read| {
-            log.iter().any(|r| {
-                r.at > read.at
-                    && r.method == "GET"
-                    && r.path.starts_with("/api/v1/nodes?")
-                    && r.path.contains("watch=true")
-            })
-        })
+/// Whether the reconciler opened a watch from `version` (or later) after `since`: it had
+/// taken in the Node at that version, from a watch event or a read, and acted on it.
+fn watched_from(api: &FakeApi, since: Instant, version: u64) -> bool {
+    api.log().iter().any(|r| {
+        r.at >= since
+            && r.method == "GET"
+            && r.path.starts_with("/api/v1/nodes?")
+            && r.path.contains("watch=true")
+            && r.path
+                .split('&')
+                .find_map(|p| p.strip_prefix("resourceVersion="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v >= version)
+    })
 }
 
 /// The state values written to the Node, in order.
@@ -151,11 +149,13 @@ fn label_goes_pending_then_success_and_follows_changes() {
     assert!(asserts(&node, "all-3g.40gb"));
 
     // An unchanged label and an already applied config write nothing more: once the
-    // reconciler has read the changed Node and gone back to watching it, it has decided.
-    api.set_label("example.com/other", Some("x"));
+    // reconciler watches from the changed Node's version, it has seen the change (in the
+    // watch's event, or by a read) and decided.
     let changed = Instant::now();
-    wait_until(20, "a read of the changed Node and the next watch", || {
-        read_then_watched(&api, changed)
+    api.set_label("example.com/other", Some("x"));
+    let version = api.state.lock().unwrap().node_version;
+    wait_until(20, "a watch from the changed Node's version", || {
+        watched_from(&api, changed, version)
     });
     assert_eq!(states(&api).len(), 4);
 
@@ -490,6 +490,53 @@ fn a_node_watch_ended_by_410_gone_reads_again_with_backoff_and_converges() {
     );
     assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
     assert!(asserts(&node, "all-3g.40gb"));
+}
+
+#[test]
+fn a_node_watch_dropped_for_another_reason_resumes_from_its_version_without_a_read() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let _reconciler = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    wait_until(20, "a watch", || {
+        !api.requests_to("GET", "/api/v1/nodes?").is_empty()
+    });
+    let reads = api.requests_to("GET", "/api/v1/nodes/test-node").len();
+    let watches = api.requests_to("GET", "/api/v1/nodes?").len();
+    // The next two watches lose their connection, as when the API server goes away.
+    let rule = api.refuse(
+        Rule::exact("GET", "/api/v1/nodes", Fault::Drop)
+            .query("watch=true")
+            .times(2),
+    );
+    api.set_label("unrelated", Some("touch"));
+    wait_until(30, "a watch after the two dropped", || {
+        api.refused_by(rule) == 2 && api.requests_to("GET", "/api/v1/nodes?").len() >= watches + 3
+    });
+    // Each watch after a dropped one starts from the version the dropped one had: no read of
+    // the Node in between, which after an outage every node of a fleet would send at once.
+    let after: Vec<String> = api.requests_to("GET", "/api/v1/nodes?")[watches..]
+        .iter()
+        .map(|r| r.path.clone())
+        .collect();
+    let version = |path: &str| {
+        path.split('&')
+            .find_map(|p| p.strip_prefix("resourceVersion="))
+            .map(str::to_owned)
+    };
+    assert_eq!(version(&after[1]), version(&after[0]), "{after:?}");
+    assert_eq!(version(&after[2]), version(&after[0]), "{after:?}");
+    assert_eq!(
+        api.requests_to("GET", "/api/v1/nodes/test-node").len(),
+        reads,
+        "{after:?}"
+    );
+    assert!(log(&node).contains("Watching the Node failed; watching again from where it was"));
+
+    // The change made while the watches failed is seen, and a new config applied.
+    api.set_label(CONFIG_LABEL, Some("all-3g.40gb"));
+    wait_until(60, "the second success", || states(&api).len() == 4);
+    assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
 }
 
 #[test]

@@ -387,7 +387,10 @@ impl Reconciler {
                             () = cancel.cancelled() => return Ok(()),
                             waited = client.changed(&version, limit.min(WATCH_MAX)) => waited,
                         };
-                        match self.after_watch(waited, &mut watch_backoff, &cancel).await {
+                        match self
+                            .after_watch(waited, &version, &mut watch_backoff, &cancel)
+                            .await
+                        {
                             Some(next) => watched = Some(next),
                             None if cancel.is_cancelled() => return Ok(()),
                             None => {}
@@ -471,18 +474,23 @@ impl Reconciler {
                 () = cancel.cancelled() => return Ok(()),
                 waited = client.changed(&view.version, limit) => waited,
             };
-            watched = self.after_watch(waited, &mut watch_backoff, &cancel).await;
+            watched = self
+                .after_watch(waited, &view.version, &mut watch_backoff, &cancel)
+                .await;
             if cancel.is_cancelled() {
                 return Ok(());
             }
         }
     }
 
-    /// What to do after a watch: go on from what it saw, or, when it failed, read the Node
-    /// again (`None`) after a pause.
+    /// What to do after a watch from version `from`: go on from what it saw or, when it
+    /// failed, after a pause, watch again from `from` — the API server sends what changed
+    /// since, so no read is needed (after an outage, every node's read would join the herd) —
+    /// unless the version is gone from its window (410): then read the Node again (`None`).
     async fn after_watch(
         &self,
         waited: Result<Watched, kube::ApiError>,
+        from: &str,
         watch_backoff: &mut Backoff,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> Option<Watched> {
@@ -493,12 +501,17 @@ impl Reconciler {
             }
             Err(err) => {
                 let delay = err.paced(watch_backoff.next_delay());
-                warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; reading it again after a pause");
+                let gone = err.status() == Some(410);
+                if gone {
+                    warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; reading it again after a pause");
+                } else {
+                    warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Watching the Node failed; watching again from where it was after a pause");
+                }
                 tokio::select! {
                     () = cancel.cancelled() => {}
                     () = tokio::time::sleep(delay) => {}
                 }
-                None
+                (!gone).then(|| Watched::Quiet(from.to_owned()))
             }
         }
     }
