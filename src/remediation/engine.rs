@@ -44,6 +44,10 @@ use crate::remediation_state::{GpuRemediation, Phase};
 pub const VERIFY_GRACE: Duration = Duration::from_secs(10);
 /// The circuit breaker's window: more than half of the GPUs failing within it is a node fault.
 pub const NODE_FAULT_WINDOW: Duration = Duration::from_secs(60);
+/// How long the node must have been free of new GPU faults before a GPU is reset: a
+/// node-level fault reaches its GPUs' health within moments of each other, not always in one
+/// health sample, and the circuit breaker must see all of them before the first reset.
+pub const SETTLE: Duration = Duration::from_millis(500);
 
 /// Escalation reasons, least urgent first (the Node condition names the most urgent).
 pub const DRAIN_TIMED_OUT: &str = "DrainTimedOut";
@@ -374,6 +378,11 @@ impl Engine {
             ),
             Need::Reset => {
                 let now = SystemTime::now();
+                let last_fault = self.recent_faults.back().map(|(at, _)| *at);
+                if last_fault.is_some_and(|at| now.duration_since(at).unwrap_or_default() < SETTLE)
+                {
+                    return Next::Stay;
+                }
                 let done = record.resets_within(self.settings.reset_window, now);
                 if done >= self.settings.max_resets as usize {
                     return Next::Escalate(
