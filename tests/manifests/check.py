@@ -602,6 +602,11 @@ GOLDEN_SLICES = {
     "a100-mig.json": ("resource.k8s.io/v1", ["1.34.0", "1.37.0"]),
     "mixed.json": ("resource.k8s.io/v1", ["1.34.0", "1.37.0"]),
     "mixed-v1beta1.json": ("resource.k8s.io/v1beta1", ["1.32.0", "1.33.0"]),
+    # Dynamic MIG: counter sets beside their devices (1.34), in slices of their own (1.35+).
+    "dgx-a100-dynamic-mig-1.34.json": ("resource.k8s.io/v1", ["1.34.0"]),
+    "dgx-h100-dynamic-mig-1.34.json": ("resource.k8s.io/v1", ["1.34.0"]),
+    "dgx-a100-dynamic-mig-1.36.json": ("resource.k8s.io/v1", ["1.36.0", "1.37.0"]),
+    "dgx-h100-dynamic-mig-1.36.json": ("resource.k8s.io/v1", ["1.36.0", "1.37.0"]),
 }
 
 
