@@ -62,6 +62,8 @@ struct Store {
     objects: HashMap<String, Value>,
     /// Requests left in this second under the server-wide limit, and which second.
     budget: Option<(u64, u32)>,
+    /// Writes taken that changed nothing (a patch, apply or replace of what was there).
+    unchanged_writes: u64,
 }
 
 /// One Node and its event log.
@@ -228,6 +230,11 @@ impl FleetApi {
         store.nodes.get(node)?.object["metadata"]["labels"][key]
             .as_str()
             .map(str::to_owned)
+    }
+
+    /// Writes taken so far that changed nothing: repeats of what the object held.
+    pub fn unchanged_writes(&self) -> u64 {
+        self.shared.store.lock().expect("store").unchanged_writes
     }
 
     /// How many ResourceSlices `node` has.
@@ -607,7 +614,9 @@ fn patch_node(store: &mut Store, name: &str, patch: &Value) -> Answer {
     merge(&mut node.object, patch);
     node.object["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
     if node.object == before {
-        return (StatusCode::OK, node.object.clone());
+        let answer = (StatusCode::OK, node.object.clone());
+        store.unchanged_writes += 1;
+        return answer;
     }
     store.version = version;
     node_changed(node, version);
@@ -647,7 +656,9 @@ fn apply_conditions(store: &mut Store, name: &str, applied: &Value) -> Answer {
         }
     }
     if conditions == before {
-        return (StatusCode::OK, node.object.clone());
+        let answer = (StatusCode::OK, node.object.clone());
+        store.unchanged_writes += 1;
+        return answer;
     }
     node.object["status"]["conditions"] = Value::Array(conditions);
     store.version = version;
@@ -696,6 +707,9 @@ fn write_slice(store: &mut Store, name: Option<&str>, mut object: Value) -> Answ
         }
         (Some(_), Some(_)) => "MODIFIED",
     };
+    if kind == "MODIFIED" && store.slices.get(&key) == Some(&object) {
+        store.unchanged_writes += 1;
+    }
     store.version += 1;
     object["metadata"]["resourceVersion"] = json!(store.version.to_string());
     store.slices.insert(key, object.clone());

@@ -66,6 +66,9 @@ pub struct Tally {
     pub per_second: Vec<u32>,
     /// Requests in each second of the run by (verb, resource): what made a busy second.
     pub calls_per_second: Vec<BTreeMap<(Verb, &'static str), u32>>,
+    /// Every request as (second of the run, node index, verb, resource), in order: who sent
+    /// what when, to tell a herd of nodes from one node's burst.
+    pub log: Vec<(u32, usize, Verb, &'static str)>,
 }
 
 impl Tally {
@@ -96,6 +99,7 @@ impl Tally {
                 .collect(),
             per_second: self.per_second.clone(),
             calls_per_second: self.calls_per_second.clone(),
+            log: self.log[earlier.log.len()..].to_vec(),
         }
     }
 
@@ -149,6 +153,18 @@ impl Tally {
             .unwrap_or_default();
         calls.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         calls
+    }
+
+    /// Per node, the seconds of the run it sent requests in from second `from` (inclusive)
+    /// to `to` (exclusive), with the requests in each.
+    pub fn node_seconds(&self, from: usize, to: usize) -> BTreeMap<usize, BTreeMap<u32, u32>> {
+        let mut out: BTreeMap<usize, BTreeMap<u32, u32>> = BTreeMap::new();
+        for &(at, node, _, _) in &self.log {
+            if (from..to).contains(&(at as usize)) {
+                *out.entry(node).or_default().entry(at).or_default() += 1;
+            }
+        }
+        out
     }
 
     /// Requests per second from second `from` (inclusive) to `to` (exclusive).
@@ -226,6 +242,8 @@ impl Counts {
         *tally.calls_per_second[second]
             .entry((verb, resource))
             .or_default() += 1;
+        let at = u32::try_from(second).unwrap_or(u32::MAX);
+        tally.log.push((at, node, verb, resource));
     }
 
     /// Bytes a watch sent.

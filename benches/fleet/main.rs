@@ -138,6 +138,7 @@ fn main() {
     let before = api.shared.counts.tally();
     let second = api.shared.counts.second() as usize;
     api.limit(fault_limit(nodes));
+    let unchanged_before = api.unchanged_writes();
     let fault_start = Instant::now();
     for node in &fleet {
         node.inject(&format!("xid 0 {FATAL_XID}"));
@@ -158,6 +159,7 @@ fn main() {
         injected,
         all.then_some(fault_converged),
         unhealthy(&api, &fleet, 1),
+        api.unchanged_writes() - unchanged_before,
     );
 
     // 3. Outage: the API server goes away; meanwhile a tenth of the nodes lose a second GPU;
@@ -172,6 +174,7 @@ fn main() {
     }
     std::thread::sleep(outage.saturating_sub(down.elapsed()));
     let before = api.shared.counts.tally();
+    let unchanged_before = api.unchanged_writes();
     api.start_again();
     let back = Instant::now();
     let back_second = api.shared.counts.second() as usize;
@@ -193,10 +196,13 @@ fn main() {
         outage,
         outage_done.then_some(outage_converged),
         &changed,
-        changed
-            .iter()
-            .filter(|&&i| !shows_unhealthy(&api, &fleet[i], 2))
-            .count(),
+        (
+            api.unchanged_writes() - unchanged_before,
+            changed
+                .iter()
+                .filter(|&&i| !shows_unhealthy(&api, &fleet[i], 2))
+                .count(),
+        ),
     );
 
     // 4. Rolling restart in batches of 10 %.

@@ -1,6 +1,7 @@
 //! The fleet's tables: each scenario's figures per node, extrapolated linearly to
 //! [`CLUSTER`] nodes, with the figure that would dominate there.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::api::FleetApi;
@@ -123,6 +124,7 @@ pub fn fault(
     injected: Duration,
     converged: Option<Duration>,
     showing: usize,
+    repeated: u64,
 ) -> Option<Duration> {
     let (requests, writes, _, _) = tally.totals();
     let (top, at) = peak(tally, from);
@@ -162,8 +164,8 @@ pub fn fault(
     let per_node = tally.writes_by_node(nodes);
     let most = per_node.iter().max().copied().unwrap_or(0);
     println!(
-        "  most writes by one node: {most}; dominant at 5000 nodes: the peak second ({:.0} \
-         req/s)",
+        "  most writes by one node: {most}; writes that changed nothing (repeated): {repeated}; \
+         dominant at 5000 nodes: the peak second ({:.0} req/s)",
         top as f64 * scale
     );
     converged
@@ -183,7 +185,8 @@ pub fn outage(
     length: Duration,
     converged: Option<Duration>,
     changed: &[usize],
-    lost: usize,
+    // Writes that changed nothing, and changes never written.
+    (repeated, lost): (u64, usize),
 ) -> Outage {
     let seconds = tally.seconds(from, from + 60);
     let (top, at) = seconds
@@ -222,6 +225,7 @@ pub fn outage(
         .map(|((verb, resource), n)| format!("{n} {} {resource}", verb.name()))
         .collect();
     println!("  the busiest second was: {}", made_of.join(", "));
+    herd_or_burst(tally, from, at, changed);
     let window: Vec<String> = tally
         .by_call()
         .iter()
@@ -239,20 +243,22 @@ pub fn outage(
         converged.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()))
     );
     let writers = tally.writes_by_node(nodes);
-    let repeated: u64 = writers
+    let by_changed: u64 = writers
         .iter()
         .enumerate()
-        .filter(|(i, _)| !changed.contains(i))
+        .filter(|(i, _)| changed.contains(i))
         .map(|(_, w)| *w)
         .sum();
     println!(
         "  in the window: {:.2} requests/node, {:.2} LISTs/node; writes {} (by the {} changed \
-         nodes {}, repeated by unchanged nodes {repeated}); changes lost: {lost}",
+         nodes {by_changed}, by the others {}: what else changed while the API server was \
+         away, such as the doctor's verdict); writes that changed nothing (repeated): \
+         {repeated}; changes lost: {lost}",
         requests as f64 / nodes as f64,
         lists as f64 / nodes as f64,
         writes,
         changed.len(),
-        writes - repeated,
+        writes - by_changed,
     );
     println!(
         "  dominant at 5000 nodes: the busiest second ({:.0} req/s)",
@@ -262,6 +268,65 @@ pub fn outage(
         peak_fraction: fraction,
         converged,
     }
+}
+
+/// Whether a busy second after the outage was many nodes or a few nodes' bursts: the nodes
+/// in the busiest second, and how one node's requests in the first minute fall into seconds.
+fn herd_or_burst(tally: &Tally, from: usize, at: usize, changed: &[usize]) {
+    let per_node = tally.node_seconds(from, from + 60);
+    let busiest = u32::try_from(from + at).unwrap_or(u32::MAX);
+    let in_busiest: Vec<u32> = per_node
+        .values()
+        .filter_map(|seconds| seconds.get(&busiest).copied())
+        .collect();
+    println!(
+        "  in it: {} nodes, {:.1} requests each",
+        in_busiest.len(),
+        f64::from(in_busiest.iter().sum::<u32>()) / in_busiest.len().max(1) as f64
+    );
+    for (label, of_changed) in [("unchanged", false), ("changed", true)] {
+        let nodes: Vec<&BTreeMap<u32, u32>> = per_node
+            .iter()
+            .filter(|(node, _)| changed.contains(node) == of_changed)
+            .map(|(_, seconds)| seconds)
+            .collect();
+        let requests = median(nodes.iter().map(|s| s.values().sum::<u32>()).collect());
+        let seconds = median(nodes.iter().map(|s| s.len() as u32).collect());
+        let top = median(
+            nodes
+                .iter()
+                .map(|s| s.values().copied().max().unwrap_or(0))
+                .collect(),
+        );
+        let mut calls: BTreeMap<(Verb, &str), u32> = BTreeMap::new();
+        for &(second, node, verb, resource) in &tally.log {
+            let in_window = (from..from + 60).contains(&(second as usize));
+            if in_window && changed.contains(&node) == of_changed {
+                *calls.entry((verb, resource)).or_default() += 1;
+            }
+        }
+        let calls: Vec<String> = calls
+            .iter()
+            .map(|((verb, resource), n)| {
+                format!(
+                    "{} {resource} {:.2}",
+                    verb.name(),
+                    f64::from(*n) / nodes.len().max(1) as f64
+                )
+            })
+            .collect();
+        println!(
+            "  {label} nodes: {requests} requests in {seconds} seconds, {top} in the node's \
+             busiest second (medians of {} nodes); each: {}",
+            nodes.len(),
+            calls.join(", ")
+        );
+    }
+}
+
+fn median(mut values: Vec<u32>) -> u32 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
 }
 
 /// Scenario 4: rolling restart.
