@@ -12,6 +12,11 @@
 //!   answer, the gate opens. A fleet whose API server comes back after an outage thus returns
 //!   spread over the whole window (full jitter, per process), instead of every subsystem of
 //!   every node arriving on its own retry schedule in the same few seconds.
+//! - A ramp: when the gate opens, the requests of the next [`RAMP_SHARE`]th of the last
+//!   window (4 s after a long outage) go at random points of it rather than at once. Every
+//!   subsystem of a process that waited at the gate (or paused until its probe) would
+//!   otherwise send in the probe's second: a few nodes arriving together made the busiest
+//!   second of a fleet's return, at several requests each.
 //! - [`spread`]: the random factor (up to one and a half) callers' retry pauses are lengthened
 //!   by ([`super::ApiError::paced`]), so a fleet's subsystems that failed together retry apart;
 //!   and [`retry_by`]: while the gate is closed no caller pauses past its process's next probe,
@@ -32,6 +37,10 @@ use crate::backoff;
 pub const GATE_START: Duration = Duration::from_secs(1);
 /// The widest window: after a long outage, a fleet's processes come back spread over this.
 pub const GATE_MAX: Duration = Duration::from_secs(64);
+/// The ramp after the gate opens is this share of the window the successful probe was drawn
+/// from: 4 s after a long outage (a node's calls spread over seconds, not in one), 62 ms
+/// after a blip (nothing a caller notices).
+pub const RAMP_SHARE: u32 = 16;
 
 /// The client-side limits of one process.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -100,6 +109,8 @@ struct State {
     tokens: f64,
     refilled: Instant,
     gate: Gate,
+    /// Until when requests are spread after the gate opened.
+    ramp_until: Option<Instant>,
     seed: u64,
 }
 
@@ -111,6 +122,12 @@ pub const AFTER_PROBE: Duration = Duration::from_millis(250);
 /// after the next probe ([`Pacer::retry_by`]). `None` while the gate is open.
 pub fn retry_by() -> Option<Duration> {
     pacer().retry_by(Instant::now())
+}
+
+/// Whether this process found the API server unreachable at its last try (its gate is
+/// closed): a periodic check that fails so waits for its next turn rather than retrying.
+pub fn unreachable() -> bool {
+    retry_by().is_some()
 }
 
 /// A factor drawn uniformly from `[1, 1.5)` for this process's retry pauses: never shorter
@@ -150,6 +167,7 @@ impl Pacer {
                 tokens: f64::from(limits.burst),
                 refilled: Instant::now(),
                 gate: Gate::Open,
+                ramp_until: None,
                 seed: seed | 1,
             }),
             opened: Notify::new(),
@@ -160,9 +178,16 @@ impl Pacer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits until the gate lets this request through, then for its token.
+    /// Waits until the gate lets this request through, for its place in the ramp if the
+    /// gate just opened, then for its token.
     pub async fn admit(&self) -> Pass {
         let pass = self.through_gate().await;
+        if pass == Pass::Open {
+            let ramp = self.ramp_wait(Instant::now());
+            if !ramp.is_zero() {
+                tokio::time::sleep(ramp).await;
+            }
+        }
         let wait = self.take_token(Instant::now());
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
@@ -202,6 +227,19 @@ impl Pacer {
         }
     }
 
+    /// How long a request that passed the open gate at `now` waits: a random part of what
+    /// is left of the ramp, so the requests arriving in it go at points spread over it.
+    pub fn ramp_wait(&self, now: Instant) -> Duration {
+        let mut state = self.lock();
+        match state.ramp_until {
+            Some(until) if until > now => backoff::spread(&mut state.seed, until - now),
+            _ => {
+                state.ramp_until = None;
+                Duration::ZERO
+            }
+        }
+    }
+
     /// Takes a token at `now`; how long the request must wait for it.
     pub fn take_token(&self, now: Instant) -> Duration {
         let mut state = self.lock();
@@ -222,8 +260,9 @@ impl Pacer {
         let now = Instant::now();
         match (state.gate, reached) {
             (Gate::Open, true) => {}
-            (Gate::Closed { .. }, true) => {
+            (Gate::Closed { window, .. }, true) => {
                 state.gate = Gate::Open;
+                state.ramp_until = Some(now + window / RAMP_SHARE);
                 drop(state);
                 self.opened.notify_waiters();
             }
@@ -448,6 +487,36 @@ mod tests {
         assert_eq!(pacer.retry_by(probe_at + GATE_MAX), Some(AFTER_PROBE));
         pacer.reached(Pass::Probe, true);
         assert_eq!(pacer.retry_by(now), None);
+    }
+
+    #[test]
+    fn requests_right_after_the_gate_opens_go_spread_over_the_ramp() {
+        let pacer = pacer(5.0, 10);
+        assert_eq!(pacer.ramp_wait(Instant::now()), Duration::ZERO);
+        pacer.reached(Pass::Open, false);
+        for _ in 0..7 {
+            pacer.reached(Pass::Probe, false);
+        }
+        pacer.reached(Pass::Probe, true);
+        let opened = Instant::now();
+        let ramp = GATE_MAX / RAMP_SHARE;
+        let waits: Vec<Duration> = (0..50).map(|_| pacer.ramp_wait(opened)).collect();
+        assert!(waits.iter().all(|w| *w < ramp), "{waits:?}");
+        let (early, late) = (ramp / 4, ramp * 3 / 4);
+        assert!(
+            waits.iter().any(|w| *w < early) && waits.iter().any(|w| *w > late),
+            "not spread over the ramp: {waits:?}"
+        );
+        // Late in the ramp only what is left of it; after it, nothing.
+        assert!(
+            pacer.ramp_wait(opened + ramp - Duration::from_millis(10)) < Duration::from_millis(10)
+        );
+        assert_eq!(pacer.ramp_wait(opened + ramp), Duration::ZERO);
+        // A gate that opens after a blip has a ramp nobody notices.
+        pacer.reached(Pass::Open, false);
+        pacer.reached(Pass::Probe, true);
+        let blip = Instant::now();
+        assert!(pacer.ramp_wait(blip) < GATE_START / RAMP_SHARE);
     }
 
     #[test]
