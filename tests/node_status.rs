@@ -1077,3 +1077,99 @@ fn a_steady_node_is_read_at_each_resync_and_written_only_when_the_node_lost_some
     condition_when(&api, "GPUHealthy", status_is("True"));
     assert_eq!(applies(), written + 1);
 }
+
+#[test]
+fn a_resync_that_cannot_reach_the_api_server_waits_for_its_next_turn() {
+    let node = Node::new("pcie-4gpu");
+    let api = FakeApi::start(json!({}));
+    let gpud = node_status(&node, &api, &["--node-status-resync", "3s"]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    let applies = || api.state.lock().unwrap().status_applies.len();
+    let written = applies();
+    // From now on every read of the Node loses its connection: the resyncs (a read, nothing
+    // to write) find the API server unreachable.
+    let node_path = "/api/v1/nodes/test-node";
+    let rule = api.refuse(Rule::exact("GET", node_path, Fault::Drop));
+    let dropped = || -> Vec<fake_api::Recorded> {
+        api.requests_to("GET", node_path)
+            .into_iter()
+            .filter(|r| r.status == 0)
+            .collect()
+    };
+    let failed = wait_for(20, "two resyncs that lost their connection", || {
+        let failed = dropped();
+        (failed.len() >= 2).then_some(failed)
+    });
+    // The second is the next turn, a resync later: not a retry on the backoff (0.5 s and
+    // up) or right after the process's next probe (within about a second), which after an
+    // outage would bring every node whose resync fell in it back at once.
+    let gap = failed[1].at - failed[0].at;
+    eprintln!("unreachable resyncs {gap:?} apart");
+    assert!(gap >= Duration::from_millis(2900), "{gap:?}");
+    assert_eq!(api.refused_by(rule), failed.len() as u32);
+    let log = gpud.stderr();
+    assert!(
+        log.contains("Cannot check the node status on the Node; checking again on the next turn"),
+        "{log}"
+    );
+    assert!(!log.contains("Node status not written"), "{log}");
+
+    // Back: the next turn reads the Node and, nothing being lost, writes nothing.
+    api.allow_all();
+    wait_for(20, "a resync answered", || {
+        api.requests_to("GET", node_path)
+            .iter()
+            .any(|r| r.status == 200 && r.at > failed[1].at)
+            .then_some(())
+    });
+    assert_eq!(applies(), written);
+}
+
+#[test]
+fn a_change_after_the_first_write_is_one_apply_without_a_read_and_keeps_the_transition_time() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let _gpud = node_status(&node, &api, &[]);
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    let applies_since = |since: Instant| {
+        api.state
+            .lock()
+            .unwrap()
+            .status_applies
+            .iter()
+            .filter(|(at, _, _)| *at >= since)
+            .count()
+    };
+    let since = Instant::now();
+    let failed = inject_until(&node, "xid 3 79", || {
+        api.condition("GPUHealthy").filter(status_is("False"))
+    });
+    node.inject("lost 3");
+    let lost = condition_when(&api, "GPUHealthy", |c| {
+        c["status"] == "False" && c["message"].as_str().unwrap().contains("GPU is lost")
+    });
+    // The same status with a new message keeps the time the status last changed.
+    assert_eq!(lost["lastTransitionTime"], failed["lastTransitionTime"]);
+    // Two changes, two applies, and no read of the Node: gpud knew what it had written, and
+    // a fleet whose nodes all see one fault sends one request per node and change, not two.
+    assert_eq!(applies_since(since), 2);
+    let reads = || -> Vec<fake_api::Recorded> {
+        node_requests(&api, since)
+            .into_iter()
+            .filter(|r| r.method == "GET")
+            .collect()
+    };
+    assert!(reads().is_empty(), "{:?}", reads());
+
+    // An apply that loses its connection is retried as an apply alone: gpud still knows
+    // what it wrote before.
+    let status_path = "/api/v1/nodes/test-node/status";
+    let rule = api.refuse(Rule::exact("PATCH", status_path, Fault::Drop).times(1));
+    node.inject("recover 3");
+    let back = condition_when(&api, "GPUHealthy", status_is("True"));
+    assert_eq!(api.refused_by(rule), 1);
+    assert_eq!(back["message"], HEALTHY);
+    assert!(reads().is_empty(), "{:?}", reads());
+    // Answered: the two before and the retry (the dropped one is not recorded).
+    assert_eq!(applies_since(since), 3);
+}

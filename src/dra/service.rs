@@ -317,12 +317,14 @@ async fn publish_loop(
     let mut snapshots = inventory.subscribe();
     let mut backoff = Backoff::capped(seed, RETRY_MAX);
     let mut last_error: Option<String> = None;
+    // Whether this publish is the periodic resync: nothing asked for it but the clock.
+    let mut resync = false;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         // A few symlinks per GPU, read again with each inventory change (a GPU back after a
         // reset may sit elsewhere).
         let topology = topology::read(sysfs_root, &snapshot);
-        let wait = match publish(
+        let (wait, turn) = match publish(
             &mut publisher,
             (&snapshot, driver, &topology),
             partitioned,
@@ -335,7 +337,14 @@ async fn publish_loop(
                     warn!("ResourceSlices published again");
                 }
                 backoff.reset();
-                RESYNC
+                (RESYNC, true)
+            }
+            // A resync that cannot reach the API server waits for its next turn: retried, it
+            // would come back with every other node whose resync fell in the same outage. A
+            // slice changed meanwhile reaches the slice watch when it resumes.
+            Err(ResourceApiError::Call(err)) if resync && crate::kube::pace::unreachable() => {
+                info!(error = %logging::error_chain(&err), after = ?RESYNC, "Cannot check the node's ResourceSlices; checking again on the next turn");
+                (RESYNC, true)
             }
             Err(err) => {
                 let text = logging::error_chain(&err);
@@ -344,18 +353,20 @@ async fn publish_loop(
                     last_error = Some(text);
                 }
                 let delay = backoff.next_delay();
-                match &err {
+                let wait = match &err {
                     ResourceApiError::Call(call) => call.paced(delay),
                     ResourceApiError::NotServed { .. } => delay,
-                }
+                };
+                (wait, false)
             }
         };
+        resync = false;
         tokio::select! {
             () = cancel.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
             () = registered.notified() => {}
             () = slice_events.notified() => {}
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(wait) => resync = turn,
         }
     }
 }

@@ -178,7 +178,8 @@ struct ApiState {
     pending: Option<Labels>,
     retry_at: Option<Instant>,
     backoff: Backoff,
-    /// The labels last found on (or written to) the object, and when.
+    /// The labels last found on (or written to) the object, and when that was checked (or
+    /// the check found the API server unreachable: it waits for its next turn).
     confirmed: Option<(Labels, Instant)>,
 }
 
@@ -236,6 +237,22 @@ impl ApiState {
                 self.backoff.reset();
                 self.confirmed = Some((wanted, Instant::now()));
                 Ok(())
+            }
+            // A recheck of labels already confirmed that cannot reach the API server waits
+            // for its next turn, as a kubelet's status report does: retried, it would come
+            // back with every other node whose recheck fell in the same outage.
+            Err(err)
+                if crate::kube::pace::unreachable()
+                    && self
+                        .confirmed
+                        .as_ref()
+                        .is_some_and(|(held, _)| *held == wanted) =>
+            {
+                info!(error = %crate::logging::error_chain(&err), after = ?API_RECHECK, "Cannot check the labels on {}; checking again on the next turn", self.sink.target());
+                self.pending = None;
+                self.retry_at = None;
+                self.confirmed = Some((wanted, Instant::now()));
+                Err(err)
             }
             Err(err) => {
                 let delay = err.paced(self.backoff.next_delay());

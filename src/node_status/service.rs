@@ -193,6 +193,8 @@ impl Subsystem for NodeStatus {
         let mut backoff = Backoff::capped(backoff::seed_from(&self.node), settings.retry_max);
         let mut outbox = Outbox::new(Instant::now().into_std());
         let mut uid: Option<String> = None;
+        // The conditions this process last wrote, while nothing since says they may differ.
+        let mut written: Option<Transitions> = None;
         let mut next_attempt = Instant::now();
         // Whether the last attempt lost a race for the taints (409) and was retried at once.
         let mut reread = false;
@@ -211,13 +213,19 @@ impl Subsystem for NodeStatus {
             };
             let due = wrote.as_ref() != Some(&want) || now >= resync_at;
             let pending = due || !outbox.is_empty() || !answered;
+            // Only the resync: nothing changed and nothing to send.
+            let check_only = answered && outbox.is_empty() && wrote.as_ref() == Some(&want);
             if now >= next_attempt && pending {
                 let attempt = async {
                     if due {
                         // A resync with nothing changed, or the first write of a process
                         // (a restart), writes only what the Node does not show already.
                         let resync = wrote.as_ref().is_none_or(|w| w == &want);
-                        uid = write(&api, &want, settings.taints.any(), resync).await?;
+                        let how = How {
+                            taints_on: settings.taints.any(),
+                            resync,
+                        };
+                        uid = write(&api, &want, how, uid.clone(), &mut written).await?;
                     } else if !answered {
                         uid = api.read().await?.uid;
                     }
@@ -245,6 +253,18 @@ impl Subsystem for NodeStatus {
                         info!(error = %crate::logging::error_chain(&err), "The Node changed while gpud wrote its taints; reading it again");
                         reread = true;
                         next_attempt = Instant::now();
+                    }
+                    // A resync that cannot reach the API server waits for its next turn, as
+                    // the kubelet's status report does: retried, it would come back with every
+                    // other node whose resync fell in the same outage.
+                    Err(err) if check_only && crate::kube::pace::unreachable() => {
+                        api_ready.failed(&crate::logging::error_chain(&err));
+                        info!(error = %crate::logging::error_chain(&err), after = ?settings.resync, "Cannot check the node status on the Node; checking again on the next turn");
+                        resync_at = Instant::now() + settings.resync;
+                        handing
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .resync_at = resync_at.into_std();
                     }
                     Err(err) => {
                         api_ready.failed(&crate::logging::error_chain(&err));
@@ -309,65 +329,91 @@ async fn next_report(
     }
 }
 
-/// One write of the whole desired state from a fresh read: gpud's taints first (the read's
-/// resourceVersion guards them), then the conditions. Returns the Node's uid for events.
+/// Each of gpud's conditions as last written: its status and transition time.
+type Transitions = BTreeMap<String, (Status, String)>;
+
+/// How a write goes: whether taints are gpud's to write (they need the Node's version), and
+/// whether it is a resync (nothing changed: write only what the Node lost).
+#[derive(Debug, Clone, Copy)]
+struct How {
+    taints_on: bool,
+    resync: bool,
+}
+
+/// Writes `want` to the Node; the Node's uid after it (`uid` is the one known before).
 ///
-/// A `resync` (nothing changed since the last write, or nothing written yet by this process)
-/// writes nothing when the Node still shows all of it: re-applying identical conditions only to move `lastHeartbeatTime` would cost
-/// every node a write per resync, which a large cluster's API server pays for all of them.
+/// A resync, a process's first write and any write with taints read the Node first: what it
+/// shows decides what to write. A change of conditions alone, with the conditions this
+/// process wrote last in hand (`written`), is written without the read: their transition
+/// times are known, and a fleet whose nodes all see one fault (or whose API server comes
+/// back) sends one request per node, not two. A write that failed leaves them as they were:
+/// had it landed after all, the next write only puts back the transition time it replaced.
 async fn write(
     api: &NodeClient,
     want: &Wrote,
-    taints_on: bool,
-    resync: bool,
+    how: How,
+    uid: Option<String>,
+    written: &mut Option<Transitions>,
 ) -> Result<Option<String>, ApiError> {
-    let view = api.read().await?;
     let now = SystemTime::now();
-    if resync && shows(&view, want, taints_on) {
-        return Ok(view.uid);
-    }
-    if taints_on {
-        let added = Time(
-            k8s_openapi::jiff::Timestamp::try_from(now)
-                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-        );
-        if let Some(next) = taints::plan(&view.taints, &want.taints, &added) {
-            api.replace_taints(&next, view.resource_version.as_deref())
-                .await?;
+    let (uid, seen) = match written.as_ref() {
+        Some(known) if !how.resync && !how.taints_on && uid.is_some() => (uid, known.clone()),
+        _ => {
+            let view = api.read().await?;
+            if how.resync && shows(&view, want, how.taints_on) {
+                *written = Some(transitions_on(&view));
+                return Ok(view.uid);
+            }
+            if how.taints_on {
+                let added = Time(
+                    k8s_openapi::jiff::Timestamp::try_from(now)
+                        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                );
+                if let Some(next) = taints::plan(&view.taints, &want.taints, &added) {
+                    api.replace_taints(&next, view.resource_version.as_deref())
+                        .await?;
+                }
+            }
+            (view.uid.clone(), transitions_on(&view))
         }
-    }
+    };
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let transitions: Vec<String> = want
+    // The transition time survives restarts and rewrites: kept while the status on the Node
+    // is the one being written.
+    let next: Transitions = want
         .conditions
         .iter()
         .map(|condition| {
-            // The transition time survives restarts: kept while the status on the Node is the
-            // one being written.
-            let kept = view
-                .conditions
-                .iter()
-                .find(|(kind, status, _)| {
-                    kind == condition.kind && Status::parse(status) == condition.status
-                })
-                .and_then(|(_, _, at)| at.clone());
-            kept.unwrap_or_else(|| stamp.clone())
+            let transition = seen
+                .get(condition.kind)
+                .filter(|(status, _)| *status == condition.status)
+                .map_or_else(|| stamp.clone(), |(_, at)| at.clone());
+            (condition.kind.to_owned(), (condition.status, transition))
         })
         .collect();
     let records: Vec<ConditionRecord<'_>> = want
         .conditions
         .iter()
-        .zip(&transitions)
-        .map(|(condition, transition)| ConditionRecord {
+        .map(|condition| ConditionRecord {
             kind: condition.kind,
             status: condition.status.as_str(),
             reason: condition.reason,
             message: &condition.message,
-            transition,
+            transition: next.get(condition.kind).map_or(&stamp, |(_, at)| at),
             heartbeat: &stamp,
         })
         .collect();
     api.apply_conditions(&records).await?;
-    Ok(view.uid)
+    *written = Some(next);
+    Ok(uid)
+}
+
+/// gpud's conditions as `view` shows them, with their transition times.
+fn transitions_on(view: &NodeView) -> Transitions {
+    view.conditions
+        .iter()
+        .filter_map(|(kind, status, at)| Some((kind.clone(), (Status::parse(status), at.clone()?))))
+        .collect()
 }
 
 /// Whether the Node in `view` already shows `want`: every condition with its status, reason
