@@ -137,6 +137,7 @@ fn asserts(node: &Node, label: &str) -> bool {
 fn label_goes_pending_then_success_and_follows_changes() {
     let node = Node::new("a100-mig");
     let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let started = Instant::now();
     let mut reconciler = start(&node, &api);
     wait_until(60, "success", || state(&api).as_deref() == Some("success"));
     assert_eq!(states(&api), ["pending", "success"]);
@@ -148,16 +149,43 @@ fn label_goes_pending_then_success_and_follows_changes() {
     assert_eq!(states(&api), ["pending", "success", "pending", "success"]);
     assert!(asserts(&node, "all-3g.40gb"));
 
-    // An unchanged label and an already applied config write nothing more: once the
-    // reconciler watches from the changed Node's version, it has seen the change (in the
-    // watch's event, or by a read) and decided.
-    let changed = Instant::now();
-    api.set_label("example.com/other", Some("x"));
+    // A change to the Node that leaves its MIG config label as it was (another label, as the
+    // labeller or the node status write) keeps the watch open: no new watch from that
+    // change's version, no read, nothing written. The next change of the label comes on the
+    // same watch.
     let version = api.state.lock().unwrap().node_version;
-    wait_until(20, "a watch from the changed Node's version", || {
-        watched_from(&api, changed, version)
+    wait_until(20, "a watch from the applied Node's version", || {
+        watched_from(&api, started, version)
     });
-    assert_eq!(states(&api).len(), 4);
+    let reads = api.requests_to("GET", "/api/v1/nodes/test-node").len();
+    let sent = api.state.lock().unwrap().node_events_sent;
+    api.set_label("example.com/other", Some("x"));
+    let unrelated = api.state.lock().unwrap().node_version;
+    wait_until(20, "the change on the open watch", || {
+        api.state.lock().unwrap().node_events_sent > sent
+    });
+    api.set_label(CONFIG_LABEL, Some("all-1g.10gb"));
+    wait_until(60, "the third success", || states(&api).len() == 6);
+    assert_eq!(
+        states(&api),
+        [
+            "pending", "success", "pending", "success", "pending", "success"
+        ]
+    );
+    let from_unrelated = api
+        .requests_to("GET", "/api/v1/nodes?")
+        .iter()
+        .filter(|r| {
+            r.path.contains(&format!("resourceVersion={unrelated}&"))
+                || r.path.ends_with(&format!("resourceVersion={unrelated}"))
+        })
+        .count();
+    assert_eq!(
+        from_unrelated, 0,
+        "a new watch after a change that did not matter"
+    );
+    // The read after the third apply (it starts from the Node as it is) is the only one.
+    assert!(api.requests_to("GET", "/api/v1/nodes/test-node").len() <= reads + 1);
 
     common::send_signal(&reconciler.0, "TERM");
     assert_eq!(reconciler.0.wait().unwrap().code(), Some(0));
@@ -509,7 +537,7 @@ fn a_node_watch_dropped_for_another_reason_resumes_from_its_version_without_a_re
             .query("watch=true")
             .times(2),
     );
-    api.set_label("unrelated", Some("touch"));
+    api.end_node_watches();
     wait_until(30, "a watch after the two dropped", || {
         api.refused_by(rule) == 2 && api.requests_to("GET", "/api/v1/nodes?").len() >= watches + 3
     });

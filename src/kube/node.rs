@@ -238,12 +238,20 @@ impl NodeClient {
         .map(drop)
     }
 
-    /// Waits until the Node changes after `version`, or `limit` passes, or the API server
-    /// ends the watch (which it may do at any time). A change comes with the Node as the
-    /// watch sent it, so the caller need not read it again; a quiet end comes with the
-    /// version to watch from next (bookmarks move it on while other objects change), so a
-    /// watch renewed every few minutes costs one request and no read.
-    pub async fn changed(&self, version: &str, limit: Duration) -> Result<Watched, ApiError> {
+    /// Waits until the Node changes after `version` in a way `matters` says the caller
+    /// cares about, or `limit` passes, or the API server ends the watch (which it may do at
+    /// any time). A change comes with the Node as the watch sent it, so the caller need not
+    /// read it again; a quiet end comes with the version to watch from next (bookmarks and
+    /// the changes that did not matter move it on), so a watch renewed every few minutes
+    /// costs one request and no read. A change that does not matter (another part of gpud
+    /// writing conditions or labels) keeps the watch open: ending it would cost a new watch
+    /// per write to the Node, on every node of a fleet at once when they all see one fault.
+    pub async fn changed(
+        &self,
+        version: &str,
+        limit: Duration,
+        matters: impl Fn(&Node) -> bool,
+    ) -> Result<Watched, ApiError> {
         let seconds = u32::try_from(limit.as_secs().clamp(1, 290)).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.node))
@@ -272,6 +280,13 @@ impl NodeClient {
                 }
                 Ok(Some(Ok(WatchEvent::Bookmark(bookmark)))) => {
                     at = bookmark.metadata.resource_version;
+                }
+                Ok(Some(Ok(WatchEvent::Added(node) | WatchEvent::Modified(node))))
+                    if !matters(&node) =>
+                {
+                    if let Some(version) = node.metadata.resource_version {
+                        at = version;
+                    }
                 }
                 Ok(Some(Ok(
                     WatchEvent::Added(node)

@@ -85,6 +85,10 @@ pub struct ApiState {
     pub node_changed: Arc<tokio::sync::Notify>,
     /// Node watches opened.
     pub watches: u32,
+    /// Node events sent on watches.
+    pub node_events_sent: u32,
+    /// Bumped to end every open Node watch, as an API server restarting does.
+    pub node_watch_epoch: u64,
     /// ResourceSlices by name.
     pub slices: BTreeMap<String, Value>,
     /// Every change of a ResourceSlice: (resourceVersion, watch event), in order.
@@ -797,37 +801,60 @@ async fn patch_node(
     Ok(axum::Json(state.node.clone()))
 }
 
-/// `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=…&resourceVersion=V`: answers
-/// one `MODIFIED` event as soon as the Node is newer than `V` (at once if it already is), or
-/// ends the watch empty after its timeout, as an API server may.
-async fn watch_nodes(State(s): State<Shared>, uri: axum::http::Uri) -> Result<String, StatusCode> {
+/// `GET /api/v1/nodes?watch=true&fieldSelector=metadata.name=…&resourceVersion=V`: the
+/// headers at once (a real API server answers a watch before anything changes), then a
+/// `MODIFIED` event with the Node whenever it is newer than the last sent (at once if it
+/// already is newer than `V`; changes in between are folded into one), until the watch's
+/// timeout or [`FakeApi::end_node_watches`].
+#[allow(clippy::disallowed_methods)] // a fake peer, not a gpud subsystem: no span to keep
+async fn watch_nodes(
+    State(s): State<Shared>,
+    uri: axum::http::Uri,
+) -> Result<axum::response::Response, StatusCode> {
     let query = query(&uri);
-    let (from, timeout) = watch_window(&query);
-    let changed = {
+    let (mut sent, timeout) = watch_window(&query);
+    let (changed, epoch) = {
         let mut state = s.lock().unwrap();
         gate(&mut state)?;
         if query.get("watch").map(String::as_str) != Some("true") {
             return Err(StatusCode::BAD_REQUEST);
         }
         state.watches += 1;
-        Arc::clone(&state.node_changed)
+        (Arc::clone(&state.node_changed), state.node_watch_epoch)
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-    loop {
-        let notified = changed.notified();
-        let mut notified = std::pin::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let state = s.lock().unwrap();
-            if state.node_version > from {
-                let event = json!({"type": "MODIFIED", "object": state.node});
-                return Ok(format!("{event}\n"));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(8);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        loop {
+            let notified = changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            let event = {
+                let mut state = s.lock().unwrap();
+                if state.node_watch_epoch != epoch {
+                    return;
+                }
+                let newer = state.node_version > sent;
+                if newer {
+                    sent = state.node_version;
+                    state.node_events_sent += 1;
+                }
+                newer.then(|| json!({"type": "MODIFIED", "object": state.node}))
+            };
+            if let Some(event) = event {
+                if tx.send(Ok(format!("{event}\n"))).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                () = tx.closed() => return,
+                woken = tokio::time::timeout_at(deadline, notified) => if woken.is_err() { return },
             }
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            return Ok(String::new());
-        }
-    }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(axum::response::Response::new(body))
 }
 
 /// A list of the `objects` that `selector` picks, at resourceVersion `version`.
@@ -1616,6 +1643,14 @@ impl FakeApi {
         )
         .unwrap();
         path
+    }
+
+    /// Ends every open Node watch, as an API server does when it restarts: watchers watch
+    /// again from the last version they saw.
+    pub fn end_node_watches(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.node_watch_epoch += 1;
+        state.node_changed.notify_waiters();
     }
 
     /// Sets (or with `None` removes) a label of the Node, as a cluster admin would.

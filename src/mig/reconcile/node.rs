@@ -57,14 +57,35 @@ pub async fn read(client: &NodeClient) -> Result<View, ApiError> {
 
 /// The reconciler's view of `node` (as read, or as a watch sent it).
 pub fn view_of(node: k8s_openapi::api::core::v1::Node) -> View {
+    let wanted = wanted_of(&node);
     let labels = node.metadata.labels.unwrap_or_default();
     let annotations = node.metadata.annotations.unwrap_or_default();
     View {
-        wanted: labels.get(CONFIG_LABEL).filter(|v| !v.is_empty()).cloned(),
+        wanted,
         state: labels.get(STATE_LABEL).cloned(),
         reason: annotations.get(REASON_ANNOTATION).cloned(),
         version: node.metadata.resource_version.unwrap_or_default(),
     }
+}
+
+/// The MIG config `node`'s label asks for (an empty label asks for none).
+fn wanted_of(node: &k8s_openapi::api::core::v1::Node) -> Option<String> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(CONFIG_LABEL)
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
+
+/// Whether a Node a watch sent matters to the reconciler: it asks for another config than
+/// `known`, the one last seen (`None`: none seen yet, so anything matters). Conditions,
+/// other labels and the reconciler's own state reports do not.
+pub fn asks_otherwise(
+    known: Option<&Option<String>>,
+    node: &k8s_openapi::api::core::v1::Node,
+) -> bool {
+    known.is_none_or(|known| wanted_of(node) != *known)
 }
 
 /// Writes `state` and `reason` on the Node.

@@ -370,6 +370,9 @@ impl Reconciler {
         let mut watched: Option<Watched> = None;
         // When a failed config is retried, if the Node still asks for it.
         let mut retry_due: Option<Instant> = None;
+        // The config the Node last asked for: a watch goes on through changes to the Node
+        // that leave it as it was.
+        let mut known: Option<Option<String>> = None;
         loop {
             let read = match watched.take() {
                 Some(Watched::Changed(object)) => Ok(node::view_of(*object)),
@@ -385,7 +388,7 @@ impl Reconciler {
                     } else {
                         let waited = tokio::select! {
                             () = cancel.cancelled() => return Ok(()),
-                            waited = client.changed(&version, limit.min(WATCH_MAX)) => waited,
+                            waited = client.changed(&version, limit.min(WATCH_MAX), |n| node::asks_otherwise(known.as_ref(), n)) => waited,
                         };
                         match self
                             .after_watch(waited, &version, &mut watch_backoff, &cancel)
@@ -432,6 +435,7 @@ impl Reconciler {
                 }
             };
             backoff.reset();
+            known = Some(view.wanted.clone());
             let due = view.wanted.as_ref().filter(|label| {
                 done.as_ref() != Some(*label)
                     && retry
@@ -472,7 +476,7 @@ impl Reconciler {
                 .min(WATCH_MAX);
             let waited = tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
-                waited = client.changed(&view.version, limit) => waited,
+                waited = client.changed(&view.version, limit, |n| node::asks_otherwise(known.as_ref(), n)) => waited,
             };
             watched = self
                 .after_watch(waited, &view.version, &mut watch_backoff, &cancel)
