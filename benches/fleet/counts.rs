@@ -64,8 +64,6 @@ pub struct Tally {
     pub bare_lists: Vec<u64>,
     /// Requests in each second of the run.
     pub per_second: Vec<u32>,
-    /// Requests in each second of the run by (verb, resource): what made a busy second.
-    pub calls_per_second: Vec<BTreeMap<(Verb, &'static str), u32>>,
     /// Every request as (second of the run, node index, verb, resource), in order: who sent
     /// what when, to tell a herd of nodes from one node's burst.
     pub log: Vec<(u32, usize, Verb, &'static str)>,
@@ -98,7 +96,6 @@ impl Tally {
                 .map(|(a, b)| a - b)
                 .collect(),
             per_second: self.per_second.clone(),
-            calls_per_second: self.calls_per_second.clone(),
             log: self.log[earlier.log.len()..].to_vec(),
         }
     }
@@ -144,13 +141,16 @@ impl Tally {
         out
     }
 
-    /// The requests of second `at` by (verb, resource), most first.
+    /// The requests of second `at` (within this tally's log) by (verb, resource), most
+    /// first: what made a busy second.
     pub fn calls_in(&self, at: usize) -> Vec<((Verb, &'static str), u32)> {
-        let mut calls: Vec<_> = self
-            .calls_per_second
-            .get(at)
-            .map(|c| c.iter().map(|(k, n)| (*k, *n)).collect())
-            .unwrap_or_default();
+        let mut by_call: BTreeMap<(Verb, &'static str), u32> = BTreeMap::new();
+        for &(second, _, verb, resource) in &self.log {
+            if second as usize == at {
+                *by_call.entry((verb, resource)).or_default() += 1;
+            }
+        }
+        let mut calls: Vec<_> = by_call.into_iter().collect();
         calls.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         calls
     }
@@ -236,12 +236,8 @@ impl Counts {
         *tally.codes.entry(code).or_default() += 1;
         if tally.per_second.len() <= second {
             tally.per_second.resize(second + 1, 0);
-            tally.calls_per_second.resize(second + 1, BTreeMap::new());
         }
         tally.per_second[second] += 1;
-        *tally.calls_per_second[second]
-            .entry((verb, resource))
-            .or_default() += 1;
         let at = u32::try_from(second).unwrap_or(u32::MAX);
         tally.log.push((at, node, verb, resource));
     }
