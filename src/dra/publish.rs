@@ -57,6 +57,8 @@ pub struct Publisher {
     /// The resourceVersion the watch resumes from: the last list's or event's, shared with
     /// the clone that watches; `None` until the first list, and after a failed watch.
     seen: Arc<Mutex<Option<String>>>,
+    /// How many lists have been answered, so the watch can wait for one to resume from.
+    listed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -84,6 +86,7 @@ impl Publisher {
             node: node.to_owned(),
             generation: 0,
             seen: Arc::new(Mutex::new(None)),
+            listed: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -117,6 +120,11 @@ impl Publisher {
         self.seen().is_some()
     }
 
+    /// Follows how many lists have been answered (see [`Publisher::resumable`]).
+    pub fn lists(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.listed.subscribe()
+    }
+
     fn seen(&self) -> std::sync::MutexGuard<'_, Option<String>> {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -138,6 +146,8 @@ impl Publisher {
         if let Some(at) = list.metadata.resource_version.clone().filter(|v| v != "0") {
             self.seen().get_or_insert(at);
         }
+        self.listed
+            .send_modify(|lists| *lists = lists.wrapping_add(1));
         let out: Vec<Existing> = list
             .items
             .into_iter()
@@ -246,8 +256,8 @@ impl Publisher {
             api.watch(&params, from.as_deref().unwrap_or("0")),
         )
         .await?;
-        // Without a version to resume from, a slice deleted while no watch was open sends
-        // this watch no event: the publisher lists again once the watch is open.
+        // Opened from "0" (a list that named no version), a slice deleted between that list
+        // and this watch sends it no event: the publisher lists again now the watch is open.
         if from.is_none() {
             changed.notify_one();
         }

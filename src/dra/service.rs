@@ -243,6 +243,11 @@ fn checkpoint_event(message: String) -> NodeEvent {
 
 /// Keeps a watch on the node's slices open, waking `events` on each event; reopens it after
 /// a pause when it fails.
+///
+/// A watch opens only from a version a list or an earlier watch saw: one from "0" would
+/// replay every slice, and one opened while the first list is still under way could not
+/// resume after a break. Without such a version (at start, after 410 Gone) it waits for the
+/// publisher's next list, asking for one unless the start's is already coming.
 async fn watch_slices(
     publisher: Publisher,
     events: Arc<Notify>,
@@ -250,24 +255,38 @@ async fn watch_slices(
     cancel: CancellationToken,
 ) {
     let mut backoff = Backoff::capped(seed, RETRY_MAX);
+    let mut lists = publisher.lists();
+    let mut listed_before = 0;
     loop {
-        tokio::select! {
+        if !publisher.resumable() {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                listed = lists.wait_for(|&lists| lists > listed_before) => if listed.is_err() { return },
+            }
+        }
+        let failed = tokio::select! {
             () = cancel.cancelled() => return,
             result = publisher.watch(&events) => match result {
                 Ok(()) => {
                     backoff.reset();
-                    continue;
+                    false
                 }
-                Err(err) => info!(error = %logging::error_chain(&err), "ResourceSlice watch failed; watching again after a pause"),
+                Err(err) => {
+                    info!(error = %logging::error_chain(&err), "ResourceSlice watch failed; watching again after a pause");
+                    true
+                }
             },
-        }
+        };
         // A watch that cannot resume from where it was may have missed events: list again.
         if !publisher.resumable() {
+            listed_before = *lists.borrow_and_update();
             events.notify_one();
         }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(backoff.next_delay()) => {}
+        if failed {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
         }
     }
 }
