@@ -5,10 +5,14 @@
 //! The jitter comes from a xorshift generator seeded per node ([`seed_from`]), so two nodes
 //! never share a schedule and a test can predict one.
 //!
+//! Checks every node repeats (a resync, a watch's renewal, the doctor) wait a [`period`]:
+//! a little shorter each time, at random, so a fleet started together drifts out of step.
+//!
 //! A caller whose peer is usually back within milliseconds (a restarting kubelet) puts a fast
 //! window in front ([`Backoff::with_fast_window`]): short fixed pauses for a while, then the
 //! exponential schedule.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The first pause.
@@ -120,6 +124,33 @@ pub fn spread(seed: &mut u64, window: Duration) -> Duration {
     window.mul_f64((next_random(seed) % 1_000_000) as f64 / 1_000_000.0)
 }
 
+/// `base` less a random part of its tenth, drawn anew for each period of a check every node
+/// repeats: a fleet started together would otherwise send those in the same second for as
+/// long as it runs; this drifts it apart within a few periods. Never longer than `base`, which
+/// the documented "every five minutes" counts on.
+pub fn period(base: Duration) -> Duration {
+    /// The generator's state, shared by the process's periodic checks; 0 until first used.
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut seed = STATE.load(Ordering::Relaxed);
+    if seed == 0 {
+        seed = process_seed();
+    }
+    let short = spread(&mut seed, base / 10);
+    // Two checks drawing at once may draw alike: harmless for a spread.
+    STATE.store(seed, Ordering::Relaxed);
+    base.saturating_sub(short)
+}
+
+/// A jitter seed that differs between processes and between starts of one process, so that
+/// a fleet restarted at once does not draw alike.
+pub fn process_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    seed_from(&format!("{}-{nanos}", std::process::id()))
+}
+
 /// A jitter seed from a name (the node's), stable across restarts and different per node.
 pub fn seed_from(name: &str) -> u64 {
     name.bytes()
@@ -204,5 +235,15 @@ mod tests {
     fn seeds_differ_per_node() {
         assert_ne!(seed_from("node-a"), seed_from("node-b"));
         assert_eq!(seed_from("node-a"), seed_from("node-a"));
+    }
+
+    #[test]
+    fn periods_are_at_most_their_base_and_drift_over_its_tenth() {
+        let base = Duration::from_secs(300);
+        let periods: Vec<Duration> = (0..1000).map(|_| period(base)).collect();
+        assert!(periods.iter().all(|p| *p <= base && *p > base - base / 10));
+        // Spread over the tenth, not bunched: both ends of it are drawn.
+        assert!(periods.iter().any(|p| *p > base - base / 100));
+        assert!(periods.iter().any(|p| *p < base - base / 10 + base / 100));
     }
 }

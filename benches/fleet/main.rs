@@ -124,6 +124,7 @@ fn main() {
 
     // 1. Steady state.
     let before = api.shared.counts.tally();
+    let steady_second = api.shared.counts.second() as usize;
     let mut watch_samples = Vec::new();
     let steady_start = Instant::now();
     while steady_start.elapsed() < duration {
@@ -131,7 +132,7 @@ fn main() {
         watch_samples.push(api.shared.counts.open_watches());
     }
     let steady = api.shared.counts.tally().since(&before);
-    let steady_summary = report::steady(&steady, nodes, duration, &watch_samples);
+    let steady_summary = report::steady(&steady, nodes, (steady_second, duration), &watch_samples);
 
     // 2. Correlated fault, with the API server rate-limited as priority and fairness would be
     // (half a request per node per second), so 429s happen and their Retry-After is exercised.

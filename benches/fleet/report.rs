@@ -18,8 +18,14 @@ pub struct Steady {
     pub watches_per_node: f64,
 }
 
-/// Scenario 1: requests per node per hour by verb and resource, bytes, open watches.
-pub fn steady(tally: &Tally, nodes: usize, duration: Duration, watches: &[Vec<i64>]) -> Steady {
+/// Scenario 1: requests per node per hour by verb and resource, bytes, open watches, and the
+/// busiest second from `from` (nodes' periodic checks in step show there).
+pub fn steady(
+    tally: &Tally,
+    nodes: usize,
+    (from, duration): (usize, Duration),
+    watches: &[Vec<i64>],
+) -> Steady {
     let hours = duration.as_secs_f64() / 3600.0;
     let n = nodes as f64;
     let per_node_hour = |x: u64| x as f64 / n / hours;
@@ -78,6 +84,14 @@ pub fn steady(tally: &Tally, nodes: usize, duration: Duration, watches: &[Vec<i6
         "  open watches per node: {average:.2} on average, {most} at most ({:.0} open at 5000 \
          nodes)",
         average * CLUSTER
+    );
+    let (top, at) = peak(tally, from);
+    println!(
+        "  busiest second: {top} requests (second {at}) = {:.3} x nodes, {:.1} x an average \
+         second ({:.0} req/s at 5000 nodes)",
+        f64::from(top) / n,
+        f64::from(top) / (requests as f64 / duration.as_secs_f64()).max(f64::MIN_POSITIVE),
+        f64::from(top) / n * CLUSTER
     );
     if let Some((rate, what)) = dominant {
         println!("  dominant at 5000 nodes: {what} ({rate:.2} req/s)");

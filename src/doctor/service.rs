@@ -98,7 +98,7 @@ impl Subsystem for PeriodicDoctor {
             }
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
-                () = tokio::time::sleep(self.interval) => {}
+                () = tokio::time::sleep(crate::backoff::period(self.interval)) => {}
             }
         }
     }

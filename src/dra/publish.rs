@@ -33,14 +33,20 @@ use tracing::{debug, info};
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion, ServedFields};
 use super::objects::{Device, SliceSpec};
 use super::partitions::{self, Group};
 use super::read_back;
 
-/// How long one watch request stays open before it is renewed.
-const WATCH_SECONDS: u32 = 290;
+/// How long one watch request stays open at most before it is renewed.
+const WATCH_MAX: Duration = Duration::from_secs(290);
+
+/// How long the next watch request stays open: a fleet's renewals drift apart.
+fn watch_seconds() -> u32 {
+    u32::try_from(crate::backoff::period(WATCH_MAX).as_secs()).unwrap_or(u32::MAX)
+}
 
 /// A failed API call, with what it was doing (the node status's: the same calls, bounded by
 /// the same timeout).
@@ -247,7 +253,7 @@ impl Publisher {
         let (api, _) = self.slices().await?;
         let params = WatchParams::default()
             .fields(&self.selector())
-            .timeout(WATCH_SECONDS);
+            .timeout(watch_seconds());
         let from = self.seen().clone();
         // Bounded like every call: an API server that never answers the watch request is
         // reported and the watch reopened, instead of waiting on it forever.

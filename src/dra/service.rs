@@ -356,14 +356,14 @@ async fn publish_loop(
                     warn!("ResourceSlices published again");
                 }
                 backoff.reset();
-                (RESYNC, true)
+                (crate::backoff::period(RESYNC), true)
             }
             // A resync that cannot reach the API server waits for its next turn: retried, it
             // would come back with every other node whose resync fell in the same outage. A
             // slice changed meanwhile reaches the slice watch when it resumes.
             Err(ResourceApiError::Call(err)) if resync && crate::kube::pace::unreachable() => {
                 info!(error = %logging::error_chain(&err), after = ?RESYNC, "Cannot check the node's ResourceSlices; checking again on the next turn");
-                (RESYNC, true)
+                (crate::backoff::period(RESYNC), true)
             }
             Err(err) => {
                 let text = logging::error_chain(&err);

@@ -81,18 +81,8 @@ pub fn set_limits(qps: f64, burst: u32) {
 pub(super) fn pacer() -> Arc<Pacer> {
     Arc::clone(PACER.get_or_init(|| {
         let limits = LIMITS.get().copied().unwrap_or_default();
-        Arc::new(Pacer::new(limits, process_seed()))
+        Arc::new(Pacer::new(limits, backoff::process_seed()))
     }))
-}
-
-/// A jitter seed that differs between processes and between starts of one process, so that
-/// a fleet restarted at once does not probe in step.
-fn process_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    backoff::seed_from(&format!("{}-{nanos}", std::process::id()))
 }
 
 /// The token bucket and the gate of one process.

@@ -40,7 +40,7 @@ pub use node::NodeSink;
 pub use node_feature::NodeFeatureSink;
 pub use sink::ApiSink;
 
-use crate::backoff::Backoff;
+use crate::backoff::{self, Backoff};
 use crate::daemon::ReadyLatch;
 use crate::inventory::{Inventory, Snapshot};
 use crate::kube::ApiError;
@@ -178,8 +178,9 @@ struct ApiState {
     pending: Option<Labels>,
     retry_at: Option<Instant>,
     backoff: Backoff,
-    /// The labels last found on (or written to) the object, and when that was checked (or
-    /// the check found the API server unreachable: it waits for its next turn).
+    /// The labels last found on (or written to) the object, and when to check them again:
+    /// [`API_RECHECK`] after that was checked (or the check found the API server
+    /// unreachable: it waits for its next turn), a little less at random.
     confirmed: Option<(Labels, Instant)>,
 }
 
@@ -198,9 +199,10 @@ impl ApiState {
     /// Asks for `labels` on the object at `now`: nothing to do when they are the ones
     /// confirmed there within [`API_RECHECK`].
     fn want(&mut self, labels: &Labels, now: Instant) {
-        let fresh = self.confirmed.as_ref().is_some_and(|(held, at)| {
-            held == labels && now.saturating_duration_since(*at) < API_RECHECK
-        });
+        let fresh = self
+            .confirmed
+            .as_ref()
+            .is_some_and(|(held, recheck_at)| held == labels && now < *recheck_at);
         if fresh && self.pending.is_none() {
             return;
         }
@@ -235,7 +237,7 @@ impl ApiState {
                 self.pending = None;
                 self.retry_at = None;
                 self.backoff.reset();
-                self.confirmed = Some((wanted, Instant::now()));
+                self.confirmed = Some((wanted, Instant::now() + backoff::period(API_RECHECK)));
                 Ok(())
             }
             // A recheck of labels already confirmed that cannot reach the API server waits
@@ -251,7 +253,7 @@ impl ApiState {
                 info!(error = %crate::logging::error_chain(&err), after = ?API_RECHECK, "Cannot check the labels on {}; checking again on the next turn", self.sink.target());
                 self.pending = None;
                 self.retry_at = None;
-                self.confirmed = Some((wanted, Instant::now()));
+                self.confirmed = Some((wanted, Instant::now() + backoff::period(API_RECHECK)));
                 Err(err)
             }
             Err(err) => {
@@ -322,7 +324,7 @@ pub async fn run(
     let mut force = true;
     let mut file_written = false;
     let mut settings_open = true;
-    let mut next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+    let mut next_tick = next_pass(settings.sleep_interval);
 
     loop {
         let snapshot = updates.borrow_and_update().clone();
@@ -382,7 +384,7 @@ pub async fn run(
             changed = updates.changed() => if changed.is_err() { break },
             () = sleep_until(next_tick), if next_tick.is_some() => {
                 force = true;
-                next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+                next_tick = next_pass(settings.sleep_interval);
             }
             () = sleep_until(retry_at), if retry_at.is_some() => {
                 if let Some(api) = &mut api {
@@ -407,7 +409,7 @@ pub async fn run(
                 settings = new;
                 timestamp = unix_now();
                 force = true;
-                next_tick = settings.sleep_interval.period().map(|p| Instant::now() + p);
+                next_tick = next_pass(settings.sleep_interval);
             }
         }
     }
@@ -424,6 +426,14 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// When the next periodic pass is due: `sleepInterval` from now, a little less at random so a
+/// fleet's passes (and their API rechecks) do not stay in step; never, without an interval.
+fn next_pass(interval: SleepInterval) -> Option<Instant> {
+    interval
+        .period()
+        .map(|period| Instant::now() + backoff::period(period))
 }
 
 /// Oneshot with an API sink: a bounded number of attempts with backoff.

@@ -237,7 +237,7 @@ impl Subsystem for NodeStatus {
                         answered = true;
                         if due {
                             log_changes(wrote.as_ref(), &want);
-                            resync_at = Instant::now() + settings.resync;
+                            resync_at = Instant::now() + backoff::period(settings.resync);
                             let mut handing =
                                 handing.lock().unwrap_or_else(PoisonError::into_inner);
                             handing.wrote = Some(want.fingerprint());
@@ -260,7 +260,7 @@ impl Subsystem for NodeStatus {
                     Err(err) if check_only && crate::kube::pace::unreachable() => {
                         api_ready.failed(&crate::logging::error_chain(&err));
                         info!(error = %crate::logging::error_chain(&err), after = ?settings.resync, "Cannot check the node status on the Node; checking again on the next turn");
-                        resync_at = Instant::now() + settings.resync;
+                        resync_at = Instant::now() + backoff::period(settings.resync);
                         handing
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)

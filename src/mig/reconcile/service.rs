@@ -33,7 +33,8 @@ use crate::nvml::mig_admin::MigAdmin;
 
 /// Longest wait between retries of a failing config.
 pub const RETRY_MAX: Duration = Duration::from_secs(600);
-/// Longest single watch (the API server's usual watch timeout is about 5 minutes).
+/// Longest single watch (the API server's usual watch timeout is about 5 minutes); each is
+/// drawn a little shorter ([`crate::backoff::period`]) so a fleet's renewals drift apart.
 const WATCH_MAX: Duration = Duration::from_secs(290);
 
 /// The reconciler subsystem.
@@ -377,8 +378,9 @@ impl Reconciler {
             let read = match watched.take() {
                 Some(Watched::Changed(object)) => Ok(node::view_of(*object)),
                 Some(Watched::Quiet(version)) => {
+                    let watch_max = crate::backoff::period(WATCH_MAX);
                     let limit = retry_due
-                        .map_or(WATCH_MAX, |at| at.saturating_duration_since(Instant::now()));
+                        .map_or(watch_max, |at| at.saturating_duration_since(Instant::now()));
                     if limit.is_zero() {
                         // A retry is due: read, so the attempt starts from the Node now.
                         tokio::select! {
@@ -388,7 +390,7 @@ impl Reconciler {
                     } else {
                         let waited = tokio::select! {
                             () = cancel.cancelled() => return Ok(()),
-                            waited = client.changed(&version, limit.min(WATCH_MAX), |n| node::asks_otherwise(known.as_ref(), n)) => waited,
+                            waited = client.changed(&version, limit.min(watch_max), |n| node::asks_otherwise(known.as_ref(), n)) => waited,
                         };
                         match self
                             .after_watch(waited, &version, &mut watch_backoff, &cancel)
@@ -471,9 +473,10 @@ impl Reconciler {
                 .as_ref()
                 .filter(|r| view.wanted.as_ref() == Some(&r.label))
                 .map(|r| r.at);
+            let watch_max = crate::backoff::period(WATCH_MAX);
             let limit = retry_due
-                .map_or(WATCH_MAX, |at| at.saturating_duration_since(Instant::now()))
-                .min(WATCH_MAX);
+                .map_or(watch_max, |at| at.saturating_duration_since(Instant::now()))
+                .min(watch_max);
             let waited = tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 waited = client.changed(&view.version, limit, |n| node::asks_otherwise(known.as_ref(), n)) => waited,
