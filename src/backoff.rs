@@ -12,6 +12,7 @@
 //! window in front ([`Backoff::with_fast_window`]): short fixed pauses for a while, then the
 //! exponential schedule.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -124,21 +125,32 @@ pub fn spread(seed: &mut u64, window: Duration) -> Duration {
     window.mul_f64((next_random(seed) % 1_000_000) as f64 / 1_000_000.0)
 }
 
-/// `base` less a random part of its tenth, drawn anew for each period of a check every node
-/// repeats: a fleet started together would otherwise send those in the same second for as
-/// long as it runs; this drifts it apart within a few periods. Never longer than `base`, which
-/// the documented "every five minutes" counts on.
+/// `base` less a random part of it, drawn anew for each period of a check every node repeats:
+/// a fleet started together would otherwise send those in the same second for as long as it
+/// runs. In the process's first `base` the part is up to a half (the fleet spreads over half a
+/// period at once), after it up to a tenth (it keeps drifting; a fleet that fell into step,
+/// as after an outage, drifts apart again). Never longer than `base`, which the documented
+/// "every five minutes" counts on.
 pub fn period(base: Duration) -> Duration {
     /// The generator's state, shared by the process's periodic checks; 0 until first used.
     static STATE: AtomicU64 = AtomicU64::new(0);
+    /// When the process first drew a period: about when its checks started.
+    static FIRST: OnceLock<Instant> = OnceLock::new();
+    let first = FIRST.get_or_init(Instant::now).elapsed() < base;
     let mut seed = STATE.load(Ordering::Relaxed);
     if seed == 0 {
         seed = process_seed();
     }
-    let short = spread(&mut seed, base / 10);
+    let drawn = shortened(&mut seed, base, first);
     // Two checks drawing at once may draw alike: harmless for a spread.
     STATE.store(seed, Ordering::Relaxed);
-    base.saturating_sub(short)
+    drawn
+}
+
+/// `base` less a random part of its half (`first`) or of its tenth.
+fn shortened(seed: &mut u64, base: Duration, first: bool) -> Duration {
+    let share = if first { base / 2 } else { base / 10 };
+    base.saturating_sub(spread(seed, share))
 }
 
 /// A jitter seed that differs between processes and between starts of one process, so that
@@ -238,12 +250,20 @@ mod tests {
     }
 
     #[test]
-    fn periods_are_at_most_their_base_and_drift_over_its_tenth() {
+    fn periods_are_at_most_their_base_and_spread_over_a_half_then_a_tenth() {
         let base = Duration::from_secs(300);
-        let periods: Vec<Duration> = (0..1000).map(|_| period(base)).collect();
-        assert!(periods.iter().all(|p| *p <= base && *p > base - base / 10));
-        // Spread over the tenth, not bunched: both ends of it are drawn.
-        assert!(periods.iter().any(|p| *p > base - base / 100));
-        assert!(periods.iter().any(|p| *p < base - base / 10 + base / 100));
+        let mut seed = seed_from("node-7");
+        for (first, share) in [(true, base / 2), (false, base / 10)] {
+            let periods: Vec<Duration> = (0..1000)
+                .map(|_| shortened(&mut seed, base, first))
+                .collect();
+            assert!(periods.iter().all(|p| *p <= base && *p > base - share));
+            // Spread over the share, not bunched: both ends of it are drawn.
+            assert!(periods.iter().any(|p| *p > base - base / 100));
+            assert!(periods.iter().any(|p| *p < base - share + base / 100));
+        }
+        // The process-wide draw: within its first period, from the half.
+        let drawn = period(base);
+        assert!(drawn <= base && drawn > base / 2, "{drawn:?}");
     }
 }
