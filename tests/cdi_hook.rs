@@ -270,31 +270,80 @@ fn assert_cached(listed: &str, name: &str, folder: &str) {
     );
 }
 
-/// A fake ldconfig on the host that records its environment, arguments, signal mask and stdin
-/// into `out`.
-fn recording_ldconfig(dir: &Path, out: &Path) -> PathBuf {
-    let script = dir.join("ldconfig");
+/// A fake ldconfig on the host that records its environment, arguments, signal mask, stdin,
+/// limits and what its `/` is into `/recorded` of the root it runs in. It is static (cc
+/// -static), as update-ldcache requires: the host's ldconfig runs with the container root as
+/// its root.
+fn recording_ldconfig(dir: &Path) -> PathBuf {
+    let source = dir.join("record.c");
     fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nenv > '{0}/env'\nprintf '%s\\n' \"$@\" > '{0}/args'\n\
-             while read -r key value; do [ \"$key\" = SigBlk: ] && echo \"$value\" > '{0}/signals'; \
-             done < /proc/$$/status\nls -l /proc/$$/fd/0 > '{0}/stdin'\n",
-            out.display()
-        ),
+        &source,
+        r#"#include <signal.h>
+#include <stdio.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+extern char **environ;
+static FILE *open_record(const char *name) {
+    char path[64];
+    snprintf(path, sizeof path, "/recorded/%s", name);
+    return fopen(path, "w");
+}
+int main(int argc, char **argv) {
+    FILE *f = open_record("env");
+    for (char **e = environ; *e; e++) fprintf(f, "%s\n", *e);
+    fclose(f);
+    f = open_record("args");
+    for (int i = 1; i < argc; i++) fprintf(f, "%s\n", argv[i]);
+    fclose(f);
+    sigset_t mask;
+    sigprocmask(SIG_BLOCK, NULL, &mask);
+    int blocked = 0;
+    for (int s = 1; s < NSIG; s++) blocked += sigismember(&mask, s) == 1;
+    f = open_record("signals");
+    fprintf(f, "%d\n", blocked);
+    fclose(f);
+    struct stat st;
+    f = open_record("stdin");
+    fprintf(f, "%s\n", fstat(0, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == 1
+        && minor(st.st_rdev) == 3 ? "/dev/null" : "other");
+    fclose(f);
+    struct rlimit as;
+    getrlimit(RLIMIT_AS, &as);
+    f = open_record("root");
+    fprintf(f, "marker %s, /proc/self %s, address space %llu MiB\n",
+        stat("/etc/gpud-root-marker", &st) == 0 ? "found" : "missing",
+        stat("/proc/self", &st) == 0 ? "present" : "absent",
+        (unsigned long long)as.rlim_cur >> 20);
+    fclose(f);
+    return 0;
+}
+"#,
     )
     .unwrap();
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-    script
+    let program = dir.join("ldconfig");
+    let output = Command::new("cc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "cc -static: {output:?}");
+    program
 }
 
 #[test]
-fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
+fn ldconfig_runs_in_the_container_root_with_neither_the_images_nor_the_runtimes_environment() {
+    if needs_root_and("cc", "the ldconfig sandbox test") {
+        return;
+    }
     let container = Container::new();
     let root = container.root();
     linker_config(&root);
+    fs::write(root.join("etc/gpud-root-marker"), "").unwrap();
+    fs::create_dir(root.join("recorded")).unwrap();
     let tools = tempfile::tempdir().unwrap();
-    let ldconfig = recording_ldconfig(tools.path(), tools.path());
+    let ldconfig = recording_ldconfig(tools.path());
 
     let mut cmd = Command::new(gpud_bin());
     cmd.args(["cdi-hook", "update-ldcache", "--ldconfig-path"])
@@ -312,30 +361,22 @@ fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
         .env("GPUD_TEST_MARKER", "from-the-runtime");
     ok(&container.run(cmd));
 
-    let env = fs::read_to_string(tools.path().join("env")).unwrap();
-    assert!(!env.contains("LD_PRELOAD"), "{env}");
-    assert!(!env.contains("LD_LIBRARY_PATH"), "{env}");
-    assert!(!env.contains("evil"), "{env}");
-    assert!(!env.contains("GPUD_TEST_MARKER"), "{env}");
-    assert!(
-        env.lines()
-            .any(|l| l == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
-        "{env}"
-    );
-    // The default signal mask (gpud blocks the daemon signals in itself), read by the shell
-    // itself rather than a child it waits for; stdin from /dev/null.
-    let signals = fs::read_to_string(tools.path().join("signals")).unwrap();
-    assert_eq!(signals.trim(), "0000000000000000");
-    let stdin = fs::read_to_string(tools.path().join("stdin")).unwrap();
-    assert!(stdin.trim_end().ends_with("-> /dev/null"), "{stdin}");
-    let args = fs::read_to_string(tools.path().join("args")).unwrap();
+    let recorded = |name: &str| fs::read_to_string(root.join("recorded").join(name)).unwrap();
     assert_eq!(
-        args,
-        format!(
-            "-r\n{}\n-f\n/etc/ld.so.conf\n-C\n/etc/ld.so.cache\n\
-             /usr/lib/x86_64-linux-gnu\n/opt/nvidia/lib\n",
-            root.display()
-        )
+        recorded("env"),
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+    );
+    // The default signal mask (gpud blocks the daemon signals in itself); stdin /dev/null.
+    assert_eq!(recorded("signals"), "0\n");
+    assert_eq!(recorded("stdin"), "/dev/null\n");
+    // Its `/` is the container root, with no procfs, and its memory is capped.
+    assert_eq!(
+        recorded("root"),
+        "marker found, /proc/self absent, address space 256 MiB\n"
+    );
+    assert_eq!(
+        recorded("args"),
+        "-f\n/etc/ld.so.conf\n-C\n/etc/ld.so.cache\n/usr/lib/x86_64-linux-gnu\n/opt/nvidia/lib\n"
     );
     assert_eq!(
         fs::read_to_string(root.join("etc/ld.so.conf.d/00-nvcr-gpud.conf")).unwrap(),
@@ -345,18 +386,49 @@ fn ldconfig_gets_neither_the_image_nor_the_runtime_environment() {
 }
 
 #[test]
+fn a_script_or_dynamic_ldconfig_is_refused_before_it_runs() {
+    let container = Container::new();
+    linker_config(&container.root());
+    let tools = tempfile::tempdir().unwrap();
+    let script = tools.path().join("ldconfig");
+    let ran = tools.path().join("ran");
+    fs::write(&script, format!("#!/bin/sh\ntouch '{}'\n", ran.display())).unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    for (ldconfig, what) in [
+        (script.as_path(), "is a script"),
+        (Path::new("/bin/true"), "is a dynamically linked program"),
+    ] {
+        let output = container.hook(&[
+            "update-ldcache",
+            "--ldconfig-path",
+            ldconfig.to_str().unwrap(),
+        ]);
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "gpud: cdi-hook: {} {what}, not a static program",
+                ldconfig.display()
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(!ran.exists());
+    container.host_unchanged();
+}
+
+#[test]
 fn an_image_without_a_linker_cache_is_left_alone() {
     let container = Container::new();
-    let tools = tempfile::tempdir().unwrap();
-    let ldconfig = recording_ldconfig(tools.path(), tools.path());
+    // Nothing is run: not even a program that is no ldconfig at all.
     ok(&container.hook(&[
         "update-ldcache",
         "--ldconfig-path",
-        ldconfig.to_str().unwrap(),
+        "/nonexistent/ldconfig",
         "--folder",
         "/usr/lib64",
     ]));
-    assert!(!tools.path().join("args").exists());
     assert!(!container.root().join("etc").exists());
 }
 
@@ -423,18 +495,16 @@ fn a_linker_config_folder_linked_to_the_host_is_refused() {
     let root = container.root();
     linker_config(&root);
     symlink(container.host().join("lib"), root.join("etc/ld.so.conf.d")).unwrap();
-    let tools = tempfile::tempdir().unwrap();
-    let ldconfig = recording_ldconfig(tools.path(), tools.path());
+    // Refused before any ldconfig is looked for.
     let output = container.hook(&[
         "update-ldcache",
         "--ldconfig-path",
-        ldconfig.to_str().unwrap(),
+        "/nonexistent/ldconfig",
         "--folder",
         "/opt/gpu/lib",
     ]);
     let stderr = refused(&output, &root);
     assert!(stderr.contains("/etc/ld.so.conf.d"), "{stderr}");
-    assert!(!tools.path().join("args").exists());
     container.host_unchanged();
 }
 

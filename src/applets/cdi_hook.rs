@@ -14,7 +14,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use crate::cdi_hook::cuda_compat;
 use crate::cdi_hook::device_nodes::{self, Params};
 use crate::cdi_hook::symlinks::{self, Link};
-use crate::cdi_hook::{HookError, Root, chmod, ldcache, state};
+use crate::cdi_hook::{HookError, Root, chmod, ldcache, sandbox, state};
 use crate::cli;
 use crate::daemon::Error;
 
@@ -41,6 +41,9 @@ enum Command {
     DisableDeviceNodeModification(DisableDeviceNodeModificationArgs),
     /// Change the mode of files inside the container (a symlink is refused, never followed).
     Chmod(ChmodArgs),
+    /// update-ldcache's own child: runs ldconfig with the container root as its root.
+    #[command(name = "ldconfig-sandbox", hide = true)]
+    LdconfigSandbox(LdconfigSandboxArgs),
 }
 
 /// Where the container state comes from; every subcommand takes it.
@@ -86,12 +89,33 @@ struct UpdateLdcacheArgs {
     #[arg(long, value_name = "DIR", action = ArgAction::Append)]
     folder: Vec<String>,
 
-    /// The host's ldconfig, run with -r <container root> ("@" before the path is accepted).
+    /// The host's ldconfig, a static program, run with the container root as its root ("@"
+    /// before the path is accepted; a script beside a static `<path>.real` runs that one).
     #[arg(long, value_name = "PATH", default_value = ldcache::DEFAULT_LDCONFIG)]
     ldconfig_path: String,
 
+    /// How long ldconfig may take before it is ended and the container's start fails.
+    #[arg(long, value_name = "DURATION", default_value = "20s",
+          value_parser = crate::values::positive_duration)]
+    timeout: std::time::Duration,
+
     #[command(flatten)]
     container: ContainerArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct LdconfigSandboxArgs {
+    /// The container root on the host.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+
+    /// The host's ldconfig.
+    #[arg(long, value_name = "PATH")]
+    ldconfig_path: PathBuf,
+
+    /// A folder inside the container; repeat for several.
+    #[arg(long, value_name = "DIR", action = ArgAction::Append)]
+    folder: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -143,7 +167,12 @@ fn run(command: Command) -> Result<(), HookError> {
         }
         Command::UpdateLdcache(args) => {
             let ldconfig = ldcache::ldconfig_path(&args.ldconfig_path);
-            ldcache::update(&args.container.root()?, &ldconfig, &args.folder)?;
+            ldcache::update(
+                &args.container.root()?,
+                &ldconfig,
+                &args.folder,
+                args.timeout,
+            )?;
         }
         Command::DisableDeviceNodeModification(args) => {
             let root = args.container.root()?;
@@ -158,6 +187,10 @@ fn run(command: Command) -> Result<(), HookError> {
         }
         Command::Chmod(args) => {
             chmod::apply(&args.container.root()?, args.mode, &args.path)?;
+        }
+        Command::LdconfigSandbox(args) => {
+            let Err(err) = sandbox::exec_ldconfig(&args.root, &args.ldconfig_path, &args.folder);
+            return Err(err);
         }
     }
     Ok(())

@@ -30,6 +30,11 @@ pub const HOOK_POINT: &str = "createContainer";
 /// The environment every hook gets (keeps the hook's own logging off).
 pub const HOOK_ENV: &str = "NVIDIA_CTK_DEBUG=false";
 
+/// Seconds a runtime lets each hook run: above `update-ldcache`'s own 20 s deadline for
+/// ldconfig, so the hook's one-line error is what a failed start reports; a hook that hangs
+/// for any other reason still ends the container's start instead of holding it forever.
+pub const HOOK_TIMEOUT_SECS: u32 = 30;
+
 /// The hooks of `nvidia-cdi-hook`, as named by `--disable-hook`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum HookName {
@@ -347,6 +352,7 @@ fn hooks(driver_version: &str, host: &HostFiles, options: &Options) -> Vec<Hook>
             .chain(args)
             .collect(),
         env: vec![HOOK_ENV.to_owned()],
+        timeout: Some(HOOK_TIMEOUT_SECS),
     };
     let mut out = Vec::new();
     if let Some(lib) = host.libcuda()

@@ -98,6 +98,49 @@ pub enum HookError {
         /// The last line it wrote on stderr.
         stderr: String,
     },
+    /// The ldconfig named is not a static program, so it cannot run inside the container's
+    /// root without loading the image's libraries.
+    #[error(
+        "{path} is {kind}, not a static program: the linker cache is rebuilt with the container \
+         root as ldconfig's root, where only a static ldconfig runs without the image's libc \
+         (--ldconfig-path names the host's static ldconfig, e.g. /sbin/ldconfig.real on Ubuntu)"
+    )]
+    NotStatic {
+        /// The ldconfig named.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// The process that runs ldconfig inside the container's root could not set it up.
+    #[error("cannot {step} for ldconfig in the container root {root}: {source}")]
+    Sandbox {
+        /// The step that failed.
+        step: &'static str,
+        /// The container root (or the mount) concerned.
+        root: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// ldconfig did not finish in time and was ended: the image's linker config names
+    /// something that never ends (a FIFO, a device) or is huge.
+    #[error(
+        "{path} did not finish within {secs} s for the container root {root} and was ended: the \
+         image's /etc/ld.so.conf, its includes or its library folders name something that does \
+         not end (a FIFO, a device) or is huge ({stderr})"
+    )]
+    LdconfigTimeout {
+        /// The ldconfig run.
+        path: PathBuf,
+        /// The container root.
+        root: PathBuf,
+        /// The deadline, in seconds.
+        secs: u64,
+        /// The last line it wrote on stderr.
+        stderr: String,
+    },
+    /// The ldconfig sandbox (a child gpud) failed before ldconfig ran; its own line.
+    #[error("{0}")]
+    Said(String),
     /// The host's driver parameters could not be read.
     #[error("cannot read the driver parameters {path}: {source}")]
     ReadParams {

@@ -3,21 +3,25 @@
 //!
 //! The folders are written to `/etc/ld.so.conf.d/00-nvcr-gpud.conf` inside the root (so a
 //! later `ldconfig` in the container keeps them; `00-nvcr` sorts as NVIDIA's hook's files do),
-//! and the host's ldconfig, a static binary the image cannot replace, is run with `-r <root>`:
-//! it chroots into the root before it reads anything, so the `/etc/ld.so.conf` it reads and
-//! the `/etc/ld.so.cache` it writes are the container's, never the host's. The folders are also given on its command
-//! line, so they are in the cache even when the image's ld.so.conf has no `include` of
-//! ld.so.conf.d. An image with neither `/etc/ld.so.cache` nor `/etc/ld.so.conf` does not use
-//! glibc's cache (musl, static binaries) and is left alone.
+//! and the host's ldconfig, a static binary the image cannot replace, rebuilds the cache with
+//! the container root as its `/` and nothing of the host's reachable from it (see
+//! [`super::sandbox`]: a mount namespace of its own, no procfs, sysfs or `/dev`, `pivot_root`).
+//! The folders are also given on its command line, so they are in the cache even when the
+//! image's ld.so.conf has no `include` of ld.so.conf.d. An image with neither
+//! `/etc/ld.so.cache` nor `/etc/ld.so.conf` does not use glibc's cache (musl, static binaries)
+//! and is left alone.
 //!
-//! ldconfig runs with an empty environment (a fixed PATH only), stdin from /dev/null and the
-//! default signal mask: nothing of the image's or the runtime's environment (`LD_PRELOAD`,
-//! `LD_LIBRARY_PATH`) reaches it.
+//! Everything ldconfig reads is the image's: its linker config, includes, folders, symlinks and
+//! SONAMEs are hostile input. Besides the sandbox, ldconfig has a deadline ([`DEFAULT_DEADLINE`],
+//! `--timeout`) after which its process group is killed, a cap on its memory and on the files
+//! it writes, an empty environment (a fixed PATH only) and stdin from /dev/null.
 
-use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
+use super::deadline::{self, Ended};
 use super::error::HookError;
 use super::root::Root;
 
@@ -33,8 +37,20 @@ pub const CONF_NAME: &str = "00-nvcr-gpud.conf";
 /// The only environment a child of the hook gets.
 pub const CHILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const CACHE: &str = "/etc/ld.so.cache";
-const CONF: &str = "/etc/ld.so.conf";
+/// The image's linker cache and config, as ldconfig sees them from inside the root.
+pub const CACHE: &str = "/etc/ld.so.cache";
+pub const CONF: &str = "/etc/ld.so.conf";
+
+/// How long ldconfig may take before it is ended and the container's start fails: a large
+/// image takes about a second.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How the sandbox's own errors start (gpud's error line), where ldconfig's start with its
+/// name.
+const SANDBOX_SAYS: &str = "gpud: cdi-hook: ";
+
+/// The hidden subcommand of `gpud cdi-hook` that runs ldconfig inside the root.
+pub const SANDBOX_COMMAND: &str = "ldconfig-sandbox";
 
 /// What `update-ldcache` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +73,13 @@ pub fn ldconfig_path(flag: &str) -> PathBuf {
 }
 
 /// Adds `folders` (paths inside the container) to the container's linker cache with the host's
-/// `ldconfig`.
-pub fn update(root: &Root, ldconfig: &Path, folders: &[String]) -> Result<Updated, HookError> {
+/// `ldconfig`, ended after `deadline`.
+pub fn update(
+    root: &Root,
+    ldconfig: &Path,
+    folders: &[String],
+    deadline: Duration,
+) -> Result<Updated, HookError> {
     if !uses_linker_cache(root) {
         return Ok(Updated::NoCache);
     }
@@ -70,7 +91,7 @@ pub fn update(root: &Root, ldconfig: &Path, folders: &[String]) -> Result<Update
             conf_lines(&folders).as_bytes(),
         )?;
     }
-    run(ldconfig, &ldconfig_args(root.path(), &folders), root.path())?;
+    run_sandboxed(root.path(), ldconfig, &folders, deadline)?;
     Ok(Updated::Cache)
 }
 
@@ -90,73 +111,63 @@ pub fn conf_lines(folders: &[&str]) -> String {
     folders.iter().map(|f| format!("{f}\n")).collect()
 }
 
-/// ldconfig's arguments: the container root (`-r`: every path below is inside it), its
-/// config and cache, then the folders.
-fn ldconfig_args(root: &Path, folders: &[&str]) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![
-        "-r".into(),
-        root.into(),
-        "-f".into(),
-        CONF.into(),
-        "-C".into(),
-        CACHE.into(),
-    ];
-    args.extend(folders.iter().map(OsString::from));
-    args
+/// The sandbox's command line: gpud itself (`/proc/self/exe`, the binary that runs now even
+/// if it was replaced since), the root, the ldconfig and the folders.
+fn sandbox_command(root: &Path, ldconfig: &Path, folders: &[&str]) -> Command {
+    let mut command = Command::new("/proc/self/exe");
+    command
+        .arg0("gpud")
+        .args(["cdi-hook", SANDBOX_COMMAND, "--root"])
+        .arg(root)
+        .arg("--ldconfig-path")
+        .arg(ldconfig);
+    for folder in folders {
+        command.arg("--folder").arg(folder);
+    }
+    command.env_clear().env("PATH", CHILD_PATH);
+    command
 }
 
-/// Runs `program` with `args`: a cleared environment but for [`CHILD_PATH`], stdin from
-/// /dev/null, output kept for the error message. The standard library starts the child with
-/// the default signal mask and dispositions.
-fn run(program: &Path, args: &[OsString], root: &Path) -> Result<(), HookError> {
-    let output = Command::new(program)
-        .args(args)
-        .env_clear()
-        .env("PATH", CHILD_PATH)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| HookError::StartLdconfig {
-            path: program.to_owned(),
-            source,
-        })?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    Err(HookError::Ldconfig {
-        path: program.to_owned(),
+/// Runs the sandbox (which runs ldconfig) and turns how it ended into the hook's error.
+fn run_sandboxed(
+    root: &Path,
+    ldconfig: &Path,
+    folders: &[&str],
+    deadline: Duration,
+) -> Result<(), HookError> {
+    let command = sandbox_command(root, ldconfig, folders);
+    let outcome = deadline::run(command, deadline).map_err(|source| HookError::Sandbox {
+        step: "start the process",
         root: root.to_owned(),
-        status: output.status,
-        stderr: stderr
-            .lines()
-            .rev()
-            .find(|line| !line.trim().is_empty())
-            .unwrap_or("no output")
-            .to_owned(),
-    })
+        source,
+    })?;
+    // The sandbox's own failure (before ldconfig ran) is gpud's line: said as it is.
+    let succeeded = matches!(outcome.ended, Ended::Exited(status) if status.success());
+    if let Some(said) = outcome.last_line.strip_prefix(SANDBOX_SAYS)
+        && !succeeded
+    {
+        return Err(HookError::Said(said.to_owned()));
+    }
+    match outcome.ended {
+        Ended::Exited(status) if status.success() => Ok(()),
+        Ended::Exited(status) => Err(HookError::Ldconfig {
+            path: ldconfig.to_owned(),
+            root: root.to_owned(),
+            status,
+            stderr: outcome.last_line,
+        }),
+        Ended::TimedOut => Err(HookError::LdconfigTimeout {
+            path: ldconfig.to_owned(),
+            root: root.to_owned(),
+            secs: deadline.as_secs().max(1),
+            stderr: outcome.last_line,
+        }),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn args_keep_every_path_inside_the_root() {
-        let args = ldconfig_args(Path::new("/run/c1/rootfs"), &["/usr/lib/x86_64-linux-gnu"]);
-        assert_eq!(
-            args,
-            [
-                "-r",
-                "/run/c1/rootfs",
-                "-f",
-                "/etc/ld.so.conf",
-                "-C",
-                "/etc/ld.so.cache",
-                "/usr/lib/x86_64-linux-gnu"
-            ]
-            .map(OsString::from)
-        );
-    }
 
     #[test]
     fn folders_once_each_and_the_at_prefix() {
@@ -186,24 +197,9 @@ mod tests {
             &root,
             Path::new("/nonexistent/ldconfig"),
             &["/x".to_owned()],
+            DEFAULT_DEADLINE,
         );
         assert_eq!(outcome.unwrap(), Updated::NoCache);
         assert!(!dir.path().join("etc").exists());
-    }
-
-    #[test]
-    fn a_failing_ldconfig_is_one_line_with_its_last_words() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("etc")).unwrap();
-        std::fs::write(dir.path().join("etc/ld.so.conf"), "").unwrap();
-        let root = Root::open(dir.path()).unwrap();
-        let err = update(&root, Path::new("/bin/false"), &[]).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.starts_with("/bin/false failed for the container root"),
-            "{text}"
-        );
-        let err = update(&root, Path::new("/nonexistent/ldconfig"), &[]).unwrap_err();
-        assert!(err.to_string().contains("--ldconfig-path"), "{err}");
     }
 }

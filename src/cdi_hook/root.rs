@@ -21,6 +21,9 @@ use super::error::HookError;
 /// How every path inside the root is resolved.
 const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
 
+/// Most entries a listed directory may have.
+const MAX_LISTED: usize = 65_536;
+
 /// Mode of the directories the hooks create (before the umask), as `mkdir -p` would.
 const DIR_MODE: u32 = 0o755;
 
@@ -139,6 +142,10 @@ impl Root {
         let mut names = Vec::new();
         for entry in dir {
             let entry = entry.map_err(|err| self.error("list the directory", path, err))?;
+            // The folders listed hold a few libraries; a huge one is the image's doing.
+            if names.len() >= MAX_LISTED {
+                return Err(self.error("list the directory", path, Errno::FBIG));
+            }
             let name = OsStr::from_bytes(entry.file_name().to_bytes());
             if name != "." && name != ".." {
                 names.push(name.to_owned());

@@ -88,9 +88,15 @@ fn root_from(text: &[u8], from: &str, config_dir: Option<&Path>) -> Result<PathB
             )));
         }
         let config_path = state.bundle.join("config.json");
-        let config = std::fs::read(&config_path).map_err(|source| HookError::ReadConfig {
-            path: config_path.clone(),
-            source,
+        // Bounded, and a FIFO or device in the bundle's place is refused without reading.
+        let config = crate::files::read_bytes(&config_path, MAX_INPUT).map_err(|err| {
+            HookError::ReadConfig {
+                path: config_path.clone(),
+                source: match err {
+                    crate::files::ReadError::Io { source, .. } => source,
+                    other => std::io::Error::other(other.to_string()),
+                },
+            }
         })?;
         return root_of_config(&config, &config_path.display().to_string(), &state.bundle);
     }
