@@ -271,6 +271,13 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             ..
         } = self;
         let started = Instant::now();
+        // The state directory is root's: one another user could write to is refused before
+        // anything in it is trusted (the handover socket below, saved state later).
+        if let Some(socket) = &handover
+            && let Some(state_dir) = socket.parent().and_then(std::path::Path::parent)
+        {
+            handover::state_dir::check(state_dir, socket).map_err(Error::Config)?;
+        }
         // Before anything binds: the sockets of a running gpud are taken rather than bound.
         let mut takeover = match &handover {
             Some(socket) => Some(take_over(socket, &board).await?),
@@ -527,6 +534,7 @@ fn complete_handover(
             let pid = predecessor.pid;
             let board = board.clone();
             tokio::task::spawn_blocking(move || {
+                handover::pause::here("before-stop");
                 match predecessor.stop() {
                     Ok(finishing) => info!(
                         from = pid,
