@@ -354,6 +354,35 @@ async fn strangers_and_a_second_newcomer_are_refused_and_the_old_gpud_keeps_serv
     http::get(port, "/metrics").expect("the old gpud still serves");
 }
 
+/// The first device list the plugin at `endpoint` sends, as the kubelet asks for it; fails
+/// after 5 s (a socket nobody answers on must not hang the test).
+async fn served_list(
+    kubelet: &FakeKubelet,
+    endpoint: &str,
+) -> gpud::proto::deviceplugin::ListAndWatchResponse {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut client = kubelet.plugin(endpoint).await;
+        let mut stream = list_and_watch(&mut client).await;
+        next_list(&mut stream, 5).await
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{endpoint} sent no device list within 5 s"))
+}
+
+/// Whether `message` is among the messages on the notification socket since the last look.
+fn notified(socket: &std::os::unix::net::UnixDatagram, message: &str) -> Result<(), String> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = socket.recv(&mut buf) {
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    if seen.iter().any(|m| m == message) {
+        Ok(())
+    } else {
+        Err(format!("seen {seen:?}"))
+    }
+}
+
 /// The value of the machine label in the features file.
 fn machine_label(features: &Path) -> Option<String> {
     std::fs::read_to_string(features)
@@ -370,7 +399,15 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
         let node = Node::new("dgx-h100");
         let mut kubelet = FakeKubelet::start(node.dir.path()).await;
         let port = free_port();
-        let old = Gpud::start(&node, &kubelet, port, "old");
+        // systemd's notification socket: both processes are of one unit.
+        let notify_path = node.dir.path().join("notify");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+        notify
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let old = Gpud::start_with(&node, &kubelet, port, "old", |c| {
+            c.env("NOTIFY_SOCKET", &notify_path);
+        });
         let first = kubelet.next_registration(10).await;
         assert_eq!(first.endpoint, "nvidia-gpu.sock");
         old.log_when("All subsystems ready", 10);
@@ -382,7 +419,8 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
         std::fs::write(&other_machine, "Newcomer Box\n").unwrap();
         let mut new = Gpud::start_with(&node, &kubelet, port, &format!("new-{step}"), |c| {
             c.env("GPUD_TEST_HANDOVER_PAUSE", step)
-                .env("GFD_MACHINE_TYPE_FILE", &other_machine);
+                .env("GFD_MACHINE_TYPE_FILE", &other_machine)
+                .env("NOTIFY_SOCKET", &notify_path);
         });
         new.log_when(&format!("Paused at handover step {step}"), 20);
         if step == "before-stop" {
@@ -394,6 +432,10 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
                 "{}",
                 switched.endpoint
             );
+            let new_main = format!("MAINPID={}", new.child.id());
+            common::until("the newcomer's MAINPID", 10, || {
+                notified(&notify, &new_main)
+            });
             common::until("the newcomer's labels", 10, || {
                 match machine_label(&features) {
                     Some(m) if m.starts_with("Newcomer") => Ok(()),
@@ -418,9 +460,7 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
             took < Duration::from_secs(1),
             "{step}: registered {took:?} after the kill"
         );
-        let mut client = kubelet.plugin(&again.endpoint).await;
-        let mut stream = list_and_watch(&mut client).await;
-        let list = next_list(&mut stream, 5).await;
+        let list = served_list(&kubelet, &again.endpoint).await;
         assert_eq!(list.devices.len(), 8, "{step}");
         assert!(unhealthy(&list).is_empty(), "{step}: {list:?}");
         assert!(
@@ -436,6 +476,11 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
                 other => Err(format!("{other:?}")),
             },
         );
+        // systemd learns that the old process is the main one again.
+        let old_main = format!("MAINPID={}", old.child.id());
+        common::until(&format!("{step}: {old_main}"), 2, || {
+            notified(&notify, &old_main)
+        });
         let text = old.log_when("serving again in full", 5);
         assert!(!text.contains("Handed over"), "{step}: {text}");
         http::get(port, "/metrics").expect("the old gpud still serves its port");
@@ -633,4 +678,41 @@ async fn a_hung_gpud_is_killed_and_the_new_one_serves_its_port_cold() {
     let status = tokio::task::block_in_place(|| old.child.wait()).unwrap();
     assert!(!status.success(), "killed: {status}");
     http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_socket_replaced_before_an_abandoned_takeover_is_served_again() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let port = free_port();
+    let old = Gpud::start(&node, &kubelet, port, "old");
+    let first = kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    let mut new = Gpud::start_with(&node, &kubelet, port, "new", |c| {
+        c.env("GPUD_TEST_HANDOVER_PAUSE", "before-stop");
+    });
+    new.log_when("Paused at handover step before-stop", 20);
+    assert_ne!(kubelet.next_registration(15).await.endpoint, first.endpoint);
+    // The old process's socket file replaced by one nobody answers on (renamed over it, as a
+    // newcomer binding the name itself would leave it): registering it anew would hand the
+    // kubelet a socket that lists nothing.
+    let socket = kubelet.dir.join(&first.endpoint);
+    let staged = kubelet.dir.join("nvidia-gpu.sock.staged");
+    let _silent = std::os::unix::net::UnixListener::bind(&staged).unwrap();
+    std::fs::rename(&staged, &socket).unwrap();
+    new.child.kill().unwrap();
+    let killed = Instant::now();
+    new.child.wait().unwrap();
+
+    let again = kubelet.next_registration(5).await;
+    assert_eq!(again.endpoint, first.endpoint);
+    let list = served_list(&kubelet, &again.endpoint).await;
+    assert_eq!(list.devices.len(), 8);
+    assert!(unhealthy(&list).is_empty(), "{list:?}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "served again {:?} after the kill",
+        killed.elapsed()
+    );
+    old.log_when("not the one this process bound", 5);
 }

@@ -350,6 +350,8 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         );
         let mut changes = readiness.subscribe();
         let mut announced = false;
+        let mut abandoned = board.abandoned();
+        let mut abandoned_open = true;
         if early == Some(Request::Reload) {
             reload_now(&reload, &fan_out, &notifier, announced, "SIGHUP");
         }
@@ -389,6 +391,15 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                     handover_pending = false;
                     warn!(wait = ?TAKEOVER_READY_WAIT, not_ready = %readiness.report().1.trim(), "Not every subsystem is ready; taking over (or serving the handover socket) anyway");
                     complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                }
+                changed = abandoned.changed(), if abandoned_open => {
+                    if changed.is_err() {
+                        abandoned_open = false;
+                        continue;
+                    }
+                    // The new process told systemd it was the main process before it went
+                    // away: this one is again, or systemd would take the service for ended.
+                    notifier.main_pid(std::process::id());
                 }
                 Some(request) = handover_requests.recv() => match request {
                     offer::Request::Stop { to, connection } => {
