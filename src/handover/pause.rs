@@ -3,8 +3,8 @@
 //!
 //! `GPUD_TEST_HANDOVER_PAUSE=<step>` makes the taking-over side log
 //! `Paused at handover step <step>` and block that step's thread for good; the rest of the
-//! process runs on (at `before-stop` its subsystems serve and have registered). The steps, in
-//! their order:
+//! process runs on (at `before-stop` every subsystem serves, and the device plugin registers
+//! with the kubelet meanwhile). The steps, in their order:
 //!
 //! - `connected`: connected to the old process's socket, before `hello`;
 //! - `hello-sent`: `hello` sent, before the offer is read;
