@@ -2,7 +2,9 @@
 //! from the running one — the metrics port, the device plugin (under a socket of its own that
 //! the kubelet switches to), the XID counts — while a scraper and a kubelet keep calling; and
 //! the ways a takeover fails: a hung or vanishing old process, one that speaks another
-//! version, a second newcomer, a stranger on the socket, a state folder that cannot be written.
+//! version, a second newcomer, a stranger on the socket, a state folder that cannot be written;
+//! a newcomer killed at each step of its takeover (the old one serves the kubelet again within
+//! a second), and a state directory another user could write to, refused at start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -459,6 +461,10 @@ async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_servi
         assert!(
             took < Duration::from_secs(1),
             "{step}: registered {took:?} after the kill"
+        );
+        eprintln!(
+            "{step}: registered again {} ms after the kill",
+            took.as_millis()
         );
         let list = served_list(&kubelet, &again.endpoint).await;
         assert_eq!(list.devices.len(), 8, "{step}");
