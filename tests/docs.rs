@@ -95,6 +95,10 @@ const FOREIGN_ENV: &[(&str, &str)] = &[
         "set by the DRA plugin in a shared claim's CDI spec, for the workload",
     ),
     ("GPUD_BLESS", "the test harness: rewrite golden files"),
+    (
+        "GPUD_TEST_HANDOVER_PAUSE",
+        "tests/handover.rs: stops a new gpud at a step of its takeover",
+    ),
     ("GPUD_BENCH_BASELINE", "make bench"),
     ("GPUD_BENCH_INTERVALS", "make bench"),
     (

@@ -2,7 +2,9 @@
 //! from the running one — the metrics port, the device plugin (under a socket of its own that
 //! the kubelet switches to), the XID counts — while a scraper and a kubelet keep calling; and
 //! the ways a takeover fails: a hung or vanishing old process, one that speaks another
-//! version, a second newcomer, a stranger on the socket, a state folder that cannot be written.
+//! version, a second newcomer, a stranger on the socket, a state folder that cannot be written;
+//! a newcomer killed at each step of its takeover (the old one serves the kubelet again within
+//! a second), and a state directory another user could write to, refused at start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -342,15 +344,240 @@ async fn strangers_and_a_second_newcomer_are_refused_and_the_old_gpud_keeps_serv
         "{text}"
     );
 
-    // The first newcomer goes away: the old one serves on as before.
+    // The first newcomer goes away: the old one serves on, and registers anew (the kubelet
+    // may have switched to the newcomer's socket).
     drop(first);
-    old.log_when("The takeover was abandoned; still serving", 10);
-    http::get(port, "/metrics").expect("the old gpud still serves");
     assert_eq!(
-        kubelet.registration_within(300).await.map(|r| r.endpoint),
-        None,
-        "nobody registered anew"
+        kubelet.next_registration(5).await.endpoint,
+        "nvidia-gpu.sock",
+        "the old gpud registered anew"
     );
+    old.log_when("The takeover was abandoned; serving again in full", 10);
+    http::get(port, "/metrics").expect("the old gpud still serves");
+}
+
+/// The first device list the plugin at `endpoint` sends, as the kubelet asks for it; fails
+/// after 5 s (a socket nobody answers on must not hang the test).
+async fn served_list(
+    kubelet: &FakeKubelet,
+    endpoint: &str,
+) -> gpud::proto::deviceplugin::ListAndWatchResponse {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut client = kubelet.plugin(endpoint).await;
+        let mut stream = list_and_watch(&mut client).await;
+        next_list(&mut stream, 5).await
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{endpoint} sent no device list within 5 s"))
+}
+
+/// Whether `message` is among the messages on the notification socket since the last look.
+fn notified(socket: &std::os::unix::net::UnixDatagram, message: &str) -> Result<(), String> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = socket.recv(&mut buf) {
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    if seen.iter().any(|m| m == message) {
+        Ok(())
+    } else {
+        Err(format!("seen {seen:?}"))
+    }
+}
+
+/// The value of the machine label in the features file.
+fn machine_label(features: &Path) -> Option<String> {
+    std::fs::read_to_string(features)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("nvidia.com/gpu.machine="))
+        .map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_killed_at_any_step_of_its_takeover_leaves_the_old_gpud_serving_the_kubelet_within_a_second()
+ {
+    for step in ["connected", "hello-sent", "offer-received", "before-stop"] {
+        let node = Node::new("dgx-h100");
+        let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+        let port = free_port();
+        // systemd's notification socket: both processes are of one unit.
+        let notify_path = node.dir.path().join("notify");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+        notify
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let old = Gpud::start_with(&node, &kubelet, port, "old", |c| {
+            c.env("NOTIFY_SOCKET", &notify_path);
+        });
+        let first = kubelet.next_registration(10).await;
+        assert_eq!(first.endpoint, "nvidia-gpu.sock");
+        old.log_when("All subsystems ready", 10);
+        let features = node.dir.path().join("features");
+        let own_machine = machine_label(&features).expect("the old gpud's machine label");
+
+        // The newcomer labels the node differently, so that its labels are told apart.
+        let other_machine = node.dir.path().join("newcomer_product_name");
+        std::fs::write(&other_machine, "Newcomer Box\n").unwrap();
+        let mut new = Gpud::start_with(&node, &kubelet, port, &format!("new-{step}"), |c| {
+            c.env("GPUD_TEST_HANDOVER_PAUSE", step)
+                .env("GFD_MACHINE_TYPE_FILE", &other_machine)
+                .env("NOTIFY_SOCKET", &notify_path);
+        });
+        new.log_when(&format!("Paused at handover step {step}"), 20);
+        if step == "before-stop" {
+            // The case of the report: the kubelet switched to the newcomer's socket and the
+            // labels are the newcomer's when it dies.
+            let switched = kubelet.next_registration(15).await;
+            assert!(
+                switched.endpoint.starts_with("nvidia-gpu-"),
+                "{}",
+                switched.endpoint
+            );
+            let new_main = format!("MAINPID={}", new.child.id());
+            common::until("the newcomer's MAINPID", 10, || {
+                notified(&notify, &new_main)
+            });
+            common::until("the newcomer's labels", 10, || {
+                match machine_label(&features) {
+                    Some(m) if m.starts_with("Newcomer") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            });
+        }
+        new.child.kill().unwrap();
+        let killed = Instant::now();
+        new.child.wait().unwrap();
+
+        let (arrived, again) =
+            tokio::time::timeout(Duration::from_secs(5), kubelet.next_registration_at(10))
+                .await
+                .unwrap_or_else(|_| panic!("{step}: the old gpud never registered again"));
+        assert_eq!(
+            again.endpoint, first.endpoint,
+            "{step}: the old gpud registers its own socket anew"
+        );
+        let took = arrived.saturating_duration_since(killed);
+        assert!(
+            took < Duration::from_secs(1),
+            "{step}: registered {took:?} after the kill"
+        );
+        eprintln!(
+            "{step}: registered again {} ms after the kill",
+            took.as_millis()
+        );
+        let list = served_list(&kubelet, &again.endpoint).await;
+        assert_eq!(list.devices.len(), 8, "{step}");
+        assert!(unhealthy(&list).is_empty(), "{step}: {list:?}");
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "{step}: every GPU healthy to the kubelet {:?} after the kill",
+            killed.elapsed()
+        );
+        common::until(
+            &format!("{step}: the old gpud's labels again"),
+            2,
+            || match machine_label(&features) {
+                Some(m) if m == own_machine => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        );
+        // systemd learns that the old process is the main one again.
+        let old_main = format!("MAINPID={}", old.child.id());
+        common::until(&format!("{step}: {old_main}"), 2, || {
+            notified(&notify, &old_main)
+        });
+        let text = old.log_when("serving again in full", 5);
+        assert!(!text.contains("Handed over"), "{step}: {text}");
+        http::get(port, "/metrics").expect("the old gpud still serves its port");
+    }
+}
+
+/// `gpud run` on `node` with the state directory `state`, which must refuse to start; its
+/// error output.
+fn refused_start(node: &Node, kubelet: &FakeKubelet, state: &Path, name: &str) -> String {
+    let mut gpud = Gpud::start_with(node, kubelet, free_port(), name, |command| {
+        command.env("GPUD_STATE_DIR", state);
+    });
+    let code = gpud.exit_within(30);
+    let text = std::fs::read_to_string(&gpud.log).unwrap();
+    assert_eq!(code, Some(65), "{name}: {text}");
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_directory_another_user_could_write_or_a_symlink_in_it_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let chmod = |path: &Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let node = Node::new("dgx-h100");
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+
+    let state = node.dir.path().join("world-writable");
+    std::fs::create_dir(&state).unwrap();
+    chmod(&state, 0o777);
+    let text = refused_start(&node, &kubelet, &state, "world-writable");
+    assert!(
+        text.contains(&format!("{} has mode 0777", state.display())) && text.contains("chmod 0700"),
+        "{text}"
+    );
+    assert!(!state.join("handover").exists(), "nothing made in it");
+
+    let state = node.dir.path().join("foreign");
+    std::fs::create_dir(&state).unwrap();
+    chmod(&state, 0o700);
+    std::os::unix::fs::chown(&state, Some(65534), None).unwrap();
+    let text = refused_start(&node, &kubelet, &state, "foreign");
+    assert!(
+        text.contains(&format!("{} is owned by uid 65534", state.display()))
+            && text.contains("chown 0"),
+        "{text}"
+    );
+
+    let state = node.dir.path().join("open-handover");
+    std::fs::create_dir_all(state.join("handover")).unwrap();
+    chmod(&state.join("handover"), 0o777);
+    let text = refused_start(&node, &kubelet, &state, "open-handover");
+    assert!(
+        text.contains(&format!(
+            "the handover folder {}",
+            state.join("handover").display()
+        )) && text.contains("mode 0777"),
+        "{text}"
+    );
+
+    // A symlinked handover folder: refused, and nothing is bound where it points.
+    let state = node.dir.path().join("linked-handover");
+    let elsewhere = node.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    chmod(&elsewhere, 0o700);
+    std::os::unix::fs::symlink(&elsewhere, state.join("handover")).unwrap();
+    let text = refused_start(&node, &kubelet, &state, "linked-handover");
+    assert!(
+        text.contains(&format!(
+            "the handover folder {} is a symlink",
+            state.join("handover").display()
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "nothing followed the link"
+    );
+
+    // A symlinked socket: refused, and its target is left alone.
+    let state = node.dir.path().join("linked-socket");
+    std::fs::create_dir_all(state.join("handover")).unwrap();
+    chmod(&state.join("handover"), 0o700);
+    let target = node.dir.path().join("target-file");
+    std::fs::write(&target, "kept").unwrap();
+    std::os::unix::fs::symlink(&target, state.join("handover/run.sock")).unwrap();
+    let text = refused_start(&node, &kubelet, &state, "linked-socket");
+    assert!(text.contains("is a symlink"), "{text}");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -457,4 +684,41 @@ async fn a_hung_gpud_is_killed_and_the_new_one_serves_its_port_cold() {
     let status = tokio::task::block_in_place(|| old.child.wait()).unwrap();
     assert!(!status.success(), "killed: {status}");
     http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_socket_replaced_before_an_abandoned_takeover_is_served_again() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let port = free_port();
+    let old = Gpud::start(&node, &kubelet, port, "old");
+    let first = kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    let mut new = Gpud::start_with(&node, &kubelet, port, "new", |c| {
+        c.env("GPUD_TEST_HANDOVER_PAUSE", "before-stop");
+    });
+    new.log_when("Paused at handover step before-stop", 20);
+    assert_ne!(kubelet.next_registration(15).await.endpoint, first.endpoint);
+    // The old process's socket file replaced by one nobody answers on (renamed over it, as a
+    // newcomer binding the name itself would leave it): registering it anew would hand the
+    // kubelet a socket that lists nothing.
+    let socket = kubelet.dir.join(&first.endpoint);
+    let staged = kubelet.dir.join("nvidia-gpu.sock.staged");
+    let _silent = std::os::unix::net::UnixListener::bind(&staged).unwrap();
+    std::fs::rename(&staged, &socket).unwrap();
+    new.child.kill().unwrap();
+    let killed = Instant::now();
+    new.child.wait().unwrap();
+
+    let again = kubelet.next_registration(5).await;
+    assert_eq!(again.endpoint, first.endpoint);
+    let list = served_list(&kubelet, &again.endpoint).await;
+    assert_eq!(list.devices.len(), 8);
+    assert!(unhealthy(&list).is_empty(), "{list:?}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "served again {:?} after the kill",
+        killed.elapsed()
+    );
+    old.log_when("not the one this process bound", 5);
 }

@@ -56,6 +56,14 @@ impl<S> Context<S> {
         self.board.predecessor_gone()
     }
 
+    /// Changes every time a new gpud abandons its takeover of this one (it went away after
+    /// the offer without saying `stop`): what the subsystem publishes outside the process
+    /// (a kubelet registration, a file) may have been replaced by the newcomer's, and is to be
+    /// published again in full. A receiver of its own.
+    pub fn takeover_abandoned(&self) -> watch::Receiver<u64> {
+        self.board.abandoned()
+    }
+
     /// Whether this process is stopping because a new gpud took over: what it would clean up
     /// on the way out (daemons, files it handed on) is the new one's now.
     pub fn handed_over(&self) -> bool {

@@ -271,6 +271,13 @@ impl<C: Send + Sync + 'static> Daemon<C> {
             ..
         } = self;
         let started = Instant::now();
+        // The state directory is root's: one another user could write to is refused before
+        // anything in it is trusted (the handover socket below, saved state later).
+        if let Some(socket) = &handover
+            && let Some(state_dir) = socket.parent().and_then(std::path::Path::parent)
+        {
+            handover::state_dir::check(state_dir, socket).map_err(Error::Config)?;
+        }
         // Before anything binds: the sockets of a running gpud are taken rather than bound.
         let mut takeover = match &handover {
             Some(socket) => Some(take_over(socket, &board).await?),
@@ -343,6 +350,8 @@ impl<C: Send + Sync + 'static> Daemon<C> {
         );
         let mut changes = readiness.subscribe();
         let mut announced = false;
+        let mut abandoned = board.abandoned();
+        let mut abandoned_open = true;
         if early == Some(Request::Reload) {
             reload_now(&reload, &fan_out, &notifier, announced, "SIGHUP");
         }
@@ -382,6 +391,15 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                     handover_pending = false;
                     warn!(wait = ?TAKEOVER_READY_WAIT, not_ready = %readiness.report().1.trim(), "Not every subsystem is ready; taking over (or serving the handover socket) anyway");
                     complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                }
+                changed = abandoned.changed(), if abandoned_open => {
+                    if changed.is_err() {
+                        abandoned_open = false;
+                        continue;
+                    }
+                    // The new process told systemd it was the main process before it went
+                    // away: this one is again, or systemd would take the service for ended.
+                    notifier.main_pid(std::process::id());
                 }
                 Some(request) = handover_requests.recv() => match request {
                     offer::Request::Stop { to, connection } => {
@@ -527,6 +545,7 @@ fn complete_handover(
             let pid = predecessor.pid;
             let board = board.clone();
             tokio::task::spawn_blocking(move || {
+                handover::pause::here("before-stop");
                 match predecessor.stop() {
                     Ok(finishing) => info!(
                         from = pid,

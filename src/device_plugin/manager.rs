@@ -18,6 +18,9 @@
 //!   every plugin is served and registered again.
 //! - Each plugin's gRPC server runs as a helper of the subsystem (`daemon::Helpers`): one that
 //!   fails marks the device plugin failed on `/readyz`, naming the resource.
+//! - A new gpud that abandons its takeover of this process (killed after registering its own
+//!   sockets, which the kubelet switched to) leaves the kubelet reaching nobody: every plugin
+//!   registers anew at once, served again first where its socket file is not the one it bound.
 //! - Devices held by DRA claims ([`crate::holdings`]) are withdrawn from every resource's
 //!   list while the claim lasts, so the kubelet never hands one GPU out through both.
 
@@ -79,6 +82,10 @@ struct Plugin {
     state: watch::Sender<PluginState>,
     stop: CancellationToken,
     socket: PathBuf,
+    /// The socket file as bound: (device, inode).
+    bound: Option<(u64, u64)>,
+    /// Stops the registration task now running (a child of `stop`).
+    registration: CancellationToken,
 }
 
 /// Runs until `cancel`, then stops every plugin and removes its socket. `ready` is set once
@@ -92,6 +99,7 @@ pub async fn run(
     config: ManagerConfig,
     ready: ReadyLatch,
     helpers: Helpers,
+    mut abandoned: watch::Receiver<u64>,
 ) -> Result<(), ManagerError> {
     let dir = config
         .kubelet_socket
@@ -109,6 +117,7 @@ pub async fn run(
     let mut held = config.held.clone().map(HeldSource::subscribe);
     let mut markers = mps::Markers::default();
     let mut mps_logged: BTreeSet<String> = BTreeSet::new();
+    let mut abandoned_open = true;
     'run: loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let current = settings.borrow_and_update().clone();
@@ -172,6 +181,15 @@ pub async fn run(
                 changed = settings.changed() => if changed.is_err() { break 'run } else { break },
                 () = markers.changed() => break,
                 () = held_changed(&mut held) => break,
+                changed = abandoned.changed(), if abandoned_open => {
+                    if changed.is_err() {
+                        abandoned_open = false;
+                        continue;
+                    }
+                    if register_all_again(&mut plugins, config.kubelet_socket.as_deref()) {
+                        break;
+                    }
+                }
                 event = folder.next() => match event {
                     DirEvent::KubeletStarted => {
                         restart_all = Some("Kubelet restarted");
@@ -213,6 +231,50 @@ async fn held_changed(held: &mut Option<watch::Receiver<Held>>) {
         }
         None => std::future::pending().await,
     }
+}
+
+/// A takeover of this process was abandoned: the kubelet may have switched to the new
+/// process's sockets, which nobody serves now. Every plugin whose socket file is still the one
+/// it bound registers anew (its server and its ListAndWatch streams go on); the others are
+/// stopped, for the next reconcile to serve and register them again. Whether any was stopped.
+fn register_all_again(plugins: &mut BTreeMap<String, Plugin>, kubelet: Option<&Path>) -> bool {
+    let replaced: Vec<String> = plugins
+        .iter()
+        .filter(|(_, plugin)| plugin.bound.is_none() || identity(&plugin.socket) != plugin.bound)
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in &replaced {
+        if let Some(plugin) = plugins.remove(name) {
+            warn!(resource = %name, socket = %plugin.socket.display(), "The plugin socket is not the one this process bound; serving it again and registering anew");
+            stop(plugin);
+        }
+    }
+    let Some(kubelet) = kubelet else {
+        return !replaced.is_empty();
+    };
+    for (name, plugin) in plugins.iter_mut() {
+        let Some(endpoint) = plugin.socket.file_name() else {
+            continue;
+        };
+        info!(resource = %name, "Registering anew with the kubelet");
+        plugin.registration.cancel();
+        plugin.registration = plugin.stop.child_token();
+        logging::spawn(register_until_accepted(
+            kubelet.to_path_buf(),
+            endpoint.to_string_lossy().into_owned(),
+            name.clone(),
+            plugin.registration.clone(),
+        ));
+    }
+    !replaced.is_empty()
+}
+
+/// (device, inode) of the file at `path`, not following a link.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 /// Stops the plugins whose socket file is gone, for the next reconcile to serve and register
@@ -435,6 +497,7 @@ fn start(state: PluginState, spawn: &Spawn<'_>) -> Result<Plugin, ManagerError> 
         return Err(ManagerError::NoPluginDir(dir.to_path_buf()));
     }
     let listener = grpc::bind(&socket, grpc::SOCKET_MODE)?;
+    let bound = identity(&socket);
     let (tx, rx) = watch::channel(state);
     let stop = cancel.child_token();
     // Any :authority is accepted: kubelets before 1.26 send the socket path there.
@@ -447,18 +510,21 @@ fn start(state: PluginState, spawn: &Spawn<'_>) -> Result<Plugin, ManagerError> 
     // Whether it registers is on the line: with `--kubelet-socket ""` nothing else says so.
     let registering = config.kubelet_socket.is_some();
     info!(resource = %resource.name, socket = %socket.display(), devices = resource.devices.len(), registering, "Serving resource");
+    let registration = stop.child_token();
     if let Some(kubelet) = config.kubelet_socket.clone() {
         logging::spawn(register_until_accepted(
             kubelet,
             socket_name,
             resource.name.clone(),
-            stop.clone(),
+            registration.clone(),
         ));
     }
     Ok(Plugin {
         state: tx,
         stop,
         socket,
+        bound,
+        registration,
     })
 }
 

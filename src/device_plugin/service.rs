@@ -31,6 +31,7 @@ impl Subsystem for DevicePlugin {
             self.config,
             ctx.ready_latch(),
             ctx.helpers(),
+            ctx.takeover_abandoned(),
         )
         .await?;
         Ok(())

@@ -28,6 +28,8 @@ struct Shared {
     taken_from: Mutex<Option<String>>,
     /// Whether no process this one took over from is still finishing.
     predecessor_gone: tokio::sync::watch::Sender<bool>,
+    /// How many takeovers of this process were abandoned (see [`Board::mark_abandoned`]).
+    abandoned: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for Shared {
@@ -38,6 +40,7 @@ impl Default for Shared {
             handed_over: AtomicBool::default(),
             taken_from: Mutex::default(),
             predecessor_gone: tokio::sync::watch::Sender::new(true),
+            abandoned: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -109,6 +112,19 @@ impl Board {
         lock(&self.shared.taken_from).clone()
     }
 
+    /// A new gpud that was offered this process's sockets went away without saying `stop`:
+    /// it may have registered with the kubelet (which then reaches nobody), rewritten what
+    /// this process publishes, or removed its sockets. Whoever publishes something does so
+    /// again in full ([`Board::abandoned`]).
+    pub fn mark_abandoned(&self) {
+        self.shared.abandoned.send_modify(|count| *count += 1);
+    }
+
+    /// Changes every time a takeover of this process is abandoned ([`Board::mark_abandoned`]).
+    pub fn abandoned(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.abandoned.subscribe()
+    }
+
     /// Whether this process handed over to a new one and is only finishing.
     pub fn handed_over(&self) -> bool {
         self.shared.handed_over.load(Ordering::SeqCst)
@@ -133,5 +149,19 @@ mod tests {
         assert_eq!(next.take("xid"), Some(Value::from(7)));
         assert_eq!(next.take("xid"), None);
         assert!(!next.handed_over());
+    }
+
+    #[test]
+    fn every_abandoned_takeover_is_news_to_each_subscriber() {
+        let board = Board::default();
+        let mut early = board.abandoned();
+        assert!(!early.has_changed().unwrap());
+        board.mark_abandoned();
+        let mut late = board.clone().abandoned();
+        assert!(early.has_changed().unwrap());
+        assert_eq!(*early.borrow_and_update(), 1);
+        board.mark_abandoned();
+        assert!(late.has_changed().unwrap());
+        assert_eq!(*late.borrow_and_update(), 2);
     }
 }

@@ -26,7 +26,9 @@
 mod board;
 pub mod message;
 pub mod offer;
+pub mod pause;
 pub mod peer;
+pub mod state_dir;
 pub mod take;
 pub mod upgrade;
 pub mod wire;

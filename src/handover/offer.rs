@@ -3,8 +3,10 @@
 //! The socket (`<state-dir>/handover/<applet>.sock`, mode 0600 in a 0700 folder) takes one
 //! takeover at a time, from a process of the same user (`SO_PEERCRED`); anything else is
 //! refused and logged, and the running process goes on serving. After an `offer` the old
-//! process keeps serving (both accept on the same sockets now) until the new one says `stop`;
-//! a new process that goes away before that leaves the old one serving as before.
+//! process keeps serving (both accept on the same sockets now) until the new one says `stop`.
+//! A new process that goes away before that (killed at any step: the connection closes with
+//! it) leaves the old one serving again in full: [`Board::mark_abandoned`] has every part that
+//! publishes something register or write it again, since the newcomer may have replaced it.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -53,6 +55,18 @@ pub fn bind(path: &Path) -> Result<UnixListener, String> {
             .mode(0o700)
             .create(folder)
             .map_err(|err| fail("create its folder", err))?;
+        // A folder that is a link (made since the start's check) is not followed.
+        match std::fs::symlink_metadata(folder) {
+            Ok(meta) if meta.is_dir() => {}
+            _ => {
+                return Err(format!(
+                    "{}: its folder {} is not a directory of its own (a symlink?); not \
+                     following it",
+                    path.display(),
+                    folder.display()
+                ));
+            }
+        }
     }
     match std::fs::remove_file(path) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
@@ -127,6 +141,14 @@ fn answer(
     let _ = stream.set_write_timeout(Some(HELLO_WAIT));
     let first = match wire::receive(&mut stream) {
         Ok((message, _)) => message,
+        Err(WireError::Closed) => {
+            // A process of this user connected and went away without a word: a new gpud
+            // killed as it began its takeover. It was given nothing, but publishing again
+            // costs little and proves the kubelet is served by this process.
+            warn!(pid = %peer.describe(), "A new gpud went away before its takeover began; serving again in full");
+            board.mark_abandoned();
+            return;
+        }
         Err(err) => {
             warn!(pid = %peer.describe(), error = %err, "Refused a connection on the handover socket");
             return;
@@ -230,11 +252,16 @@ fn offer(
         host: super::take::host_name(),
     };
     if let Err(err) = wire::send(&mut stream, &offer, &fds) {
-        warn!(pid, error = %err, "Cannot offer the takeover; still serving");
+        warn!(pid, error = %err, "Cannot offer the takeover; serving again in full");
+        board.mark_abandoned();
         return;
     }
     drop(fds);
     let _ = stream.set_read_timeout(Some(STOP_WAIT));
+    // Whatever ends the exchange here but `stop` leaves this process serving: the new one
+    // held its sockets and may have registered with the kubelet (which then switched to a
+    // socket nobody serves), rewritten the labels, or replaced a socket file. Its end closes
+    // the connection at once, even when it is killed, so the wait ends with it.
     match wire::receive(&mut stream) {
         Ok((Message::Stop, _)) => {
             listeners::handed_on(&keys);
@@ -243,15 +270,22 @@ fn offer(
                 to: pid.to_string(),
                 connection: stream,
             });
+            return;
         }
         Ok((other, _)) => {
-            warn!(pid, message = ?other, "The new gpud did not say stop; still serving")
+            warn!(pid, message = ?other, "The new gpud did not say stop; serving again in full")
         }
         Err(WireError::TimedOut) => warn!(
             pid,
             wait = ?STOP_WAIT,
-            "The new gpud did not take over in time; still serving"
+            "The new gpud did not take over in time; serving again in full"
         ),
-        Err(err) => warn!(pid, error = %err, "The takeover was abandoned; still serving"),
+        Err(err) => warn!(
+            pid,
+            error = %err,
+            "The takeover was abandoned; serving again in full (registering anew with the \
+             kubelet, publishing again)"
+        ),
     }
+    board.mark_abandoned();
 }

@@ -102,6 +102,7 @@ pub fn take_over(socket: &Path, board: &Board) -> Takeover {
             };
         }
     };
+    super::pause::here("connected");
     match exchange(&mut stream) {
         Ok((
             Message::Offer {
@@ -117,6 +118,7 @@ pub fn take_over(socket: &Path, board: &Board) -> Takeover {
             board.set_taken_from(host);
             listeners::inherit(sockets.iter().cloned().zip(fds).collect(), instance_name());
             board.inherit(state);
+            super::pause::here("offer-received");
             Takeover::Took(Predecessor {
                 pid,
                 peer,
@@ -167,6 +169,7 @@ fn exchange(stream: &mut UnixStream) -> Result<(Message, Vec<std::os::fd::OwnedF
         host: host_name(),
     };
     wire::send(stream, &hello, &[])?;
+    super::pause::here("hello-sent");
     wire::receive(stream)
 }
 

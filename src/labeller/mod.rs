@@ -306,7 +306,8 @@ fn removes_on_exit(settings: &Settings) -> Option<&Path> {
 /// an empty [`Snapshot`] (no GPUs: only the timestamp label, as GFD does). New settings arriving on `settings` replace the current ones and restart
 /// the timestamp, as GFD's SIGHUP restart does. `ready` is set once the labels reached every
 /// sink. On the way out the features file is removed, unless `handed_over()` says a new gpud
-/// writes it now.
+/// writes it now. Every change on `abandoned` (a new gpud went away mid-takeover, maybe after
+/// writing its own labels) writes the labels again at once.
 pub async fn run(
     cancel: CancellationToken,
     inventory: Inventory,
@@ -314,6 +315,7 @@ pub async fn run(
     api_sink: Option<ApiSink>,
     ready: ReadyLatch,
     handed_over: &(dyn Fn() -> bool + Send + Sync),
+    mut abandoned: watch::Receiver<u64>,
 ) -> Result<(), LabellerError> {
     let mut settings = settings_rx.borrow_and_update().clone();
     let mut updates = inventory.subscribe();
@@ -324,6 +326,7 @@ pub async fn run(
     let mut force = true;
     let mut file_written = false;
     let mut settings_open = true;
+    let mut abandoned_open = true;
     let mut next_tick = next_pass(settings.sleep_interval);
 
     loop {
@@ -389,6 +392,19 @@ pub async fn run(
             () = sleep_until(retry_at), if retry_at.is_some() => {
                 if let Some(api) = &mut api {
                     let _ = api.push().await;
+                }
+            }
+            changed = abandoned.changed(), if abandoned_open => {
+                if changed.is_err() {
+                    abandoned_open = false;
+                    continue;
+                }
+                debug!("A takeover was abandoned; labelling again now");
+                force = true;
+                // The newcomer may have written the object: read it again, not trusting what
+                // this process confirmed there before.
+                if let Some(api) = &mut api {
+                    api.confirmed = None;
                 }
             }
             changed = settings_rx.changed(), if settings_open => {

@@ -43,6 +43,7 @@ impl Subsystem for Labeller {
             api_sink,
             ctx.ready_latch(),
             &|| ctx.handed_over(),
+            ctx.takeover_abandoned(),
         )
         .await?;
         Ok(())
