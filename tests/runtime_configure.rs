@@ -216,6 +216,11 @@ fn crio_gets_a_drop_in_that_revert_removes() {
     let out = configure(&["--runtime=crio", "--revert", &flag]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!drop_in.exists());
+    assert_eq!(
+        names_in(dir.path()),
+        ["crio.conf.d"],
+        "gpud's record of the file it created goes with it"
+    );
 }
 
 /// The containerd binaries on this machine: Debian's on PATH and those
@@ -475,6 +480,10 @@ fn systemd_restart_from_a_container_runs_the_hosts_systemctl_in_its_root() {
     assert_eq!(
         fs::read_to_string(host.join("restarted")).unwrap(),
         "restart containerd\n"
+    );
+    assert!(
+        !host.join("etc/containerd/config.toml.gpud.restart").exists(),
+        "the restart succeeded inside the host root: nothing is owed"
     );
     assert!(
         fs::read_to_string(&config)
@@ -776,6 +785,13 @@ fn revert_after_a_hand_edit_keeps_the_edit() {
         assert!(
             dir.path().join("config.toml.gpud.bak").exists(),
             "the file differs from the backup: the backup stays"
+        );
+        let again = run(&full_with(&path, &["--revert"]));
+        assert_eq!(code(&again), 0, "{}", stderr(&again));
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            text,
+            "a second revert does not take the kept backup for gpud's"
         );
         if let Some(dump) = dump_if(&containerd, &path) {
             assert!(

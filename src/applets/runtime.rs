@@ -257,9 +257,13 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         root: &args.host_root,
         proc_root: &args.proc_root,
     };
+    // Opened before the restart, which may enter the host's root.
+    let marker = write::LaterRemoval::of(&side.pending).map_err(failure)?;
     match restart::restart(runtime, args.restart_mode, &unit, host) {
         Ok(Some(done)) => {
-            write::remove(&side.pending, "remove the pending-restart marker").map_err(failure)?;
+            marker
+                .remove("remove the pending-restart marker")
+                .map_err(failure)?;
             eprintln!("gpud: {done}");
         }
         Ok(None) => eprintln!(
@@ -489,7 +493,6 @@ fn revert(
             path.display()
         ),
     }
-    record::store(&side.record, &kept).map_err(failure)?;
     // The backup goes only once nothing of gpud's is left and the file is the backup again
     // (or gone, gpud having created it): otherwise it is the only copy of the file before gpud.
     let back_to_backup = match (&edited, &backup) {
@@ -497,7 +500,12 @@ fn revert(
         (Edited::Text(new), Some(old)) => new == old,
         (Edited::Text(_), None) => false,
     };
-    if kept.changes.is_empty() && back_to_backup {
+    let drop_backup = kept.changes.is_empty() && back_to_backup;
+    kept.backup_kept = backup.is_some() && !drop_backup;
+    // Once nothing of gpud's is left, the file is no longer one gpud created.
+    kept.created &= !kept.changes.is_empty();
+    record::store(&side.record, &kept).map_err(failure)?;
+    if drop_backup {
         write::remove(&side.backup, "remove the backup").map_err(failure)?;
     } else if backup.is_some() {
         eprintln!(

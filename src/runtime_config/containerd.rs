@@ -149,7 +149,7 @@ pub fn shadowing_imports(path: &Path, text: &str, name: &str) -> Vec<String> {
         .unwrap_or_default();
     let mut lines = Vec::new();
     for import in imports.iter().flat_map(|pattern| expand(path, pattern)) {
-        let Ok(imported_text) = std::fs::read_to_string(&import) else {
+        let Ok(Some(imported_text)) = super::write::read(&import) else {
             continue;
         };
         let Ok(imported) = parse(&import, &imported_text) else {

@@ -46,6 +46,11 @@ pub struct Record {
     pub created: bool,
     /// The keys gpud changed, in order.
     pub changes: Vec<Change>,
+    /// A revert left the file different from the backup, so the backup stays; the record
+    /// stays with it, empty, so that no later revert takes the backup for one of a gpud that
+    /// kept no record.
+    #[serde(default)]
+    pub backup_kept: bool,
 }
 
 impl Record {
@@ -108,9 +113,9 @@ pub fn load(path: &Path) -> Result<Option<Record>, Error> {
     Ok(Some(record))
 }
 
-/// Writes `record` to `path`, or removes the file when nothing is recorded.
+/// Writes `record` to `path`, or removes the file when it holds nothing.
 pub fn store(path: &Path, record: &Record) -> Result<(), Error> {
-    if record.changes.is_empty() && !record.created {
+    if record.changes.is_empty() && !record.created && !record.backup_kept {
         return write::remove(path, "remove gpud's record");
     }
     let record = Record {

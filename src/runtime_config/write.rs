@@ -121,6 +121,48 @@ pub fn remove(path: &Path, step: &'static str) -> Result<(), Error> {
     }
 }
 
+/// A file to remove later through its folder's descriptor: after a restart that entered the
+/// host's root (chroot), the path as this process first saw it no longer leads there.
+#[derive(Debug)]
+pub struct LaterRemoval {
+    folder: File,
+    name: std::ffi::OsString,
+    path: PathBuf,
+}
+
+impl LaterRemoval {
+    /// Opens the folder of `path` now.
+    pub fn of(path: &Path) -> Result<LaterRemoval, Error> {
+        let folder = match path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder,
+            _ => Path::new("."),
+        };
+        let file = File::open(folder).map_err(|source| WriteError {
+            path: folder.to_path_buf(),
+            step: "open the folder",
+            source,
+        })?;
+        Ok(LaterRemoval {
+            folder: file,
+            name: path.file_name().map(ToOwned::to_owned).unwrap_or_default(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Removes the file if it is there.
+    pub fn remove(self, step: &'static str) -> Result<(), Error> {
+        match rustix::fs::unlinkat(&self.folder, self.name.as_os_str(), rustix::fs::AtFlags::empty()) {
+            Err(errno) if errno != rustix::io::Errno::NOENT => Err(WriteError {
+                path: self.path,
+                step,
+                source: errno.into(),
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Replaces `path` with `contents` atomically, through a temporary file of this process.
 fn replace(
     path: &Path,
