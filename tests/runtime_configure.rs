@@ -482,7 +482,9 @@ fn systemd_restart_from_a_container_runs_the_hosts_systemctl_in_its_root() {
         "restart containerd\n"
     );
     assert!(
-        !host.join("etc/containerd/config.toml.gpud.restart").exists(),
+        !host
+            .join("etc/containerd/config.toml.gpud.restart")
+            .exists(),
         "the restart succeeded inside the host root: nothing is owed"
     );
     assert!(
@@ -591,7 +593,12 @@ fn a_symlinked_config_is_edited_through_the_link_which_stays_a_link() {
 
         let out = run(&full_with(&link, &[]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
         assert_eq!(
             fs::read_link(&link).unwrap(),
             Path::new("../srv/containerd.toml")
@@ -613,7 +620,12 @@ fn a_symlinked_config_is_edited_through_the_link_which_stays_a_link() {
 
         let revert = run(&full_with(&link, &["--revert"]));
         assert_eq!(code(&revert), 0, "{}", stderr(&revert));
-        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
         assert_eq!(fs::read_to_string(&real).unwrap(), original);
         assert_eq!(names_in(&etc), ["config.toml"]);
         assert_eq!(names_in(&srv), ["containerd.toml"]);
@@ -635,8 +647,15 @@ fn a_dangling_symlink_is_refused_naming_the_link_and_its_target() {
         "{message}"
     );
     assert!(message.contains("does not exist"), "{message}");
-    assert!(message.contains("create the file the link points to"), "{message}");
-    assert_eq!(fs::read_link(&link).unwrap(), missing, "the link is untouched");
+    assert!(
+        message.contains("create the file the link points to"),
+        "{message}"
+    );
+    assert_eq!(
+        fs::read_link(&link).unwrap(),
+        missing,
+        "the link is untouched"
+    );
     assert_eq!(names_in(dir.path()), ["config.toml"], "nothing written");
 }
 
@@ -658,15 +677,29 @@ fn an_absolute_link_resolves_inside_the_host_root() {
 
         let out = run(&full_with(&link, &[&host_flag]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
-        assert!(fs::read_to_string(&real).unwrap().contains("enable_cdi = true"));
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(
+            fs::read_to_string(&real)
+                .unwrap()
+                .contains("enable_cdi = true")
+        );
         if let Some(text) = dump_if(&containerd, &real) {
             assert!(text.contains("enable_cdi = true"), "{text}");
         }
         let revert = run(&full_with(&link, &[&host_flag, "--revert"]));
         assert_eq!(code(&revert), 0, "{}", stderr(&revert));
         assert_eq!(fs::read_to_string(&real).unwrap(), original);
-        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
 
         // Without the host root the same link dangles: refused, nothing written.
         let out = run(&full_with(&link, &[]));
@@ -706,7 +739,11 @@ fn revert_leaves_what_nvidias_toolkit_set() {
         ];
         let out = run(&cdi);
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        assert!(stderr(&out).contains("already configured"), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("already configured"),
+            "{}",
+            stderr(&out)
+        );
         let mut revert = cdi.to_vec();
         revert.push("--revert".to_owned());
         let out = run(&revert);
@@ -764,10 +801,10 @@ fn revert_after_a_hand_edit_keeps_the_edit() {
         fs::write(&path, plain_config(version, dir.path())).unwrap();
         let out = run(&full_with(&path, &[]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        let edited = fs::read_to_string(&path)
-            .unwrap()
-            .replace("\"/usr/bin/nvidia-container-runtime\"", "\"/opt/admin/runtime\"")
-            + "\n[debug]\n  level = \"debug\"\n";
+        let edited = fs::read_to_string(&path).unwrap().replace(
+            "\"/usr/bin/nvidia-container-runtime\"",
+            "\"/opt/admin/runtime\"",
+        ) + "\n[debug]\n  level = \"debug\"\n";
         fs::write(&path, &edited).unwrap();
         let out = run(&full_with(&path, &["--revert"]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -777,7 +814,10 @@ fn revert_after_a_hand_edit_keeps_the_edit() {
             stderr(&out)
         );
         let text = fs::read_to_string(&path).unwrap();
-        assert!(text.contains("BinaryName = \"/opt/admin/runtime\""), "{text}");
+        assert!(
+            text.contains("BinaryName = \"/opt/admin/runtime\""),
+            "{text}"
+        );
         assert!(text.contains("enable_cdi = false"), "{text}");
         assert!(text.contains("level = \"debug\""), "{text}");
         assert!(!text.contains("default_runtime_name"), "{text}");
@@ -844,7 +884,10 @@ fn concurrent_runs_all_land() {
         if let Some(dump) = dump_if(&containerd, &path) {
             for i in 0..RUNS {
                 assert!(
-                    dump.contains(&quoted(version, &format!("BinaryName = \"/usr/bin/rt{i}\""))),
+                    dump.contains(&quoted(
+                        version,
+                        &format!("BinaryName = \"/usr/bin/rt{i}\"")
+                    )),
                     "{dump}"
                 );
             }
@@ -894,7 +937,12 @@ fn a_failed_restart_is_retried_by_the_next_run() {
         let path_var = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", dir.path().display());
         let gpud = || {
             Command::new(gpud_bin())
-                .args(["runtime", "configure", "--runtime=containerd", "--enable-cdi"])
+                .args([
+                    "runtime",
+                    "configure",
+                    "--runtime=containerd",
+                    "--enable-cdi",
+                ])
                 .arg("--restart-mode=systemd")
                 .arg(format!("--config={}", config.display()))
                 .env("PATH", &path_var)
@@ -903,7 +951,11 @@ fn a_failed_restart_is_retried_by_the_next_run() {
         };
         let first = gpud();
         assert_eq!(code(&first), 1, "{}", stderr(&first));
-        assert!(stderr(&first).contains("is written, but"), "{}", stderr(&first));
+        assert!(
+            stderr(&first).contains("is written, but"),
+            "{}",
+            stderr(&first)
+        );
 
         fs::remove_file(&fail).unwrap();
         let second = gpud();
@@ -973,7 +1025,10 @@ fn huge_and_non_regular_configs_are_refused_without_reading_them() {
     assert_eq!(code(&out), 65, "{}", stderr(&out));
     let message = stderr(&out);
     assert!(message.contains(&huge.display().to_string()), "{message}");
-    assert!(message.contains(&format!("{} bytes", text.len())), "{message}");
+    assert!(
+        message.contains(&format!("{} bytes", text.len())),
+        "{message}"
+    );
     assert!(message.contains("4194304-byte limit"), "{message}");
     assert_eq!(fs::metadata(&huge).unwrap().len(), text.len() as u64);
 
@@ -1014,12 +1069,26 @@ fn docker_and_crio_configs_behind_links_stay_links() {
     let flag = format!("--config={}", docker_link.display());
     let out = configure(&["--runtime=docker", "--enable-cdi", &flag]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(fs::symlink_metadata(&docker_link).unwrap().file_type().is_symlink());
-    assert!(fs::read_to_string(&daemon).unwrap().contains("\"cdi\": true"));
+    assert!(
+        fs::symlink_metadata(&docker_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        fs::read_to_string(&daemon)
+            .unwrap()
+            .contains("\"cdi\": true")
+    );
     let out = configure(&["--runtime=docker", "--enable-cdi", "--revert", &flag]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(fs::read_to_string(&daemon).unwrap(), original);
-    assert!(fs::symlink_metadata(&docker_link).unwrap().file_type().is_symlink());
+    assert!(
+        fs::symlink_metadata(&docker_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 
     let conf_d = dir.path().join("crio/crio.conf.d");
     fs::create_dir_all(&conf_d).unwrap();
@@ -1030,8 +1099,17 @@ fn docker_and_crio_configs_behind_links_stay_links() {
     let flag = format!("--drop-in-config={}", crio_link.display());
     let out = configure(&["--runtime=crio", "--set-as-default", &flag]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(fs::symlink_metadata(&crio_link).unwrap().file_type().is_symlink());
-    assert!(fs::read_to_string(&drop_in).unwrap().contains("default_runtime = \"nvidia\""));
+    assert!(
+        fs::symlink_metadata(&crio_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        fs::read_to_string(&drop_in)
+            .unwrap()
+            .contains("default_runtime = \"nvidia\"")
+    );
     assert_eq!(
         names_in(&conf_d),
         ["99-gpud.conf"],
@@ -1043,5 +1121,10 @@ fn docker_and_crio_configs_behind_links_stay_links() {
         fs::read_to_string(&drop_in).unwrap(),
         "[crio.runtime]\nlog_level = \"info\"\n"
     );
-    assert!(fs::symlink_metadata(&crio_link).unwrap().file_type().is_symlink());
+    assert!(
+        fs::symlink_metadata(&crio_link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 }

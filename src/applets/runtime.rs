@@ -382,7 +382,9 @@ fn configure(
     if args.dry_run {
         return Ok(true);
     }
-    let mut kept = record::load(&side.record).map_err(failure)?.unwrap_or_default();
+    let mut kept = record::load(&side.record)
+        .map_err(failure)?
+        .unwrap_or_default();
     if text.is_none() && kept.changes.is_empty() {
         kept.created = true;
     }

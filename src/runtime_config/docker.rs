@@ -161,13 +161,14 @@ pub fn revert_recorded(
     if let Some(old) = backup
         && let Ok(mut probe) = parse(path, old)
     {
-        let before_matches = restored.iter().all(|c| {
-            match (value_text(&probe, &c.key), &c.before) {
-                (None, None) => true,
-                (Some(a), Some(b)) => same_text(&a, b),
-                _ => false,
-            }
-        });
+        let before_matches =
+            restored
+                .iter()
+                .all(|c| match (value_text(&probe, &c.key), &c.before) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => same_text(&a, b),
+                    _ => false,
+                });
         let old_style = Style::of(old);
         let mut probe_changed = false;
         for change in restored.iter().rev() {
@@ -523,7 +524,10 @@ mod tests {
 }
 "#
         );
-        assert_eq!(configure(path, &out, &plan(&request())).unwrap(), (out.clone(), vec![]));
+        assert_eq!(
+            configure(path, &out, &plan(&request())).unwrap(),
+            (out.clone(), vec![])
+        );
         let owned = plan(&request()).owned;
         assert_eq!(
             revert(path, &out, Some(ORIGINAL), &owned).unwrap(),

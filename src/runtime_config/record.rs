@@ -79,7 +79,11 @@ pub struct SideFiles {
 impl SideFiles {
     /// The side files of `real`.
     pub fn of(runtime: Runtime, real: &Path) -> SideFiles {
-        let base = match (runtime, real.parent().and_then(Path::parent), real.file_name()) {
+        let base = match (
+            runtime,
+            real.parent().and_then(Path::parent),
+            real.file_name(),
+        ) {
             (Runtime::Crio, Some(above), Some(name)) if !above.as_os_str().is_empty() => {
                 above.join(name)
             }
@@ -165,14 +169,24 @@ mod tests {
     fn a_damaged_record_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.json");
-        std::fs::write(&path, "{\"version\": 99, \"created\": false, \"changes\": []}").unwrap();
+        std::fs::write(
+            &path,
+            "{\"version\": 99, \"created\": false, \"changes\": []}",
+        )
+        .unwrap();
         let err = load(&path).unwrap_err().to_string();
-        assert!(err.contains("r.json") && err.contains("version 99"), "{err}");
+        assert!(
+            err.contains("r.json") && err.contains("version 99"),
+            "{err}"
+        );
     }
 
     #[test]
     fn crio_keeps_its_side_files_out_of_the_drop_in_folder() {
-        let side = SideFiles::of(Runtime::Crio, Path::new("/etc/crio/crio.conf.d/99-gpud.conf"));
+        let side = SideFiles::of(
+            Runtime::Crio,
+            Path::new("/etc/crio/crio.conf.d/99-gpud.conf"),
+        );
         assert_eq!(side.record, Path::new("/etc/crio/99-gpud.conf.gpud.json"));
         let side = SideFiles::of(Runtime::Docker, Path::new("/etc/docker/daemon.json"));
         assert_eq!(side.backup, Path::new("/etc/docker/daemon.json.gpud.bak"));

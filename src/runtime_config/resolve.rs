@@ -193,7 +193,10 @@ mod tests {
         assert_eq!(target.real, host.join("srv/conf/containerd.toml"));
         // Outside the host root the same link dangles, and is refused naming both ends.
         let err = resolve(&link, Path::new("/")).unwrap_err().to_string();
-        assert!(err.contains("is a symlink to /srv/conf/containerd.toml"), "{err}");
+        assert!(
+            err.contains("is a symlink to /srv/conf/containerd.toml"),
+            "{err}"
+        );
     }
 
     #[test]

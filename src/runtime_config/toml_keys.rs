@@ -126,7 +126,10 @@ pub fn restore(path: &Path, doc: &mut DocumentMut, change: &Change) -> Result<()
         Some(text) => {
             let old = text.parse::<Value>().map_err(|err| Error::Record {
                 path: path.to_path_buf(),
-                message: format!("{}: the value before gpud, {text}, is not TOML: {err}", key.join(".")),
+                message: format!(
+                    "{}: the value before gpud, {text}, is not TOML: {err}",
+                    key.join(".")
+                ),
             })?;
             let parent = descend(path, doc.as_item_mut(), parents)?;
             let table = as_table(path, parent, parents)?;
@@ -143,12 +146,14 @@ pub fn restore(path: &Path, doc: &mut DocumentMut, change: &Change) -> Result<()
             }
         }
         None => {
-            if let Some(table) = get_mut(doc.as_item_mut(), parents).and_then(Item::as_table_like_mut)
+            if let Some(table) =
+                get_mut(doc.as_item_mut(), parents).and_then(Item::as_table_like_mut)
             {
                 table.remove(last);
             }
             for depth in (change.parents_before + 1..key.len()).rev() {
-                let empty = get(doc.as_item(), &key[..depth]).is_some_and(|t| holds_nothing(t, &[]));
+                let empty =
+                    get(doc.as_item(), &key[..depth]).is_some_and(|t| holds_nothing(t, &[]));
                 if !empty {
                     break;
                 }
@@ -192,13 +197,14 @@ pub fn revert_recorded(
     if let Some(old) = backup
         && let Ok(mut probe) = old.parse::<DocumentMut>()
     {
-        let before_matches = restored.iter().all(|c| {
-            match (value_text(probe.as_item(), &c.key), &c.before) {
-                (None, None) => true,
-                (Some(a), Some(b)) => same_text(&a, b),
-                _ => false,
-            }
-        });
+        let before_matches =
+            restored
+                .iter()
+                .all(|c| match (value_text(probe.as_item(), &c.key), &c.before) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => same_text(&a, b),
+                    _ => false,
+                });
         for change in restored.iter().rev() {
             copy(path, current.as_item(), probe.as_item_mut(), &change.key)?;
         }

@@ -54,7 +54,10 @@ pub fn read(path: &Path) -> Result<Option<String>, Error> {
         }),
         // A file under a non-folder cannot exist either; writing it says why.
         Err(ReadError::Io { source, .. })
-            if matches!(source.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) =>
+            if matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::NotADirectory
+            ) =>
         {
             Ok(None)
         }
@@ -78,13 +81,18 @@ pub fn make_folder(path: &Path) -> Result<(), Error> {
 /// Replaces `path` (whose text is `original`, `None` when it does not exist) with `contents`,
 /// keeping its mode and owner; backs `original` up to `backup` first unless a backup is
 /// already there. The caller holds the folder's lock.
-pub fn put(path: &Path, backup: &Path, original: Option<&str>, contents: &str) -> Result<(), Error> {
+pub fn put(
+    path: &Path,
+    backup: &Path,
+    original: Option<&str>,
+    contents: &str,
+) -> Result<(), Error> {
     let (mode, owner) = mode_and_owner(path);
     make_folder(path)?;
     // `symlink_metadata`: anything at the backup's name, even a dangling link, is a backup
     // made before and is never replaced.
     if let Some(original) = original
-        && fs::symlink_metadata(&backup).is_err()
+        && fs::symlink_metadata(backup).is_err()
     {
         make_folder(backup)?;
         replace(backup, original.as_bytes(), mode, owner)?;
@@ -151,7 +159,11 @@ impl LaterRemoval {
 
     /// Removes the file if it is there.
     pub fn remove(self, step: &'static str) -> Result<(), Error> {
-        match rustix::fs::unlinkat(&self.folder, self.name.as_os_str(), rustix::fs::AtFlags::empty()) {
+        match rustix::fs::unlinkat(
+            &self.folder,
+            self.name.as_os_str(),
+            rustix::fs::AtFlags::empty(),
+        ) {
             Err(errno) if errno != rustix::io::Errno::NOENT => Err(WriteError {
                 path: self.path,
                 step,
@@ -171,7 +183,10 @@ fn replace(
     owner: Option<(u32, u32)>,
 ) -> Result<(), Error> {
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    let temp = beside(&hidden(path), &format!(".gpud.{}.{n}.tmp", std::process::id()));
+    let temp = beside(
+        &hidden(path),
+        &format!(".gpud.{}.{n}.tmp", std::process::id()),
+    );
     let written = write_then_rename(&temp, path, contents, mode, owner);
     if written.is_err() {
         let _ = fs::remove_file(&temp);
