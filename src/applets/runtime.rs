@@ -219,19 +219,18 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
     }
     let path = file.real.as_path();
     let side = SideFiles::of(runtime, path);
-    // The lock is held from the read to the restart; a dry run writes nothing and takes none.
-    let held = if args.dry_run {
+    // The lock is held from the read to the restart. A dry run writes nothing and takes none;
+    // nor does a revert where the folder is missing (there is nothing to revert).
+    let folder_missing = path
+        .parent()
+        .is_some_and(|folder| !folder.as_os_str().is_empty() && !folder.is_dir());
+    let held = if args.dry_run || (args.revert && folder_missing) {
         None
     } else {
         if !args.revert {
             write::make_folder(path).map_err(failure)?;
         }
-        match path.parent() {
-            Some(folder) if args.revert && !folder.as_os_str().is_empty() && !folder.is_dir() => {
-                None
-            }
-            _ => Some(lock::lock_folder_of(path).map_err(failure)?),
-        }
+        Some(lock::lock_folder_of(path).map_err(failure)?)
     };
     if held.is_some() {
         write::remove_leftovers(path);

@@ -34,15 +34,6 @@ impl Target {
     pub fn is_link(&self) -> bool {
         self.through_link
     }
-
-    /// The path for messages: `given` and, when different, what it resolves to.
-    pub fn describe(&self) -> String {
-        if self.is_link() {
-            format!("{} (-> {})", self.given.display(), self.real.display())
-        } else {
-            self.given.display().to_string()
-        }
-    }
 }
 
 /// Resolves `path` (inside `host_root` when it lies under it and that is not `/`).
