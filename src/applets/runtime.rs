@@ -18,9 +18,10 @@ use clap::{ArgAction, Parser, Subcommand};
 use crate::cli;
 use crate::daemon::Error;
 use crate::runtime_config::install;
+use crate::runtime_config::record::{self, SideFiles};
 use crate::runtime_config::restart::{self, Host, RestartError, RestartMode};
 use crate::runtime_config::{
-    self, Edited, NvidiaRuntime, Request, Runtime, containerd, crio, docker, write,
+    self, Edited, NvidiaRuntime, Request, Runtime, containerd, crio, docker, lock, resolve, write,
 };
 
 /// The NVIDIA runtime's executable for containerd and CRI-O (an absolute path there).
@@ -206,32 +207,73 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         .clone()
         .unwrap_or_else(|| restart::default_unit(runtime).to_owned());
     restart::check(runtime, args.restart_mode, &unit).map_err(|e| Error::Usage(e.to_string()))?;
-    let path = target(args)?;
+    let given = target(args)?;
     stop_if_checking(args.check_config)?;
-    let text = write::read(&path).map_err(failure)?;
-
-    let changed = if args.revert {
-        revert(args, &path, text.as_deref())?
+    let file = resolve::resolve(&given, &args.host_root).map_err(failure)?;
+    if file.is_link() {
+        eprintln!(
+            "gpud: {} is a symlink: editing the file it points to, {}",
+            given.display(),
+            file.real.display()
+        );
+    }
+    let path = file.real.as_path();
+    let side = SideFiles::of(runtime, path);
+    // The lock is held from the read to the restart. A dry run writes nothing and takes none;
+    // nor does a revert where the folder is missing (there is nothing to revert).
+    let folder_missing = path
+        .parent()
+        .is_some_and(|folder| !folder.as_os_str().is_empty() && !folder.is_dir());
+    let held = if args.dry_run || (args.revert && folder_missing) {
+        None
     } else {
-        configure(args, &path, text.as_deref())?
+        if !args.revert {
+            write::make_folder(path).map_err(failure)?;
+        }
+        Some(lock::lock_folder_of(path).map_err(failure)?)
     };
-    if !changed || args.dry_run {
+    if held.is_some() {
+        write::remove_leftovers(path);
+    }
+    let text = write::read(path).map_err(failure)?;
+    let pending = side.pending.exists();
+    let changed = if args.revert {
+        revert(args, path, &side, text.as_deref())?
+    } else {
+        configure(args, path, &side, text.as_deref(), pending)?
+    };
+    if args.dry_run || !(changed || pending) {
         return Ok(());
+    }
+    if pending && !changed {
+        eprintln!(
+            "gpud: {}: {} has not been told of gpud's last change yet (its restart failed)",
+            path.display(),
+            runtime.name()
+        );
     }
     let host = Host {
         root: &args.host_root,
         proc_root: &args.proc_root,
     };
+    // Opened before the restart, which may enter the host's root.
+    let marker = write::LaterRemoval::of(&side.pending).map_err(failure)?;
     match restart::restart(runtime, args.restart_mode, &unit, host) {
-        Ok(Some(done)) => eprintln!("gpud: {done}"),
+        Ok(Some(done)) => {
+            marker
+                .remove("remove the pending-restart marker")
+                .map_err(failure)?;
+            eprintln!("gpud: {done}");
+        }
         Ok(None) => eprintln!(
             "gpud: restart {} to apply it (or run again with --restart-mode)",
             runtime.name()
         ),
         Err(RestartError::Refused(why) | RestartError::Failed(why)) => {
             return Err(Error::Failure(format!(
-                "{} is written, but {why}",
-                path.display()
+                "{} is written, but {why}; the next gpud runtime configure restarts it again (marker {})",
+                path.display(),
+                side.pending.display()
             )));
         }
     }
@@ -294,8 +336,15 @@ fn request(args: &ConfigureArgs) -> Request {
     }
 }
 
-/// Edits (or prints) the file; whether it changed.
-fn configure(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool, Error> {
+/// Edits (or prints) the file; whether it changed. The record of what gpud changed and the
+/// pending-restart marker are written before the file (see [`record`]).
+fn configure(
+    args: &ConfigureArgs,
+    path: &Path,
+    side: &SideFiles,
+    text: Option<&str>,
+    pending: bool,
+) -> Result<bool, Error> {
     if args.runtime == Runtime::Crio && args.enable_cdi {
         eprintln!(
             "gpud: CRI-O reads CDI specs without a switch (1.24 and later): --enable-cdi adds nothing for crio"
@@ -308,8 +357,9 @@ fn configure(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bo
             .unwrap_or(2),
         _ => 2,
     };
-    let new = runtime_config::configure(args.runtime, path, text, &request(args), new_version)
-        .map_err(failure)?;
+    let (new, changes) =
+        runtime_config::configure(args.runtime, path, text, &request(args), new_version)
+            .map_err(failure)?;
     if args.runtime == Runtime::Containerd {
         for line in containerd::shadowing_imports(path, &new, &args.nvidia_runtime_name) {
             eprintln!("gpud: warning: {line}");
@@ -320,27 +370,52 @@ fn configure(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bo
         cli::print_stdout(&new, "the new config")?;
     }
     if unchanged {
-        eprintln!(
-            "gpud: {}: already configured, nothing to change",
-            path.display()
-        );
+        if !pending {
+            eprintln!(
+                "gpud: {}: already configured, nothing to change",
+                path.display()
+            );
+        }
         return Ok(false);
     }
     if args.dry_run {
         return Ok(true);
     }
-    write::put(path, text, &new).map_err(failure)?;
-    eprintln!(
-        "gpud: {}: configured for {} (the file before gpud is kept in {})",
-        path.display(),
-        args.runtime.name(),
-        write::backup_path(path).display()
-    );
+    let mut kept = record::load(&side.record)
+        .map_err(failure)?
+        .unwrap_or_default();
+    if text.is_none() && kept.changes.is_empty() {
+        kept.created = true;
+    }
+    kept.merge(changes);
+    record::store(&side.record, &kept).map_err(failure)?;
+    if args.restart_mode != RestartMode::None {
+        write::put_own(&side.pending, &format!("{}\n", args.runtime.name())).map_err(failure)?;
+    }
+    write::put(path, &side.backup, text, &new).map_err(failure)?;
+    match text {
+        Some(_) => eprintln!(
+            "gpud: {}: configured for {} (the file before gpud is kept in {})",
+            path.display(),
+            args.runtime.name(),
+            side.backup.display()
+        ),
+        None => eprintln!(
+            "gpud: {}: created for {}",
+            path.display(),
+            args.runtime.name()
+        ),
+    }
     Ok(true)
 }
 
-/// Takes back what gpud added (or prints the result); whether the file changed.
-fn revert(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool, Error> {
+/// Takes back what gpud recorded it changed (or prints the result); whether the file changed.
+fn revert(
+    args: &ConfigureArgs,
+    path: &Path,
+    side: &SideFiles,
+    text: Option<&str>,
+) -> Result<bool, Error> {
     let Some(text) = text else {
         eprintln!(
             "gpud: {}: does not exist, nothing to revert",
@@ -348,49 +423,140 @@ fn revert(args: &ConfigureArgs, path: &Path, text: Option<&str>) -> Result<bool,
         );
         return Ok(false);
     };
-    let backup_path = write::backup_path(path);
-    let backup = write::read(&backup_path).map_err(failure)?;
-    let edited = runtime_config::revert(
+    let backup = write::read(&side.backup).map_err(failure)?;
+    let Some(mut kept) = record::load(&side.record).map_err(failure)? else {
+        return match backup {
+            Some(backup) => revert_from_backup(args, path, side, text, &backup),
+            None => {
+                eprintln!(
+                    "gpud: {}: gpud has changed nothing in it (no record {}), nothing to revert",
+                    path.display(),
+                    side.record.display()
+                );
+                Ok(false)
+            }
+        };
+    };
+    let owned = runtime_config::owned(args.runtime, path, text, &args.nvidia_runtime_name)
+        .map_err(failure)?;
+    let (ours, others): (Vec<_>, Vec<_>) = kept
+        .changes
+        .drain(..)
+        .partition(|c| owned.iter().any(|key| c.key.starts_with(key)));
+    kept.changes = others;
+    let (edited, skipped) = runtime_config::revert_recorded(
         args.runtime,
         path,
         text,
+        &ours,
         backup.as_deref(),
-        &args.nvidia_runtime_name,
+        kept.created && kept.changes.is_empty(),
     )
     .map_err(failure)?;
+    for change in &skipped {
+        eprintln!(
+            "gpud: {}: {} was changed since gpud set it ({} now); left as it is",
+            path.display(),
+            change.key.join("."),
+            change.set
+        );
+    }
     let reverted = match &edited {
-        Edited::Text(new) if new == text => {
-            if !args.dry_run && backup.is_some() {
-                write::put_reverted(path, Some(new)).map_err(failure)?;
-            }
-            eprintln!(
-                "gpud: {}: nothing of gpud's in it, nothing to revert",
-                path.display()
-            );
-            if args.dry_run {
-                cli::print_stdout(new, "the reverted config")?;
-            }
-            return Ok(false);
-        }
-        Edited::Text(new) => Some(new.as_str()),
-        Edited::Remove => None,
+        Edited::Text(new) if new == text => None,
+        Edited::Text(new) => Some(Some(new.as_str())),
+        Edited::Remove => Some(None),
     };
     if args.dry_run {
         match reverted {
-            Some(new) => cli::print_stdout(new, "the reverted config")?,
-            None => eprintln!(
+            Some(Some(new)) => cli::print_stdout(new, "the reverted config")?,
+            None => cli::print_stdout(text, "the reverted config")?,
+            Some(None) => eprintln!(
                 "gpud: {}: would be removed (gpud created it)",
                 path.display()
             ),
         }
-        return Ok(true);
+        return Ok(reverted.is_some());
     }
-    write::put_reverted(path, reverted).map_err(failure)?;
+    if args.restart_mode != RestartMode::None && reverted.is_some() {
+        write::put_own(&side.pending, &format!("{}\n", args.runtime.name())).map_err(failure)?;
+    }
     match reverted {
-        Some(_) => eprintln!("gpud: {}: reverted", path.display()),
-        None => eprintln!("gpud: {}: removed (gpud created it)", path.display()),
+        Some(Some(new)) => {
+            write::put(path, &side.backup, None, new).map_err(failure)?;
+            eprintln!("gpud: {}: reverted", path.display());
+        }
+        Some(None) => {
+            write::remove(path, "remove the file gpud created").map_err(failure)?;
+            eprintln!("gpud: {}: removed (gpud created it)", path.display());
+        }
+        None => eprintln!(
+            "gpud: {}: nothing of gpud's left in it, nothing to revert",
+            path.display()
+        ),
     }
-    Ok(true)
+    // The backup goes only once nothing of gpud's is left and the file is the backup again
+    // (or gone, gpud having created it): otherwise it is the only copy of the file before gpud.
+    let back_to_backup = match (&edited, &backup) {
+        (Edited::Remove, _) => true,
+        (Edited::Text(new), Some(old)) => new == old,
+        (Edited::Text(_), None) => false,
+    };
+    let drop_backup = kept.changes.is_empty() && back_to_backup;
+    kept.backup_kept = backup.is_some() && !drop_backup;
+    // Once nothing of gpud's is left, the file is no longer one gpud created.
+    kept.created &= !kept.changes.is_empty();
+    record::store(&side.record, &kept).map_err(failure)?;
+    if drop_backup {
+        write::remove(&side.backup, "remove the backup").map_err(failure)?;
+    } else if backup.is_some() {
+        eprintln!(
+            "gpud: the file before gpud stays in {}",
+            side.backup.display()
+        );
+    }
+    Ok(reverted.is_some())
+}
+
+/// Revert of a file a gpud without records configured: the backup is the file before gpud.
+fn revert_from_backup(
+    args: &ConfigureArgs,
+    path: &Path,
+    side: &SideFiles,
+    text: &str,
+    backup: &str,
+) -> Result<bool, Error> {
+    let edited = runtime_config::revert(
+        args.runtime,
+        path,
+        text,
+        Some(backup),
+        &args.nvidia_runtime_name,
+    )
+    .map_err(failure)?;
+    let new = match edited {
+        Edited::Text(new) => new,
+        // Only a file gpud created (no backup) is ever removed.
+        Edited::Remove => String::new(),
+    };
+    if args.dry_run {
+        cli::print_stdout(&new, "the reverted config")?;
+        return Ok(new != text);
+    }
+    if new != text {
+        if args.restart_mode != RestartMode::None {
+            write::put_own(&side.pending, &format!("{}\n", args.runtime.name()))
+                .map_err(failure)?;
+        }
+        write::put(path, &side.backup, None, &new).map_err(failure)?;
+        eprintln!("gpud: {}: reverted", path.display());
+    } else {
+        eprintln!(
+            "gpud: {}: nothing of gpud's in it, nothing to revert",
+            path.display()
+        );
+    }
+    write::remove(&side.backup, "remove the backup").map_err(failure)?;
+    Ok(new != text)
 }
 
 /// A config that does not validate is 65; a file or folder that cannot be written, 73.

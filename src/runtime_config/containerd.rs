@@ -15,6 +15,7 @@ use std::process::Command;
 
 use toml_edit::DocumentMut;
 
+use super::record::Change;
 use super::toml_keys::{self, get, parse};
 use super::{Edited, Error, NvidiaRuntime, Plan, Request, Wanted, key};
 
@@ -94,12 +95,18 @@ pub fn configure(
     text: Option<&str>,
     request: &Request,
     new_version: i64,
-) -> Result<String, Error> {
+) -> Result<(String, Vec<Change>), Error> {
     let empty = format!("version = {new_version}\n");
     let mut doc = parse(path, text.unwrap_or(&empty))?;
     let version = version_of(path, &doc)?;
-    toml_keys::apply(path, &mut doc, &plan(version, request))?;
-    Ok(doc.to_string())
+    let changes = toml_keys::apply(path, &mut doc, &plan(version, request))?;
+    Ok((doc.to_string(), changes))
+}
+
+/// The keys gpud owns in `text` for the runtime entry `name`.
+pub fn owned(path: &Path, text: &str, name: &str) -> Result<Vec<Vec<String>>, Error> {
+    let version = version_of(path, &parse(path, text)?)?;
+    Ok(plan(version, &named(name)).owned)
 }
 
 /// See [`super::revert`].
@@ -142,7 +149,7 @@ pub fn shadowing_imports(path: &Path, text: &str, name: &str) -> Vec<String> {
         .unwrap_or_default();
     let mut lines = Vec::new();
     for import in imports.iter().flat_map(|pattern| expand(path, pattern)) {
-        let Ok(imported_text) = std::fs::read_to_string(&import) else {
+        let Ok(Some(imported_text)) = super::write::read(&import) else {
             continue;
         };
         let Ok(imported) = parse(&import, &imported_text) else {
@@ -258,12 +265,16 @@ mod tests {
     fn golden_round_trip(name: &str) {
         let path = Path::new("/etc/containerd/config.toml");
         let input = fixture(&format!("{name}.toml"));
-        let out = configure(path, Some(&input), &cdi_and_runtime(), 2).unwrap();
+        let (out, changes) = configure(path, Some(&input), &cdi_and_runtime(), 2).unwrap();
         assert_eq!(out, fixture(&format!("{name}.configured.toml")));
         assert_eq!(
             configure(path, Some(&out), &cdi_and_runtime(), 2).unwrap(),
-            out
+            (out.clone(), vec![])
         );
+        let (reverted, skipped) =
+            toml_keys::revert_recorded(path, &out, &changes, Some(&input), false, &[]).unwrap();
+        assert_eq!(reverted, Edited::Text(input.clone()));
+        assert!(skipped.is_empty());
         assert_eq!(
             revert(path, &out, Some(&input), "nvidia").unwrap(),
             Edited::Text(input)
@@ -284,7 +295,7 @@ mod tests {
     fn cdi_alone_adds_no_runtime_entry() {
         let path = Path::new("c.toml");
         let input = fixture("containerd-v2.toml");
-        let out = configure(path, Some(&input), &cdi_only(), 2).unwrap();
+        let (out, _) = configure(path, Some(&input), &cdi_only(), 2).unwrap();
         assert!(out.contains("enable_cdi = true"), "{out}");
         assert!(!out.contains("nvidia"), "{out}");
     }
@@ -292,7 +303,7 @@ mod tests {
     #[test]
     fn a_missing_file_becomes_a_config_of_the_given_version() {
         let path = Path::new("c.toml");
-        let out = configure(path, None, &cdi_only(), 3).unwrap();
+        let (out, _) = configure(path, None, &cdi_only(), 3).unwrap();
         assert_eq!(
             out,
             "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\"]\nenable_cdi = true\n"
@@ -304,7 +315,7 @@ mod tests {
     fn a_revert_after_other_edits_takes_back_only_gpuds_keys() {
         let path = Path::new("c.toml");
         let input = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  enable_cdi = false\n";
-        let out = configure(path, Some(input), &cdi_and_runtime(), 2).unwrap();
+        let (out, _) = configure(path, Some(input), &cdi_and_runtime(), 2).unwrap();
         let edited = format!("{out}# added by hand\n[debug]\nlevel = \"debug\"\n");
         let Edited::Text(reverted) = revert(path, &edited, Some(input), "nvidia").unwrap() else {
             panic!("removed");

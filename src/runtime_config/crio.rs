@@ -57,7 +57,7 @@ mod tests {
             set_as_default: true,
         };
         let path = Path::new(DEFAULT_DROP_IN);
-        let out = configure(Runtime::Crio, path, None, &request, 2).unwrap();
+        let (out, _) = configure(Runtime::Crio, path, None, &request, 2).unwrap();
         assert_eq!(
             out,
             "[crio.runtime]\n\
@@ -70,7 +70,7 @@ mod tests {
         );
         assert_eq!(
             configure(Runtime::Crio, path, Some(&out), &request, 2).unwrap(),
-            out
+            (out.clone(), vec![])
         );
         assert_eq!(
             revert(Runtime::Crio, path, &out, None, "nvidia").unwrap(),
@@ -84,7 +84,7 @@ mod tests {
             enable_cdi: true,
             ..Request::default()
         };
-        let out = configure(Runtime::Crio, Path::new("d.conf"), None, &request, 2).unwrap();
+        let (out, _) = configure(Runtime::Crio, Path::new("d.conf"), None, &request, 2).unwrap();
         assert_eq!(out, "");
     }
 }

@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::record::Change;
 use super::{Edited, Error, Plan, Request, Wanted, key};
 
 /// nvidia-ctk's default `--config` for Docker.
@@ -40,19 +41,157 @@ pub fn plan(request: &Request) -> Plan {
     plan
 }
 
-/// `plan`'s settings applied to `text`, the contents of `path` ("" for a missing file).
-pub fn configure(path: &Path, text: &str, plan: &Plan) -> Result<String, Error> {
+/// `plan`'s settings applied to `text`, the contents of `path` ("" for a missing file), with
+/// what changed.
+pub fn configure(path: &Path, text: &str, plan: &Plan) -> Result<(String, Vec<Change>), Error> {
     let mut top = parse(path, text)?;
     let style = Style::of(text);
-    let mut changed = false;
+    let mut changes = Vec::new();
     for (key, wanted) in &plan.settings {
-        changed |= set(path, &mut top, key, wanted, &style, 1)?;
+        let before = value_text(&top, key);
+        let parents_before = parents_before(&top, key);
+        if set(path, &mut top, key, wanted, &style, 1)?
+            && let Some(after) = value_text(&top, key)
+        {
+            changes.push(Change {
+                key: key.clone(),
+                before,
+                set: after,
+                parents_before,
+            });
+        }
     }
-    Ok(if changed {
+    let text = if changes.is_empty() {
+        text.to_owned()
+    } else {
+        style.render(&top, 0) + "\n"
+    };
+    Ok((text, changes))
+}
+
+/// The JSON text of the value at `key`.
+fn value_text(object: &Object, key: &[String]) -> Option<String> {
+    let (first, rest) = key.split_first()?;
+    let raw = object.get(first)?;
+    if rest.is_empty() {
+        return Some(raw.text().to_owned());
+    }
+    value_text(&object_in(raw)?, rest)
+}
+
+/// How many of `key`'s parent objects exist in `object`.
+fn parents_before(object: &Object, key: &[String]) -> usize {
+    match key.split_first() {
+        Some((first, rest)) if !rest.is_empty() => object
+            .get(first)
+            .and_then(object_in)
+            .map_or(0, |child| 1 + parents_before(&child, rest)),
+        _ => 0,
+    }
+}
+
+/// Whether two JSON texts mean the same.
+fn same_text(a: &str, b: &str) -> bool {
+    match (
+        serde_json::from_str::<serde_json::Value>(a),
+        serde_json::from_str::<serde_json::Value>(b),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Gives back `change` under `object`, `key` being its key from `level` on; whether anything
+/// changed. Objects gpud created for the key go when they are left empty.
+fn restore(
+    object: &mut Object,
+    key: &[String],
+    change: &Change,
+    level: usize,
+    style: &Style,
+) -> bool {
+    let Some((first, rest)) = key.split_first() else {
+        return false;
+    };
+    if rest.is_empty() {
+        return match &change.before {
+            Some(text) => {
+                object.put(first, Raw::New(text.clone()));
+                true
+            }
+            None => object.remove(first),
+        };
+    }
+    let Some(mut child) = object.get(first).and_then(object_in) else {
+        return false;
+    };
+    if !restore(&mut child, rest, change, level + 1, style) {
+        return false;
+    }
+    if child.0.is_empty() && level + 1 > change.parents_before {
+        object.remove(first);
+    } else {
+        object.put(first, Raw::New(style.render(&child, level + 1)));
+    }
+    true
+}
+
+/// See [`super::toml_keys::revert_recorded`]: the same for daemon.json.
+pub fn revert_recorded(
+    path: &Path,
+    text: &str,
+    changes: &[Change],
+    backup: Option<&str>,
+    created: bool,
+) -> Result<(Edited, Vec<Change>), Error> {
+    let current = parse(path, text)?;
+    let mut top = current.clone();
+    let style = Style::of(text);
+    let mut skipped = Vec::new();
+    let mut restored = Vec::new();
+    let mut changed = false;
+    for change in changes.iter().rev() {
+        if value_text(&top, &change.key).is_some_and(|now| same_text(&now, &change.set)) {
+            changed |= restore(&mut top, &change.key, change, 0, &style);
+            restored.push(change);
+        } else {
+            skipped.push(change.clone());
+        }
+    }
+    if let Some(old) = backup
+        && let Ok(mut probe) = parse(path, old)
+    {
+        let before_matches =
+            restored
+                .iter()
+                .all(|c| match (value_text(&probe, &c.key), &c.before) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => same_text(&a, b),
+                    _ => false,
+                });
+        let old_style = Style::of(old);
+        let mut probe_changed = false;
+        for change in restored.iter().rev() {
+            probe_changed |= copy(path, Some(&current), &mut probe, &change.key, &old_style, 1)?;
+        }
+        let probe_text = if probe_changed {
+            old_style.render(&probe, 0) + "\n"
+        } else {
+            old.to_owned()
+        };
+        if before_matches && probe_text == text {
+            return Ok((Edited::Text(old.to_owned()), skipped));
+        }
+    }
+    if created && top.0.is_empty() {
+        return Ok((Edited::Remove, skipped));
+    }
+    let text = if changed {
         style.render(&top, 0) + "\n"
     } else {
         text.to_owned()
-    })
+    };
+    Ok((Edited::Text(text), skipped))
 }
 
 /// See [`super::revert`]; `owned` are the key paths gpud owns.
@@ -362,7 +501,7 @@ mod tests {
     #[test]
     fn order_and_other_values_are_kept_byte_for_byte() {
         let path = Path::new(DEFAULT_CONFIG);
-        let out = configure(path, ORIGINAL, &plan(&request())).unwrap();
+        let (out, _) = configure(path, ORIGINAL, &plan(&request())).unwrap();
         assert_eq!(
             out,
             r#"{
@@ -385,7 +524,10 @@ mod tests {
 }
 "#
         );
-        assert_eq!(configure(path, &out, &plan(&request())).unwrap(), out);
+        assert_eq!(
+            configure(path, &out, &plan(&request())).unwrap(),
+            (out.clone(), vec![])
+        );
         let owned = plan(&request()).owned;
         assert_eq!(
             revert(path, &out, Some(ORIGINAL), &owned).unwrap(),
@@ -400,7 +542,7 @@ mod tests {
             enable_cdi: true,
             ..Request::default()
         };
-        let out = configure(path, "", &plan(&cdi)).unwrap();
+        let (out, _) = configure(path, "", &plan(&cdi)).unwrap();
         assert_eq!(
             out,
             "{\n    \"features\": {\n        \"cdi\": true\n    }\n}\n"
@@ -413,7 +555,7 @@ mod tests {
     fn a_revert_after_other_edits_keeps_them() {
         let path = Path::new("daemon.json");
         let original = "{\n  \"features\": {\"cdi\": false}\n}\n";
-        let out = configure(path, original, &plan(&request())).unwrap();
+        let (out, _) = configure(path, original, &plan(&request())).unwrap();
         let edited = out.replacen("{\n", "{\n  \"debug\": true,\n", 1);
         let owned = plan(&request()).owned;
         let Edited::Text(reverted) = revert(path, &edited, Some(original), &owned).unwrap() else {

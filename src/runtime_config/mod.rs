@@ -4,13 +4,18 @@
 //!
 //! Each runtime turns a [`Request`] into a [`Plan`]: the leaf keys to set and the keys gpud
 //! owns (what `--revert` takes back). The same plan drives both file formats: [`toml_keys`]
-//! edits containerd's and CRI-O's TOML, [`docker`] Docker's JSON. [`write`] puts the result in
-//! place with a backup; [`restart`] tells the runtime.
+//! edits containerd's and CRI-O's TOML, [`docker`] Docker's JSON. [`resolve`] finds the file
+//! a `--config` symlink names, [`lock`] keeps other runs out, [`write`] reads it bounded and
+//! puts the result in place with a backup, [`record`] keeps what gpud changed for `--revert`
+//! and a restart still owed; [`restart`] tells the runtime.
 
 pub mod containerd;
 pub mod crio;
 pub mod docker;
 pub mod install;
+pub mod lock;
+pub mod record;
+pub mod resolve;
 pub mod restart;
 pub mod toml_keys;
 pub mod write;
@@ -188,6 +193,28 @@ pub enum Error {
     /// The file, its backup or its folder cannot be written.
     #[error("{0}; check that the folder exists and gpud may write it (run as root)")]
     Write(#[from] crate::files::WriteError),
+    /// The file is not one gpud reads: not a regular file, or over the size limit.
+    #[error("{0}")]
+    Unfit(crate::files::ReadError),
+    /// `--config` is a symlink gpud cannot follow to a file.
+    #[error("{}: {message}", path.display())]
+    Link {
+        /// The path as given.
+        path: PathBuf,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// gpud's record of what it changed cannot be read or written.
+    #[error(
+        "{}: gpud's record of what it changed in the config: {message}; move it away and take back gpud's keys by hand (the file before gpud is in its .gpud.bak, when there is one)",
+        path.display()
+    )]
+    Record {
+        /// The record file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl Error {
@@ -195,7 +222,11 @@ impl Error {
     pub fn is_data(&self) -> bool {
         matches!(
             self,
-            Error::Toml { .. } | Error::Json { .. } | Error::Version { .. } | Error::Shape { .. }
+            Error::Toml { .. }
+                | Error::Json { .. }
+                | Error::Version { .. }
+                | Error::Shape { .. }
+                | Error::Unfit(_)
         )
     }
 }
@@ -229,7 +260,7 @@ pub fn configure(
     text: Option<&str>,
     request: &Request,
     new_version: i64,
-) -> Result<String, Error> {
+) -> Result<(String, Vec<record::Change>), Error> {
     match runtime {
         Runtime::Containerd => containerd::configure(path, text, request, new_version),
         Runtime::Crio => toml_keys::configure(path, text.unwrap_or(""), &crio::plan(request)),
@@ -237,10 +268,51 @@ pub fn configure(
     }
 }
 
-/// Gives the keys gpud owns in `text` (CDI, the runtime entry `name`, the default runtime)
-/// back the values they have in `backup` (the file before gpud's first edit; `None`: gpud
-/// created it). The backup's bytes come back exactly when nothing but those keys changed
-/// since; otherwise only those keys change.
+/// The keys `--revert` with `--nvidia-runtime-name name` takes back in `text` (CDI, the runtime
+/// entry `name`, the default runtime): a recorded change under one of them is taken back.
+pub fn owned(
+    runtime: Runtime,
+    path: &Path,
+    text: &str,
+    name: &str,
+) -> Result<Vec<Vec<String>>, Error> {
+    let owned_by_name = Request {
+        runtime: Some(NvidiaRuntime {
+            name: name.to_owned(),
+            path: String::new(),
+        }),
+        ..Request::default()
+    };
+    Ok(match runtime {
+        Runtime::Containerd => containerd::owned(path, text, name)?,
+        Runtime::Crio => crio::plan(&owned_by_name).owned,
+        Runtime::Docker => docker::plan(&owned_by_name).owned,
+    })
+}
+
+/// Takes back the recorded `changes` in `text` (see [`toml_keys::revert_recorded`]); the
+/// result and the changes left alone because their key was changed since.
+pub fn revert_recorded(
+    runtime: Runtime,
+    path: &Path,
+    text: &str,
+    changes: &[record::Change],
+    backup: Option<&str>,
+    created: bool,
+) -> Result<(Edited, Vec<record::Change>), Error> {
+    match runtime {
+        Runtime::Containerd => {
+            toml_keys::revert_recorded(path, text, changes, backup, created, &["version"])
+        }
+        Runtime::Crio => toml_keys::revert_recorded(path, text, changes, backup, created, &[]),
+        Runtime::Docker => docker::revert_recorded(path, text, changes, backup, created),
+    }
+}
+
+/// For a file configured by a gpud that kept no record, only a backup: gives the keys gpud
+/// owns in `text` (CDI, the runtime entry `name`, the default runtime) back the values they
+/// have in `backup` (the file before gpud's first edit). The backup's bytes come back exactly
+/// when nothing but those keys changed since; otherwise only those keys change.
 pub fn revert(
     runtime: Runtime,
     path: &Path,

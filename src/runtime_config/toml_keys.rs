@@ -10,6 +10,7 @@ use std::path::Path;
 
 use toml_edit::{Array, DocumentMut, InlineTable, Item, Table, Value};
 
+use super::record::Change;
 use super::{Edited, Error, Plan, Wanted, line_column};
 
 /// Parses `text`, the contents of `path`; an error names the file, line and column.
@@ -26,19 +27,195 @@ pub fn parse(path: &Path, text: &str) -> Result<DocumentMut, Error> {
     })
 }
 
-/// `plan`'s settings applied to `text` (the contents of `path`).
-pub fn configure(path: &Path, text: &str, plan: &Plan) -> Result<String, Error> {
+/// `plan`'s settings applied to `text` (the contents of `path`), with what changed.
+pub fn configure(path: &Path, text: &str, plan: &Plan) -> Result<(String, Vec<Change>), Error> {
     let mut doc = parse(path, text)?;
-    apply(path, &mut doc, plan)?;
-    Ok(doc.to_string())
+    let changes = apply(path, &mut doc, plan)?;
+    Ok((doc.to_string(), changes))
 }
 
-/// Sets every key of `plan` in `doc`.
-pub fn apply(path: &Path, doc: &mut DocumentMut, plan: &Plan) -> Result<(), Error> {
+/// Sets every key of `plan` in `doc`; the keys whose value changed.
+pub fn apply(path: &Path, doc: &mut DocumentMut, plan: &Plan) -> Result<Vec<Change>, Error> {
+    let mut changes = Vec::new();
     for (key, wanted) in &plan.settings {
+        let before = value_text(doc.as_item(), key);
+        let parents_before = parents_before(doc.as_item(), key);
         set(path, doc.as_item_mut(), key, wanted)?;
+        let Some(after) = value_text(doc.as_item(), key) else {
+            continue;
+        };
+        if before.as_deref().is_none_or(|b| !same_text(b, &after)) {
+            changes.push(Change {
+                key: key.clone(),
+                before,
+                set: after,
+                parents_before,
+            });
+        }
+    }
+    Ok(changes)
+}
+
+/// The value at `key` as TOML text without its decoration (a table as an inline table).
+pub fn value_text(root: &Item, key: &[String]) -> Option<String> {
+    let mut value = get(root, key)?.clone().into_value().ok()?;
+    value.decor_mut().clear();
+    Some(value.to_string())
+}
+
+/// How many of `key`'s parent tables exist under `root`.
+pub fn parents_before(root: &Item, key: &[String]) -> usize {
+    (1..key.len())
+        .take_while(|&depth| get(root, &key[..depth]).is_some_and(Item::is_table_like))
+        .count()
+}
+
+/// Whether two values' TOML texts mean the same (whitespace and quoting aside).
+pub fn same_text(a: &str, b: &str) -> bool {
+    match (a.parse::<Value>(), b.parse::<Value>()) {
+        (Ok(a), Ok(b)) => meaning(&Item::Value(a)) == meaning(&Item::Value(b)),
+        _ => a == b,
+    }
+}
+
+/// What an item means, as JSON: formatting, comments and table styles aside.
+pub fn meaning(item: &Item) -> serde_json::Value {
+    use serde_json::Value as J;
+    fn of_value(value: &Value) -> J {
+        match value {
+            Value::String(s) => J::String(s.value().clone()),
+            Value::Integer(i) => J::from(*i.value()),
+            Value::Float(f) => J::from(*f.value()),
+            Value::Boolean(b) => J::Bool(*b.value()),
+            Value::Datetime(d) => J::String(d.value().to_string()),
+            Value::Array(array) => J::Array(array.iter().map(of_value).collect()),
+            Value::InlineTable(table) => J::Object(
+                table
+                    .iter()
+                    .map(|(k, v)| (k.to_owned(), of_value(v)))
+                    .collect(),
+            ),
+        }
+    }
+    match item {
+        Item::None => J::Null,
+        Item::Value(value) => of_value(value),
+        Item::Table(table) => J::Object(
+            table
+                .iter()
+                .map(|(k, v)| (k.to_owned(), meaning(v)))
+                .collect(),
+        ),
+        Item::ArrayOfTables(array) => J::Array(
+            array
+                .iter()
+                .map(|t| meaning(&Item::Table(t.clone())))
+                .collect(),
+        ),
+    }
+}
+
+/// Gives back one recorded key: its `before` value (keeping the key's comment), or removes it
+/// with the parent tables gpud created for it when they are left empty.
+pub fn restore(path: &Path, doc: &mut DocumentMut, change: &Change) -> Result<(), Error> {
+    let key = &change.key;
+    let Some((last, parents)) = key.split_last() else {
+        return Ok(());
+    };
+    match &change.before {
+        Some(text) => {
+            let old = text.parse::<Value>().map_err(|err| Error::Record {
+                path: path.to_path_buf(),
+                message: format!(
+                    "{}: the value before gpud, {text}, is not TOML: {err}",
+                    key.join(".")
+                ),
+            })?;
+            let parent = descend(path, doc.as_item_mut(), parents)?;
+            let table = as_table(path, parent, parents)?;
+            match table.get_mut(last) {
+                Some(Item::Value(value)) => {
+                    let decor = value.decor().clone();
+                    *value = old;
+                    *value.decor_mut() = decor;
+                }
+                Some(other) => *other = Item::Value(old),
+                None => {
+                    table.insert(last, Item::Value(old));
+                }
+            }
+        }
+        None => {
+            if let Some(table) =
+                get_mut(doc.as_item_mut(), parents).and_then(Item::as_table_like_mut)
+            {
+                table.remove(last);
+            }
+            for depth in (change.parents_before + 1..key.len()).rev() {
+                let empty =
+                    get(doc.as_item(), &key[..depth]).is_some_and(|t| holds_nothing(t, &[]));
+                if !empty {
+                    break;
+                }
+                if let Some(table) =
+                    get_mut(doc.as_item_mut(), &key[..depth - 1]).and_then(Item::as_table_like_mut)
+                {
+                    table.remove(&key[depth - 1]);
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// Takes back the recorded `changes` in `text` (the contents of `path`): each key that still
+/// holds what gpud set gets its value before gpud; a key that holds something else now was
+/// changed since and is left alone (returned). The backup's bytes come back when the file is
+/// the backup plus gpud's values; a file gpud `created` is removed when nothing else is left
+/// in it (the top-level keys `ignored` aside).
+pub fn revert_recorded(
+    path: &Path,
+    text: &str,
+    changes: &[Change],
+    backup: Option<&str>,
+    created: bool,
+    ignored: &[&str],
+) -> Result<(Edited, Vec<Change>), Error> {
+    let current = parse(path, text)?;
+    let mut doc = current.clone();
+    let mut skipped = Vec::new();
+    let mut restored = Vec::new();
+    for change in changes.iter().rev() {
+        let now = value_text(doc.as_item(), &change.key);
+        if now.as_deref().is_some_and(|n| same_text(n, &change.set)) {
+            restore(path, &mut doc, change)?;
+            restored.push(change);
+        } else {
+            skipped.push(change.clone());
+        }
+    }
+    if let Some(old) = backup
+        && let Ok(mut probe) = old.parse::<DocumentMut>()
+    {
+        let before_matches =
+            restored
+                .iter()
+                .all(|c| match (value_text(probe.as_item(), &c.key), &c.before) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => same_text(&a, b),
+                    _ => false,
+                });
+        for change in restored.iter().rev() {
+            copy(path, current.as_item(), probe.as_item_mut(), &change.key)?;
+        }
+        if before_matches && probe.to_string() == text {
+            return Ok((Edited::Text(old.to_owned()), skipped));
+        }
+    }
+    if created && holds_nothing(doc.as_item(), ignored) {
+        return Ok((Edited::Remove, skipped));
+    }
+    Ok((Edited::Text(doc.to_string()), skipped))
 }
 
 /// See [`super::revert`]; `owned` are the key paths gpud owns in this file.
@@ -283,8 +460,10 @@ mod tests {
             (&["a", "x"], Wanted::Bool(true)),
             (&["a", "y"], Wanted::Bool(true)),
         ]);
-        let out = configure(Path::new("f"), text, &plan).unwrap();
+        let (out, changes) = configure(Path::new("f"), text, &plan).unwrap();
         assert_eq!(out, "[a]\nx = true # kept\ny = true # also kept\n");
+        assert_eq!(changes.len(), 1, "only y changed: {changes:?}");
+        assert_eq!(changes[0].before.as_deref(), Some("false"));
     }
 
     #[test]
@@ -300,14 +479,14 @@ mod tests {
     #[test]
     fn inline_tables_get_inline_children() {
         let plan = plan(&[(&["a", "b", "c"], Wanted::Str("d".into()))]);
-        let out = configure(Path::new("f"), "a = { x = 1 }\n", &plan).unwrap();
+        let (out, _) = configure(Path::new("f"), "a = { x = 1 }\n", &plan).unwrap();
         assert_eq!(out, "a = { x = 1 , b = { c = \"d\" } }\n");
     }
 
     #[test]
     fn revert_without_backup_removes_what_gpud_created() {
         let plan = plan(&[(&["a", "b", "c"], Wanted::Strings(vec!["x".into()]))]);
-        let text = configure(Path::new("f"), "", &plan).unwrap();
+        let (text, _) = configure(Path::new("f"), "", &plan).unwrap();
         assert_eq!(text, "[a.b]\nc = [\"x\"]\n");
         let reverted = revert(Path::new("f"), &text, None, &plan.owned).unwrap();
         assert_eq!(reverted, Edited::Remove);

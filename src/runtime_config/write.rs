@@ -1,57 +1,73 @@
-//! Putting an edited runtime config in place: atomically (a runtime restarted mid-write reads
-//! the old file or the new one, never half), with the mode and owner the file had, and with a
-//! backup of the file as it was before gpud first edited it.
+//! Reading and putting back a runtime's config, the one path containerd's, CRI-O's and
+//! Docker's files all take:
 //!
-//! The backup (`<file>.gpud.bak`) is written once: a later edit keeps it, so it always holds
-//! the file before gpud, which is what `--revert` compares with and restores. A revert removes
-//! it, so the next edit takes a fresh one.
+//! - **bounded reads**: a regular file of at most [`MAX_CONFIG_BYTES`], opened without
+//!   blocking, so a FIFO or `/dev/zero` named by mistake is refused at once and a huge file is
+//!   refused before it is parsed;
+//! - **atomic writes**: a temporary file in the same folder, synced, renamed over the file, with
+//!   the mode and owner the file had. The temporary's name carries this process's id and a
+//!   sequence number (`.<name>.gpud.<pid>.<n>.tmp`); only a run that holds the folder's lock
+//!   ([`super::lock`]) removes leftovers, so no run ever deletes another's file in flight;
+//! - **a backup** (`<file>.gpud.bak`) of the file as it was before gpud first changed it,
+//!   written once and never overwritten.
+//!
+//! Every path here is the resolved file ([`super::resolve`]), never a symlink to it.
 
-use std::fs;
-use std::io::ErrorKind;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Error;
-use crate::files::{WriteError, write_atomic_owned};
+use crate::files::{ReadError, WriteError, read_bytes};
+
+/// The largest runtime config gpud reads (real ones are a few KiB; containerd's full default
+/// dump is under 20 KiB).
+pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The mode of a config file gpud creates: readable by all, as runtimes' packages install it.
 const NEW_FILE_MODE: u32 = 0o644;
 
-/// Where the file's contents before gpud's first edit are kept.
-pub fn backup_path(path: &Path) -> PathBuf {
+/// Makes temporary names unique within the process (the pid makes them unique across).
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// `path` with `suffix` appended to its file name.
+pub fn beside(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".gpud.bak");
+    name.push(suffix);
     PathBuf::from(name)
 }
 
-/// The text of `path`, `None` when it does not exist.
+/// Where the file's contents before gpud's first edit are kept.
+pub fn backup_path(path: &Path) -> PathBuf {
+    beside(path, ".gpud.bak")
+}
+
+/// The text of `path`, `None` when it does not exist; a file that is not regular, over
+/// [`MAX_CONFIG_BYTES`] or not UTF-8 is refused without reading it all.
 pub fn read(path: &Path) -> Result<Option<String>, Error> {
-    match fs::read(path) {
+    match read_bytes(path, MAX_CONFIG_BYTES) {
         Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|_| Error::Read {
             path: path.to_path_buf(),
             source: std::io::Error::new(ErrorKind::InvalidData, "not UTF-8 text"),
         }),
         // A file under a non-folder cannot exist either; writing it says why.
-        Err(err) if matches!(err.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+        Err(ReadError::Io { source, .. })
+            if matches!(
+                source.kind(),
+                ErrorKind::NotFound | ErrorKind::NotADirectory
+            ) =>
+        {
             Ok(None)
         }
-        Err(source) => Err(Error::Read {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(ReadError::Io { path, source }) => Err(Error::Read { path, source }),
+        Err(other) => Err(Error::Unfit(other)),
     }
 }
 
-/// Replaces `path` (whose text is `original`, `None` when it does not exist) with `contents`,
-/// keeping its mode and owner; backs `original` up first unless a backup is already there.
-pub fn put(path: &Path, original: Option<&str>, contents: &str) -> Result<(), Error> {
-    let (mode, owner) = match fs::metadata(path) {
-        Ok(meta) => (
-            meta.permissions().mode() & 0o7777,
-            Some((meta.uid(), meta.gid())),
-        ),
-        Err(_) => (NEW_FILE_MODE, None),
-    };
+/// Creates the folder of `path` when missing.
+pub fn make_folder(path: &Path) -> Result<(), Error> {
     if let Some(folder) = path.parent().filter(|f| !f.as_os_str().is_empty()) {
         fs::create_dir_all(folder).map_err(|source| WriteError {
             path: folder.to_path_buf(),
@@ -59,26 +75,49 @@ pub fn put(path: &Path, original: Option<&str>, contents: &str) -> Result<(), Er
             source,
         })?;
     }
-    let backup = backup_path(path);
-    if let Some(original) = original
-        && !backup.exists()
-    {
-        write_atomic_owned(&backup, original.as_bytes(), mode, owner)?;
-    }
-    write_atomic_owned(path, contents.as_bytes(), mode, owner)?;
     Ok(())
 }
 
-/// Takes a reverted file's text (or its removal) and drops the backup.
-pub fn put_reverted(path: &Path, contents: Option<&str>) -> Result<(), Error> {
-    match contents {
-        Some(text) => put(path, None, text)?,
-        None => remove(path, "remove the file gpud created")?,
+/// Replaces `path` (whose text is `original`, `None` when it does not exist) with `contents`,
+/// keeping its mode and owner; backs `original` up to `backup` first unless a backup is
+/// already there. The caller holds the folder's lock.
+pub fn put(
+    path: &Path,
+    backup: &Path,
+    original: Option<&str>,
+    contents: &str,
+) -> Result<(), Error> {
+    let (mode, owner) = mode_and_owner(path);
+    make_folder(path)?;
+    // `symlink_metadata`: anything at the backup's name, even a dangling link, is a backup
+    // made before and is never replaced.
+    if let Some(original) = original
+        && fs::symlink_metadata(backup).is_err()
+    {
+        make_folder(backup)?;
+        replace(backup, original.as_bytes(), mode, owner)?;
     }
-    remove(&backup_path(path), "remove the backup")
+    replace(path, contents.as_bytes(), mode, owner)
 }
 
-fn remove(path: &Path, step: &'static str) -> Result<(), Error> {
+/// Writes a file gpud keeps for itself beside the config (its record), mode 0600.
+pub fn put_own(path: &Path, contents: &str) -> Result<(), Error> {
+    replace(path, contents.as_bytes(), 0o600, None)
+}
+
+/// The mode and owner `path` has, or a new file's.
+fn mode_and_owner(path: &Path) -> (u32, Option<(u32, u32)>) {
+    match fs::metadata(path) {
+        Ok(meta) => (
+            meta.permissions().mode() & 0o7777,
+            Some((meta.uid(), meta.gid())),
+        ),
+        Err(_) => (NEW_FILE_MODE, None),
+    }
+}
+
+/// Removes `path` if it is there.
+pub fn remove(path: &Path, step: &'static str) -> Result<(), Error> {
     match fs::remove_file(path) {
         Err(err) if err.kind() != ErrorKind::NotFound => Err(WriteError {
             path: path.to_path_buf(),
@@ -88,6 +127,149 @@ fn remove(path: &Path, step: &'static str) -> Result<(), Error> {
         .into()),
         _ => Ok(()),
     }
+}
+
+/// A file to remove later through its folder's descriptor: after a restart that entered the
+/// host's root (chroot), the path as this process first saw it no longer leads there.
+#[derive(Debug)]
+pub struct LaterRemoval {
+    folder: File,
+    name: std::ffi::OsString,
+    path: PathBuf,
+}
+
+impl LaterRemoval {
+    /// Opens the folder of `path` now.
+    pub fn of(path: &Path) -> Result<LaterRemoval, Error> {
+        let folder = match path.parent() {
+            Some(folder) if !folder.as_os_str().is_empty() => folder,
+            _ => Path::new("."),
+        };
+        let file = File::open(folder).map_err(|source| WriteError {
+            path: folder.to_path_buf(),
+            step: "open the folder",
+            source,
+        })?;
+        Ok(LaterRemoval {
+            folder: file,
+            name: path.file_name().map(ToOwned::to_owned).unwrap_or_default(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Removes the file if it is there.
+    pub fn remove(self, step: &'static str) -> Result<(), Error> {
+        match rustix::fs::unlinkat(
+            &self.folder,
+            self.name.as_os_str(),
+            rustix::fs::AtFlags::empty(),
+        ) {
+            Err(errno) if errno != rustix::io::Errno::NOENT => Err(WriteError {
+                path: self.path,
+                step,
+                source: errno.into(),
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Replaces `path` with `contents` atomically, through a temporary file of this process.
+fn replace(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), Error> {
+    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    let temp = beside(
+        &hidden(path),
+        &format!(".gpud.{}.{n}.tmp", std::process::id()),
+    );
+    let written = write_then_rename(&temp, path, contents, mode, owner);
+    if written.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    written?;
+    // Failing to sync a folder (some filesystems refuse) does not make the write less atomic.
+    if let Some(folder) = path.parent()
+        && let Ok(dir) = File::open(folder)
+    {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+/// `path` with a dot before its file name.
+fn hidden(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}"))
+}
+
+fn write_then_rename(
+    temp: &Path,
+    target: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), WriteError> {
+    let fail = |path: &Path, step: &'static str| {
+        let path = path.to_path_buf();
+        move |source| WriteError { path, step, source }
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(temp)
+        .map_err(fail(temp, "create a temporary file"))?;
+    file.write_all(contents)
+        .map_err(fail(temp, "write the temporary file"))?;
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(fail(temp, "set the mode of the temporary file"))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+            .map_err(fail(temp, "set the owner of the temporary file"))?;
+    }
+    file.sync_all()
+        .map_err(fail(temp, "sync the temporary file"))?;
+    drop(file);
+    fs::rename(temp, target).map_err(fail(target, "replace the file"))
+}
+
+/// Removes the temporaries runs killed mid-write left beside `path`. Only a run holding the
+/// folder's lock calls this: every other writer waits for that lock, so none is in flight.
+pub fn remove_leftovers(path: &Path) {
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    let Some(folder) = path.parent() else {
+        return;
+    };
+    let Ok(entries) = fs::read_dir(folder) else {
+        return;
+    };
+    let prefix = format!(".{name}.gpud.");
+    for entry in entries.flatten() {
+        let entry_name = entry.file_name();
+        let leftover = entry_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.split_once('.'))
+            .is_some_and(|(pid, n)| is_decimal(pid) && is_decimal(n));
+        if leftover {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+fn is_decimal(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
 }
 
 #[cfg(test)]
@@ -100,37 +282,56 @@ mod tests {
         let path = dir.path().join("config.toml");
         fs::write(&path, "a = 1\n").unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
-        put(&path, Some("a = 1\n"), "a = 2\n").unwrap();
-        put(&path, Some("a = 2\n"), "a = 3\n").unwrap();
+        let backup = backup_path(&path);
+        put(&path, &backup, Some("a = 1\n"), "a = 2\n").unwrap();
+        put(&path, &backup, Some("a = 2\n"), "a = 3\n").unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), "a = 3\n");
         assert_eq!(fs::read_to_string(backup_path(&path)).unwrap(), "a = 1\n");
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(&backup_path(&path)), 0o600);
-        put_reverted(&path, Some("a = 1\n")).unwrap();
-        assert_eq!(fs::read_to_string(&path).unwrap(), "a = 1\n");
-        assert!(!backup_path(&path).exists());
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 2, "no temporary left");
     }
 
     #[test]
     fn a_new_file_gets_its_folder_and_no_backup() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("crio.conf.d/99-gpud.conf");
-        put(&path, None, "x = 1\n").unwrap();
+        put(&path, &backup_path(&path), None, "x = 1\n").unwrap();
         assert!(!backup_path(&path).exists());
-        put_reverted(&path, None).unwrap();
-        assert!(!path.exists());
     }
 
     #[test]
     fn a_folder_that_cannot_be_made_is_a_write_error() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("file"), "").unwrap();
-        let err = put(&dir.path().join("file/config.toml"), None, "x").unwrap_err();
+        let path = dir.path().join("file/config.toml");
+        let err = put(&path, &backup_path(&path), None, "x").unwrap_err();
         assert!(matches!(err, Error::Write(_)), "{err}");
         assert!(
             err.to_string().contains("cannot create the folder"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_gpuds_leftovers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        for name in [".config.toml.gpud.12.0.tmp", ".config.toml.1.0.tmp", "x"] {
+            fs::write(dir.path().join(name), "").unwrap();
+        }
+        remove_leftovers(&path);
+        assert!(!dir.path().join(".config.toml.gpud.12.0.tmp").exists());
+        assert!(dir.path().join(".config.toml.1.0.tmp").exists());
+        assert!(dir.path().join("x").exists());
+    }
+
+    #[test]
+    fn a_fifo_and_a_device_are_refused_without_reading() {
+        let err = read(Path::new("/dev/zero")).unwrap_err();
+        assert!(err.to_string().contains("a character device"), "{err}");
+        assert!(err.is_data());
     }
 }
