@@ -15,6 +15,8 @@ mod fake_pod_resources;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::http::{self, free_port};
 use common::{Node, until};
@@ -196,6 +198,72 @@ fn phase_of(body: &str, uuid: &str) -> Option<String> {
             .and_then(|rest| rest.split('"').next())
             .map(str::to_owned),
         _ => None,
+    }
+}
+
+/// Every device list the kubelet got from one registration, gathered in the background: each
+/// list as `(device id, health)` pairs, in the order they came.
+#[derive(Clone, Default)]
+struct Lists(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+
+impl Lists {
+    /// Registers with gpud's device plugin and gathers its lists from now on.
+    async fn gather(kubelet: &mut FakeKubelet) -> Lists {
+        let registration = kubelet.next_registration(20).await;
+        let mut client = kubelet.plugin(&registration.endpoint).await;
+        let mut stream = list_and_watch(&mut client).await;
+        let lists = Lists::default();
+        let gathered = lists.clone();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Ok(Some(list)) = stream.message().await {
+                let devices = list.devices.into_iter().map(|d| (d.id, d.health)).collect();
+                gathered.0.lock().unwrap().push(devices);
+            }
+        });
+        lists
+    }
+
+    /// How many lists came so far.
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// GPU `uuid`'s health in each list from the `from`th on.
+    fn health_of(&self, uuid: &str, from: usize) -> Vec<String> {
+        self.0.lock().unwrap()[from..]
+            .iter()
+            .filter_map(|list| list.iter().find(|(id, _)| id == uuid))
+            .map(|(_, health)| health.clone())
+            .collect()
+    }
+
+    /// Waits until the latest list has GPU `uuid` with `health`.
+    fn until_latest(&self, uuid: &str, health: &str, secs: u64) {
+        until(&format!("GPU {uuid} {health} to the kubelet"), secs, || {
+            let latest = self.health_of(uuid, 0).last().cloned();
+            match latest.as_deref() == Some(health) {
+                true => Ok(()),
+                false => Err(format!("{:?}", self.health_of(uuid, 0))),
+            }
+        });
+    }
+
+    /// Asserts that no list from the `from`th on offers GPU `uuid` as `Healthy`, until the
+    /// end of the next `window` (what gpud did before offered it within a second).
+    fn never_healthy_for(&self, uuid: &str, from: usize, window: Duration) {
+        let deadline = Instant::now() + window;
+        loop {
+            let seen = self.health_of(uuid, from);
+            assert!(
+                !seen.iter().any(|h| h == "Healthy"),
+                "the kubelet was offered GPU {uuid} before its fault was cleared: {seen:?}"
+            );
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -635,6 +703,9 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
         site.node.control_path().display()
     ));
     let mut gpud = site.start(None, &[]);
+    // The driver asks for the reset, so NVML shows when it happened (the recovery action
+    // back to none): the restarted gpud may go on to check the GPU.
+    site.node.inject("recovery-action 6 reset");
     site.node.inject("xid 6 95");
     site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
     gpud.0.kill().unwrap();
@@ -645,6 +716,147 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
     assert_eq!(record["reset_count"], 1);
     assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
     site.assert_logged("gpud restarted while the reset ran");
+}
+
+/// The pid of the reset command a test left running (it writes it first), killed with its
+/// process group.
+fn kill_reset_left_running(site: &Site) {
+    if let Ok(pid) = std::fs::read_to_string(site.path("reset.pid")) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", pid.trim())])
+            .status();
+    }
+}
+
+/// A reset command that exits 0 without resetting the GPU (the driver still asks for a reset,
+/// XID 79 is still there): the GPU is escalated and held out of service until the node
+/// reboots; the kubelet never sees it `Healthy`, neither while it is checked nor after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_that_exits_0_but_leaves_the_fault_never_gives_the_gpu_back() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    site.reset_script("exit 0");
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &[]);
+    let lists = Lists::gather(&mut kubelet).await;
+    lists.until_latest(&uuid, "Healthy", 20);
+    let from = lists.len();
+
+    site.node.inject("recovery-action 3 reset");
+    site.node.inject("xid 3 79");
+    let record = site.record_when(&uuid, "GPU 3 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed", "{record}");
+    let held = record["held_for"].as_str().unwrap_or_default();
+    assert!(held.contains("after the node reboots"), "{record}");
+    assert_eq!(site.resets().len(), 1, "{:?}", site.resets());
+    assert!(
+        lists
+            .health_of(&uuid, from)
+            .iter()
+            .any(|h| h == "Unhealthy"),
+        "never withdrawn"
+    );
+    lists.never_healthy_for(&uuid, from, Duration::from_secs(3));
+    site.record_when(&uuid, "GPU 3 still escalated", phase_is("escalated"));
+}
+
+/// gpud killed while a reset that never happened ran, then started again: NVML shows no
+/// reset, so the GPU is held out of service (never reset again); the kubelet of the restarted
+/// gpud never sees it `Healthy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_a_reset_that_never_ended_keeps_the_gpu_out_of_service() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(6);
+    site.reset_script(&format!(
+        "echo $$ > {}; sleep 600",
+        site.path("reset.pid").display()
+    ));
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let mut gpud = site.start(Some(&kubelet), &[]);
+    let first = Lists::gather(&mut kubelet).await;
+    first.until_latest(&uuid, "Healthy", 20);
+    site.node.inject("xid 6 95");
+    site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
+    first.until_latest(&uuid, "Unhealthy", 20);
+    gpud.0.kill().unwrap();
+    gpud.0.wait().unwrap();
+
+    let _again = site.start(Some(&kubelet), &[]);
+    let lists = Lists::gather(&mut kubelet).await;
+    let record = site.record_when(&uuid, "GPU 6 held", phase_is("escalated"));
+    kill_reset_left_running(&site);
+    assert_eq!(record["escalation"], "ResetFailed", "{record}");
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cannot tell whether it ended"),
+        "{record}"
+    );
+    assert!(
+        record["held_for"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("after the node reboots"),
+        "{record}"
+    );
+    lists.until_latest(&uuid, "Unhealthy", 20);
+    lists.never_healthy_for(&uuid, 0, Duration::from_secs(3));
+    assert_eq!(site.resets().len(), 1, "reset again: {:?}", site.resets());
+}
+
+/// While the reset GPU is checked (here: a verify command that waits to be let go) the
+/// kubelet does not have it; once every check passed it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_being_verified_is_withdrawn_until_its_checks_pass() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(2);
+    let verify = site.path("verify.sh");
+    std::fs::write(
+        &verify,
+        format!(
+            "#!/bin/sh\ntouch {started}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n",
+            started = site.path("verifying").display(),
+            go = site.path("go").display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&verify, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(
+        Some(&kubelet),
+        &["--remediation-verify-command", verify.to_str().unwrap()],
+    );
+    let lists = Lists::gather(&mut kubelet).await;
+    lists.until_latest(&uuid, "Healthy", 20);
+    let from = lists.len();
+
+    site.node.inject("xid 2 95");
+    until("the verify command to start", 20, || {
+        match site.path("verifying").exists() {
+            true => Ok(()),
+            false => Err(site.log()),
+        }
+    });
+    site.record_when(&uuid, "GPU 2 verifying", phase_is("verifying"));
+    lists.never_healthy_for(&uuid, from, Duration::from_secs(2));
+    let before_go = lists.len();
+    std::fs::write(site.path("go"), "").unwrap();
+    lists.until_latest(&uuid, "Healthy", 20);
+    site.record_when(&uuid, "GPU 2 back", phase_is("healthy"));
+    let seen = lists.health_of(&uuid, from);
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("Unhealthy"),
+        "{seen:?}"
+    );
+    assert!(
+        lists.health_of(&uuid, from)[..before_go - from]
+            .iter()
+            .all(|h| h == "Unhealthy"),
+        "{seen:?}"
+    );
 }
 
 #[test]
