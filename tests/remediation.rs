@@ -708,23 +708,43 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
     site.node.inject("recovery-action 6 reset");
     site.node.inject("xid 6 95");
     site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
+    // The mock has applied the reset the command wrote.
+    common::file_when(&site.node.control_path(), "reset 0000", 20);
     gpud.0.kill().unwrap();
     gpud.0.wait().unwrap();
     site.reset_script("");
     let _again = site.start(None, &[]);
     let record = site.record_when(&uuid, "GPU 6 back", phase_is("healthy"));
+    kill_reset_left_running(&site);
     assert_eq!(record["reset_count"], 1);
     assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
     site.assert_logged("gpud restarted while the reset ran");
 }
 
-/// The pid of the reset command a test left running (it writes it first), killed with its
-/// process group.
+/// The pids of the live processes whose command line has `token` (zombies are dead).
+fn pids_with(token: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            let dir = entry.path();
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let live = std::fs::read_to_string(dir.join("stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+            });
+            live && String::from_utf8_lossy(&cmdline).contains(token)
+        })
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Kills the reset command a killed gpud left running (the kernel ends what it started).
 fn kill_reset_left_running(site: &Site) {
-    if let Ok(pid) = std::fs::read_to_string(site.path("reset.pid")) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", pid.trim())])
-            .status();
+    let script = site.path("reset.sh");
+    for pid in pids_with(script.to_str().unwrap()) {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
     }
 }
 
@@ -767,10 +787,7 @@ async fn a_reset_that_exits_0_but_leaves_the_fault_never_gives_the_gpu_back() {
 async fn a_restart_during_a_reset_that_never_ended_keeps_the_gpu_out_of_service() {
     let site = Site::new("dgx-h100");
     let (uuid, _) = site.gpu(6);
-    site.reset_script(&format!(
-        "echo $$ > {}; sleep 600",
-        site.path("reset.pid").display()
-    ));
+    site.reset_script("sleep 600");
     let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
     let mut gpud = site.start(Some(&kubelet), &[]);
     let first = Lists::gather(&mut kubelet).await;
@@ -778,6 +795,12 @@ async fn a_restart_during_a_reset_that_never_ended_keeps_the_gpu_out_of_service(
     site.node.inject("xid 6 95");
     site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
     first.until_latest(&uuid, "Unhealthy", 20);
+    until("the reset command to run", 20, || {
+        match site.resets().len() {
+            1 => Ok(()),
+            _ => Err(site.log()),
+        }
+    });
     gpud.0.kill().unwrap();
     gpud.0.wait().unwrap();
 
@@ -856,6 +879,78 @@ async fn a_gpu_being_verified_is_withdrawn_until_its_checks_pass() {
             .iter()
             .all(|h| h == "Unhealthy"),
         "{seen:?}"
+    );
+}
+
+/// A reset command that writes far more to stderr than a pipe holds before it resets the GPU:
+/// read while it runs, it is neither blocked nor killed, and the GPU comes back.
+#[test]
+fn a_reset_command_that_writes_megabytes_to_stderr_is_not_taken_for_hung() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(1);
+    site.reset_script("head -c 1000000 /dev/zero | tr '\\0' x >&2");
+    let _gpud = site.start(None, &["--remediation-reset-timeout", "10s"]);
+    site.node.inject("xid 1 95");
+    let record = site.record_when(&uuid, "GPU 1 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1, "{record}");
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1")
+    });
+}
+
+/// Whether processes may be put in a PID namespace here (root); under CI they must be.
+fn can_contain(test: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root && std::env::var_os("CI").is_none() {
+        eprintln!("skipping: {test} needs root (CI is not set)");
+        return false;
+    }
+    true
+}
+
+/// A reset command that hangs after starting a child that left its session (`setsid`), and
+/// that child's own child: at the timeout all of them are killed, not only the command's
+/// process group.
+#[test]
+fn a_hung_reset_and_every_process_it_started_are_killed_at_its_timeout() {
+    if !can_contain("a_hung_reset_and_every_process_it_started_are_killed_at_its_timeout") {
+        return;
+    }
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(5);
+    // A duration no other process has on its command line.
+    let token = format!("900.{}", std::process::id());
+    site.reset_script(&format!(
+        "setsid sh -c 'sleep {token} & sleep {token}' </dev/null >/dev/null 2>&1 &\nwhile [ -z \"$(pgrep -f {token})\" ]; do sleep 0.05; done\ntouch {started}\nsleep 600",
+        started = site.path("detached").display(),
+    ));
+    let _gpud = site.start(None, &["--remediation-reset-timeout", "2s"]);
+    site.node.inject("xid 5 95");
+    until("the detached child to start", 20, || {
+        match site.path("detached").exists() {
+            true => Ok(()),
+            false => Err(site.log()),
+        }
+    });
+    assert!(pids_with(&token).len() >= 2, "{:?}", pids_with(&token));
+    let record = site.record_when(&uuid, "GPU 5 escalated", phase_is("escalated"));
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("did not finish within 2s and was killed"),
+        "{record}"
+    );
+    until(
+        "every process of the reset to end",
+        10,
+        || match pids_with(&token).as_slice() {
+            [] => Ok(()),
+            pids => Err(format!("still running: {pids:?}")),
+        },
     );
 }
 
