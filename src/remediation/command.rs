@@ -9,7 +9,9 @@
 //! would have to be gpud itself, which would then reap every orphan of every child it has; a
 //! cgroup needs a writable cgroup tree, which a container without systemd seldom has. gpud
 //! runs the commands as root (a GPU reset needs it); without the privilege to make a namespace
-//! the command runs in its process group only, and that is said once.
+//! the command runs in its process group only, and that is said once. The reboot command is
+//! the exception ([`run_reboot`]): `reboot(2)` called in a PID namespace other than the first
+//! ends that namespace instead of rebooting the node.
 //!
 //! Its output is read while it runs, to the end, whatever its size (a command blocked on a
 //! full pipe would hang and be killed for it): the last 4 KiB of stderr are kept (its last
@@ -74,7 +76,15 @@ pub async fn run(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> Outcome {
-    run_keeping_output(line, extra_args, env, limit, false)
+    run_keeping_output(line, extra_args, env, limit, false, true)
+        .await
+        .0
+}
+
+/// [`run`] for the reboot command: in a process group of its own only, since `reboot -f` in
+/// a PID namespace of its own would end that namespace, not reboot the node.
+pub async fn run_reboot(line: &[String], limit: Duration) -> Outcome {
+    run_keeping_output(line, &[], &[], limit, false, false)
         .await
         .0
 }
@@ -87,7 +97,7 @@ pub async fn output(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> (Outcome, Vec<u8>) {
-    run_keeping_output(line, extra_args, env, limit, true).await
+    run_keeping_output(line, extra_args, env, limit, true, true).await
 }
 
 async fn run_keeping_output(
@@ -96,6 +106,7 @@ async fn run_keeping_output(
     env: &[(&str, &str)],
     limit: Duration,
     keep_stdout: bool,
+    contain: bool,
 ) -> (Outcome, Vec<u8>) {
     let Some((program, args)) = line.split_first() else {
         return (Outcome::NotStarted("no command".to_owned()), Vec::new());
@@ -114,7 +125,11 @@ async fn run_keeping_output(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match spawn_contained(command) {
+    let spawned = match contain {
+        true => spawn_contained(command),
+        false => crate::daemon::signals::with_default_mask(|| command.spawn()),
+    };
+    let mut child = match spawned {
         Ok(child) => child,
         Err(err) => return (Outcome::NotStarted(format!("{program}: {err}")), Vec::new()),
     };

@@ -818,7 +818,7 @@ impl Engine {
         }
         self.records.save();
         warn!(command = %line.join(" "), "Rebooting the node: a GPU needs it (--remediation-reboot-command)");
-        let outcome = command::run(&line, &[], &[], self.settings.reset_timeout).await;
+        let outcome = command::run_reboot(&line, self.settings.reset_timeout).await;
         self.metrics.count(
             "reboot",
             if outcome.succeeded() {
