@@ -204,10 +204,14 @@ fn phase_of(body: &str, uuid: &str) -> Option<String> {
 /// Every device list the kubelet got from one registration, gathered in the background: each
 /// list as `(device id, health)` pairs, in the order they came.
 #[derive(Clone, Default)]
-struct Lists(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+struct Lists(Arc<Mutex<Vec<DeviceList>>>);
+
+/// One device list: each device's id and health.
+type DeviceList = Vec<(String, String)>;
 
 impl Lists {
     /// Registers with gpud's device plugin and gathers its lists from now on.
+    #[allow(clippy::disallowed_methods)] // the kubelet's side, not a gpud subsystem: no span
     async fn gather(kubelet: &mut FakeKubelet) -> Lists {
         let registration = kubelet.next_registration(20).await;
         let mut client = kubelet.plugin(&registration.endpoint).await;
@@ -904,11 +908,11 @@ fn can_contain(test: &str) -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root && std::env::var_os("CI").is_none() {
-        eprintln!("skipping: {test} needs root (CI is not set)");
-        return false;
-    }
-    true
+    !common::tool_missing(
+        !root,
+        &format!("{test} needs root (CI is set)"),
+        &format!("skipping: {test} needs root"),
+    )
 }
 
 /// A reset command that hangs after starting a child that left its session (`setsid`), and
