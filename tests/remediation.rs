@@ -15,6 +15,8 @@ mod fake_pod_resources;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::http::{self, free_port};
 use common::{Node, until};
@@ -196,6 +198,76 @@ fn phase_of(body: &str, uuid: &str) -> Option<String> {
             .and_then(|rest| rest.split('"').next())
             .map(str::to_owned),
         _ => None,
+    }
+}
+
+/// Every device list the kubelet got from one registration, gathered in the background: each
+/// list as `(device id, health)` pairs, in the order they came.
+#[derive(Clone, Default)]
+struct Lists(Arc<Mutex<Vec<DeviceList>>>);
+
+/// One device list: each device's id and health.
+type DeviceList = Vec<(String, String)>;
+
+impl Lists {
+    /// Registers with gpud's device plugin and gathers its lists from now on.
+    #[allow(clippy::disallowed_methods)] // the kubelet's side, not a gpud subsystem: no span
+    async fn gather(kubelet: &mut FakeKubelet) -> Lists {
+        let registration = kubelet.next_registration(20).await;
+        let mut client = kubelet.plugin(&registration.endpoint).await;
+        let mut stream = list_and_watch(&mut client).await;
+        let lists = Lists::default();
+        let gathered = lists.clone();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Ok(Some(list)) = stream.message().await {
+                let devices = list.devices.into_iter().map(|d| (d.id, d.health)).collect();
+                gathered.0.lock().unwrap().push(devices);
+            }
+        });
+        lists
+    }
+
+    /// How many lists came so far.
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// GPU `uuid`'s health in each list from the `from`th on.
+    fn health_of(&self, uuid: &str, from: usize) -> Vec<String> {
+        self.0.lock().unwrap()[from..]
+            .iter()
+            .filter_map(|list| list.iter().find(|(id, _)| id == uuid))
+            .map(|(_, health)| health.clone())
+            .collect()
+    }
+
+    /// Waits until the latest list has GPU `uuid` with `health`.
+    fn until_latest(&self, uuid: &str, health: &str, secs: u64) {
+        until(&format!("GPU {uuid} {health} to the kubelet"), secs, || {
+            let latest = self.health_of(uuid, 0).last().cloned();
+            match latest.as_deref() == Some(health) {
+                true => Ok(()),
+                false => Err(format!("{:?}", self.health_of(uuid, 0))),
+            }
+        });
+    }
+
+    /// Asserts that no list from the `from`th on offers GPU `uuid` as `Healthy`, until the
+    /// end of the next `window` (what gpud did before offered it within a second).
+    fn never_healthy_for(&self, uuid: &str, from: usize, window: Duration) {
+        let deadline = Instant::now() + window;
+        loop {
+            let seen = self.health_of(uuid, from);
+            assert!(
+                !seen.iter().any(|h| h == "Healthy"),
+                "the kubelet was offered GPU {uuid} before its fault was cleared: {seen:?}"
+            );
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -635,16 +707,255 @@ fn a_restart_in_the_middle_of_a_reset_verifies_and_never_resets_again() {
         site.node.control_path().display()
     ));
     let mut gpud = site.start(None, &[]);
+    // The driver asks for the reset, so NVML shows when it happened (the recovery action
+    // back to none): the restarted gpud may go on to check the GPU.
+    site.node.inject("recovery-action 6 reset");
     site.node.inject("xid 6 95");
     site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
+    // The mock has applied the reset the command wrote.
+    common::file_when(&site.node.control_path(), "reset 0000", 20);
     gpud.0.kill().unwrap();
     gpud.0.wait().unwrap();
     site.reset_script("");
     let _again = site.start(None, &[]);
     let record = site.record_when(&uuid, "GPU 6 back", phase_is("healthy"));
+    kill_reset_left_running(&site);
     assert_eq!(record["reset_count"], 1);
     assert_eq!(site.resets().len(), 1, "reset twice: {:?}", site.resets());
     site.assert_logged("gpud restarted while the reset ran");
+}
+
+/// The pids of the live processes whose command line has `token` (zombies are dead).
+fn pids_with(token: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|entry| {
+            let dir = entry.path();
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let live = std::fs::read_to_string(dir.join("stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+            });
+            live && String::from_utf8_lossy(&cmdline).contains(token)
+        })
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Kills the reset command a killed gpud left running (the kernel ends what it started).
+fn kill_reset_left_running(site: &Site) {
+    let script = site.path("reset.sh");
+    for pid in pids_with(script.to_str().unwrap()) {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+}
+
+/// A reset command that exits 0 without resetting the GPU (the driver still asks for a reset,
+/// XID 79 is still there): the GPU is escalated and held out of service until the node
+/// reboots; the kubelet never sees it `Healthy`, neither while it is checked nor after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_that_exits_0_but_leaves_the_fault_never_gives_the_gpu_back() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    site.reset_script("exit 0");
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &[]);
+    let lists = Lists::gather(&mut kubelet).await;
+    lists.until_latest(&uuid, "Healthy", 20);
+    let from = lists.len();
+
+    site.node.inject("recovery-action 3 reset");
+    site.node.inject("xid 3 79");
+    let record = site.record_when(&uuid, "GPU 3 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "ResetFailed", "{record}");
+    let held = record["held_for"].as_str().unwrap_or_default();
+    assert!(held.contains("after the node reboots"), "{record}");
+    assert_eq!(site.resets().len(), 1, "{:?}", site.resets());
+    assert!(
+        lists
+            .health_of(&uuid, from)
+            .iter()
+            .any(|h| h == "Unhealthy"),
+        "never withdrawn"
+    );
+    lists.never_healthy_for(&uuid, from, Duration::from_secs(3));
+    site.record_when(&uuid, "GPU 3 still escalated", phase_is("escalated"));
+}
+
+/// gpud killed while a reset that never happened ran, then started again: NVML shows no
+/// reset, so the GPU is held out of service (never reset again); the kubelet of the restarted
+/// gpud never sees it `Healthy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_a_reset_that_never_ended_keeps_the_gpu_out_of_service() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(6);
+    site.reset_script("sleep 600");
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let mut gpud = site.start(Some(&kubelet), &[]);
+    let first = Lists::gather(&mut kubelet).await;
+    first.until_latest(&uuid, "Healthy", 20);
+    site.node.inject("xid 6 95");
+    site.record_when(&uuid, "GPU 6 resetting", phase_is("resetting"));
+    first.until_latest(&uuid, "Unhealthy", 20);
+    until("the reset command to run", 20, || {
+        match site.resets().len() {
+            1 => Ok(()),
+            _ => Err(site.log()),
+        }
+    });
+    gpud.0.kill().unwrap();
+    gpud.0.wait().unwrap();
+
+    let _again = site.start(Some(&kubelet), &[]);
+    let lists = Lists::gather(&mut kubelet).await;
+    let record = site.record_when(&uuid, "GPU 6 held", phase_is("escalated"));
+    kill_reset_left_running(&site);
+    assert_eq!(record["escalation"], "ResetFailed", "{record}");
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cannot tell whether it ended"),
+        "{record}"
+    );
+    assert!(
+        record["held_for"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("after the node reboots"),
+        "{record}"
+    );
+    lists.until_latest(&uuid, "Unhealthy", 20);
+    lists.never_healthy_for(&uuid, 0, Duration::from_secs(3));
+    assert_eq!(site.resets().len(), 1, "reset again: {:?}", site.resets());
+}
+
+/// While the reset GPU is checked (here: a verify command that waits to be let go) the
+/// kubelet does not have it; once every check passed it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_being_verified_is_withdrawn_until_its_checks_pass() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(2);
+    let verify = site.path("verify.sh");
+    std::fs::write(
+        &verify,
+        format!(
+            "#!/bin/sh\ntouch {started}\nwhile [ ! -e {go} ]; do sleep 0.05; done\n",
+            started = site.path("verifying").display(),
+            go = site.path("go").display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&verify, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(
+        Some(&kubelet),
+        &["--remediation-verify-command", verify.to_str().unwrap()],
+    );
+    let lists = Lists::gather(&mut kubelet).await;
+    lists.until_latest(&uuid, "Healthy", 20);
+    let from = lists.len();
+
+    site.node.inject("xid 2 95");
+    until("the verify command to start", 20, || {
+        match site.path("verifying").exists() {
+            true => Ok(()),
+            false => Err(site.log()),
+        }
+    });
+    site.record_when(&uuid, "GPU 2 verifying", phase_is("verifying"));
+    lists.never_healthy_for(&uuid, from, Duration::from_secs(2));
+    let before_go = lists.len();
+    std::fs::write(site.path("go"), "").unwrap();
+    lists.until_latest(&uuid, "Healthy", 20);
+    site.record_when(&uuid, "GPU 2 back", phase_is("healthy"));
+    let seen = lists.health_of(&uuid, from);
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("Unhealthy"),
+        "{seen:?}"
+    );
+    assert!(
+        lists.health_of(&uuid, from)[..before_go - from]
+            .iter()
+            .all(|h| h == "Unhealthy"),
+        "{seen:?}"
+    );
+}
+
+/// A reset command that writes far more to stderr than a pipe holds before it resets the GPU:
+/// read while it runs, it is neither blocked nor killed, and the GPU comes back.
+#[test]
+fn a_reset_command_that_writes_megabytes_to_stderr_is_not_taken_for_hung() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(1);
+    site.reset_script("head -c 1000000 /dev/zero | tr '\\0' x >&2");
+    let _gpud = site.start(None, &["--remediation-reset-timeout", "10s"]);
+    site.node.inject("xid 1 95");
+    let record = site.record_when(&uuid, "GPU 1 back", phase_is("healthy"));
+    assert_eq!(record["reset_count"], 1, "{record}");
+    site.metrics_when(|b| {
+        b.contains("gpud_remediation_total{action=\"reset\",result=\"success\"} 1")
+    });
+}
+
+/// Whether processes may be put in a PID namespace here (root); under CI they must be.
+fn can_contain(test: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    !common::tool_missing(
+        !root,
+        &format!("{test} needs root (CI is set)"),
+        &format!("skipping: {test} needs root"),
+    )
+}
+
+/// A reset command that hangs after starting a child that left its session (`setsid`), and
+/// that child's own child: at the timeout all of them are killed, not only the command's
+/// process group.
+#[test]
+fn a_hung_reset_and_every_process_it_started_are_killed_at_its_timeout() {
+    if !can_contain("a_hung_reset_and_every_process_it_started_are_killed_at_its_timeout") {
+        return;
+    }
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(5);
+    // A duration no other process has on its command line.
+    let token = format!("900.{}", std::process::id());
+    site.reset_script(&format!(
+        "setsid sh -c 'sleep {token} & sleep {token}' </dev/null >/dev/null 2>&1 &\nwhile [ -z \"$(pgrep -f {token})\" ]; do sleep 0.05; done\ntouch {started}\nsleep 600",
+        started = site.path("detached").display(),
+    ));
+    let _gpud = site.start(None, &["--remediation-reset-timeout", "2s"]);
+    site.node.inject("xid 5 95");
+    until("the detached child to start", 20, || {
+        match site.path("detached").exists() {
+            true => Ok(()),
+            false => Err(site.log()),
+        }
+    });
+    assert!(pids_with(&token).len() >= 2, "{:?}", pids_with(&token));
+    let record = site.record_when(&uuid, "GPU 5 escalated", phase_is("escalated"));
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("did not finish within 2s and was killed"),
+        "{record}"
+    );
+    until(
+        "every process of the reset to end",
+        10,
+        || match pids_with(&token).as_slice() {
+            [] => Ok(()),
+            pids => Err(format!("still running: {pids:?}")),
+        },
+    );
 }
 
 #[test]

@@ -9,7 +9,11 @@
 //! - never a reset under a running process: a GPU is reset only when NVML lists no process on
 //!   it (nor in its MIG instances); a drain that does not end by the deadline escalates;
 //! - never a reset without a slot of the cluster-wide budget;
-//! - never a second blind reset: a restart that finds a reset started goes on to verify;
+//! - never a second blind reset: a restart that finds a reset started goes on to verify
+//!   when NVML shows the reset happened, and holds the GPU out of service otherwise;
+//! - never a GPU back in service on a reset not proved: the health watchers are told of the
+//!   reset (and clear what it cleared) only once NVML, the doctor's checks and the verify
+//!   command passed; until then, and while escalated, the GPU is held out of service;
 //! - never a reset loop: a GPU reset `--remediation-max-resets` times within the window, and
 //!   a node where more than half of the GPUs failed within a minute, escalate instead.
 
@@ -37,6 +41,7 @@ use crate::nvml::mig_admin::GpuInstance;
 use crate::nvml::processes::ProcessesRead;
 use crate::remediation_state::metrics::Metrics;
 use crate::remediation_state::record::{GpuRecord, Records, millis, seconds};
+use crate::remediation_state::reset_marks::ResetMarks;
 use crate::remediation_state::{GpuRemediation, Phase};
 
 /// How long a reset GPU may take to look clean (its health verdict cleared, its counters
@@ -64,6 +69,9 @@ const URGENCY: [&str; 4] = [
 /// Why a GPU that failed its checks after a reset stays out of service (its verdict quotes it).
 pub const WITHHELD: &str =
     "it failed its checks after gpud reset it; it returns to service after the node reboots";
+/// Why a GPU whose reset may have been cut short stays out of service.
+pub const RESET_UNKNOWN: &str =
+    "gpud cannot tell whether its reset ended; it returns to service after the node reboots";
 
 /// What NVML says of every GPU at one step.
 #[derive(Debug)]
@@ -79,9 +87,10 @@ enum Next {
     Note(String),
     To(Phase, String),
     Escalate(&'static str, String),
-    /// Escalate as `ResetFailed` and hold it out of service: it failed the checks after its
-    /// reset although its health verdict may look fine.
-    Withhold(String),
+    /// Escalate as `ResetFailed` and hold it out of service until the node reboots (why, in
+    /// the verdict's words; the reason): it failed the checks after its reset, or its reset
+    /// may not have ended, although its health verdict may look fine.
+    Withhold(&'static str, String),
 }
 
 /// The state machine of every GPU of the node.
@@ -99,8 +108,9 @@ pub struct Engine {
     escalation: Option<watch::Sender<Escalation>>,
     /// When which GPU left service lately, for the circuit breaker.
     recent_faults: VecDeque<(SystemTime, String)>,
-    /// GPUs whose verify command passed in their current verification.
-    verified: Vec<String>,
+    /// GPUs that passed every check of their current verification, and when (the health
+    /// watchers were told of the reset then).
+    verified: BTreeMap<String, SystemTime>,
     /// The MIG layout each GPU had before its reset, until it is made again.
     layouts: BTreeMap<String, Vec<GpuInstance>>,
     /// A MIG layout was made again: the inventory should be read afresh.
@@ -131,7 +141,7 @@ impl Engine {
             events,
             escalation,
             recent_faults: VecDeque::new(),
-            verified: Vec::new(),
+            verified: BTreeMap::new(),
             layouts: BTreeMap::new(),
             rescan: false,
         }
@@ -235,7 +245,7 @@ impl Engine {
         observed: Option<&Observed>,
     ) -> Next {
         if let Some(leader) = &record.leader {
-            return self.follow(leader);
+            return self.follow(record, leader);
         }
         let signals = observed.and_then(|o| o.signals.get(&gpu.index));
         // Held for a peer's reset (and not yet let go by every watcher) is not a fault.
@@ -260,17 +270,8 @@ impl Engine {
                 )
             }
             Phase::Quarantined => self.decide(snapshot, gpu, record, signals),
-            Phase::Draining => self.drain(snapshot, gpu, record).await,
-            Phase::Resetting => {
-                // The reset command outlives a killed gpud (it runs in its own process group):
-                // it is taken as done, and the GPU checked.
-                self.reset_finished(&gpu.uuid);
-                Next::To(
-                    Phase::Verifying,
-                    "gpud restarted while the reset ran; checking the GPU instead of resetting it again"
-                        .to_owned(),
-                )
-            }
+            Phase::Draining => self.drain(snapshot, gpu, record, observed).await,
+            Phase::Resetting => self.resumed(snapshot, gpu, record, signals),
             Phase::Verifying => self.verify(snapshot, gpu, record, observed).await,
             Phase::Escalated => {
                 self.reboot_if_asked(record).await;
@@ -282,9 +283,23 @@ impl Engine {
     /// A sound GPU held for its NVLink peer's reset: it stays while the peer is on its way
     /// through drain, reset and verification, and goes back to service with it (or when the
     /// peer escalates: it was not the one at fault).
-    fn follow(&self, leader: &str) -> Next {
-        match self.records.get(leader).phase {
+    fn follow(&self, record: &GpuRecord, leader: &str) -> Next {
+        let leader = self.records.get(leader);
+        match leader.phase {
             Phase::Draining | Phase::Resetting | Phase::Verifying => Next::Stay,
+            // The reset that took it too was not proved: it is no sounder than its leader.
+            Phase::Escalated
+                if leader.held_for.is_some()
+                    && matches!(record.phase, Phase::Resetting | Phase::Verifying) =>
+            {
+                Next::Withhold(
+                    leader.held_for.map_or(WITHHELD, |why| match why.as_str() {
+                        RESET_UNKNOWN => RESET_UNKNOWN,
+                        _ => WITHHELD,
+                    }),
+                    format!("its NVLink peer's reset was not proved: {}", leader.reason),
+                )
+            }
             phase => Next::To(
                 Phase::Healthy,
                 format!("let go: its NVLink peer's remediation ended ({phase})"),
@@ -410,7 +425,13 @@ impl Engine {
     }
 
     /// A draining GPU: reset once nothing runs on it and a slot is held.
-    async fn drain(&mut self, snapshot: &Snapshot, gpu: &Gpu, record: &GpuRecord) -> Next {
+    async fn drain(
+        &mut self,
+        snapshot: &Snapshot,
+        gpu: &Gpu,
+        record: &GpuRecord,
+        observed: Option<&Observed>,
+    ) -> Next {
         let now = SystemTime::now();
         let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
         let group = self.group(snapshot, gpu);
@@ -474,7 +495,7 @@ impl Engine {
                 ),
             );
         }
-        self.reset(snapshot, gpu).await
+        self.reset(snapshot, gpu, observed).await
     }
 
     /// Still draining: escalates past the deadline, else says what it waits for.
@@ -493,10 +514,17 @@ impl Engine {
     }
 
     /// Runs the reset command. The reset is in the record before the command starts, so a
-    /// restart in between knows it may have happened.
-    async fn reset(&mut self, snapshot: &Snapshot, gpu: &Gpu) -> Next {
+    /// restart in between knows it may have happened, with what NVML showed just before it
+    /// (so that the restart can tell whether it did).
+    async fn reset(&mut self, snapshot: &Snapshot, gpu: &Gpu, observed: Option<&Observed>) -> Next {
         let now = SystemTime::now();
         let group = self.group(snapshot, gpu);
+        for member in group.iter().skip(1) {
+            let mut peer = self.records.get(&member.uuid);
+            peer.marks_before_reset = Some(marks_of(observed, member.index));
+            peer.reset_ended_ms = None;
+            self.records.set(&member.uuid, peer);
+        }
         let mut record = self.records.get(&gpu.uuid);
         record.resets.push(seconds(now));
         let window = self.settings.reset_window.as_secs();
@@ -504,6 +532,8 @@ impl Engine {
             .resets
             .retain(|&at| seconds(now).saturating_sub(at) < window);
         record.reset_count += 1;
+        record.marks_before_reset = Some(marks_of(observed, gpu.index));
+        record.reset_ended_ms = None;
         // One command for the GPUs a reset takes together: the driver refuses to reset one of
         // them alone.
         let bus_id = group
@@ -547,16 +577,24 @@ impl Engine {
         match outcome {
             Outcome::Succeeded => {
                 for member in &group {
-                    self.reset_finished(&member.uuid);
+                    self.reset_ended(&member.uuid, SystemTime::now());
                 }
                 self.carry_peers(snapshot, gpu, Phase::Verifying);
-                self.verified.retain(|u| *u != gpu.uuid);
+                self.verified.remove(&gpu.uuid);
                 self.layouts.extend(layouts);
                 Next::To(
                     Phase::Verifying,
                     "reset; checking it before it goes back to work".to_owned(),
                 )
             }
+            // Killed in the middle: the GPU may be half reset.
+            Outcome::TimedOut(_) => Next::Withhold(
+                RESET_UNKNOWN,
+                format!(
+                    "the reset command {} {outcome}",
+                    self.settings.reset_command.join(" ")
+                ),
+            ),
             other => Next::Escalate(
                 RESET_FAILED,
                 format!(
@@ -565,6 +603,52 @@ impl Engine {
                 ),
             ),
         }
+    }
+
+    /// A GPU found `resetting` at start: gpud was stopped while its reset ran, and the reset
+    /// command (in a process group of its own) may have outlived it, or not. Only NVML showing
+    /// the reset — every mark it clears gone since just before it — lets the GPU go on to its
+    /// checks; anything less holds it out of service until the node reboots. Never a second
+    /// reset: the first may still run.
+    fn resumed(
+        &mut self,
+        snapshot: &Snapshot,
+        gpu: &Gpu,
+        record: &GpuRecord,
+        signals: Option<&GpuSignals>,
+    ) -> Next {
+        let before = record.marks_before_reset.unwrap_or_default();
+        let Some(shown) = before.cleared_in(signals) else {
+            let why = match before.any() {
+                true => "NVML still shows the fault the reset should have cleared",
+                false => "NVML keeps no trace of a reset for this fault",
+            };
+            return Next::Withhold(
+                RESET_UNKNOWN,
+                format!(
+                    "gpud was stopped while the reset ran and cannot tell whether it ended: {why}"
+                ),
+            );
+        };
+        // It ended by the time NVML showed it; what was seen before it started is what it
+        // cleared (an XID seen while it ran stays).
+        let started = SystemTime::UNIX_EPOCH + Duration::from_secs(record.since);
+        for member in self
+            .group(snapshot, gpu)
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect::<Vec<_>>()
+        {
+            self.reset_ended(&member, started);
+        }
+        self.carry_peers(snapshot, gpu, Phase::Verifying);
+        self.verified.remove(&gpu.uuid);
+        Next::To(
+            Phase::Verifying,
+            format!(
+                "gpud restarted while the reset ran, and NVML shows it happened ({shown}); checking the GPU instead of resetting it again"
+            ),
+        )
     }
 
     /// A reset GPU: NVML's signals, the verify command, then the health verdict.
@@ -585,8 +669,8 @@ impl Engine {
                     false => format!("its NVLink peer GPU {}: {fault}", member.index),
                 };
                 return match waited >= VERIFY_GRACE {
-                    true => Next::Escalate(
-                        RESET_FAILED,
+                    true => Next::Withhold(
+                        WITHHELD,
                         format!("the reset did not clear the fault: {fault}"),
                     ),
                     false => Next::Note(format!("checking: {fault}")),
@@ -614,28 +698,42 @@ impl Engine {
                 }
             }
         }
-        if !self.verified.contains(&gpu.uuid) {
-            let indices: Vec<u32> = group.iter().map(|g| g.index).collect();
-            let checked = self.checks(gpu, &indices).await;
-            self.metrics
-                .count("verify", if checked.is_ok() { "success" } else { "failed" });
-            if let Err(why) = checked {
-                return Next::Withhold(format!("reset, but {why}"));
+        let confirmed = match self.verified.get(&gpu.uuid) {
+            Some(at) => *at,
+            None => {
+                let indices: Vec<u32> = group.iter().map(|g| g.index).collect();
+                let checked = self.checks(gpu, &indices).await;
+                self.metrics
+                    .count("verify", if checked.is_ok() { "success" } else { "failed" });
+                if let Err(why) = checked {
+                    return Next::Withhold(WITHHELD, format!("reset, but {why}"));
+                }
+                // Proved: now the health watchers clear what the reset cleared.
+                let uuids: Vec<String> = group.iter().map(|g| g.uuid.clone()).collect();
+                for uuid in &uuids {
+                    self.reset_proved(uuid);
+                }
+                let now = SystemTime::now();
+                self.verified.insert(gpu.uuid.clone(), now);
+                now
             }
-            self.verified.push(gpu.uuid.clone());
-        }
-        match gpu.health.state {
-            HealthState::Unhealthy if waited >= VERIFY_GRACE => Next::Escalate(
+        };
+        let waited = SystemTime::now()
+            .duration_since(confirmed)
+            .unwrap_or_default();
+        // Held out of service by this very phase is not a fault of its own.
+        let own_fault = gpu.health.state == HealthState::Unhealthy
+            && gpu.health.source != Some(HealthSource::Remediation);
+        match own_fault {
+            true if waited >= VERIFY_GRACE => Next::Escalate(
                 HARDWARE_SUSPECTED,
                 format!(
                     "still unhealthy after its reset: {}",
                     gpu.health.reason.as_deref().unwrap_or("unknown")
                 ),
             ),
-            HealthState::Unhealthy => {
-                Next::Note("reset; waiting for the health verdict to clear".to_owned())
-            }
-            _ => Next::To(
+            true => Next::Note("reset; waiting for the health verdict to clear".to_owned()),
+            false => Next::To(
                 Phase::Healthy,
                 "reset, verified and back in service".to_owned(),
             ),
@@ -681,11 +779,23 @@ impl Engine {
         }
     }
 
-    /// Records that a reset of `uuid` finished now: the health watchers clear what they saw
-    /// before it.
-    fn reset_finished(&mut self, uuid: &str) {
+    /// Records that a reset of `uuid` ended at `at`, not yet proved: the health watchers are
+    /// not told yet.
+    fn reset_ended(&mut self, uuid: &str, at: SystemTime) {
         let mut record = self.records.get(uuid);
-        record.last_reset_ms = Some(millis(SystemTime::now()));
+        record.reset_ended_ms = Some(millis(at));
+        self.records.set(uuid, record);
+        self.records.save();
+    }
+
+    /// Records that the reset of `uuid` passed every check: the health watchers clear what
+    /// they saw before it ended.
+    fn reset_proved(&mut self, uuid: &str) {
+        let mut record = self.records.get(uuid);
+        let ended = record
+            .reset_ended_ms
+            .unwrap_or_else(|| record.since.saturating_mul(1000));
+        record.last_reset_ms = Some(ended);
         self.records.set(uuid, record);
         self.records.save();
     }
@@ -708,7 +818,7 @@ impl Engine {
         }
         self.records.save();
         warn!(command = %line.join(" "), "Rebooting the node: a GPU needs it (--remediation-reboot-command)");
-        let outcome = command::run(&line, &[], &[], self.settings.reset_timeout).await;
+        let outcome = command::run_reboot(&line, self.settings.reset_timeout).await;
         self.metrics.count(
             "reboot",
             if outcome.succeeded() {
@@ -738,8 +848,10 @@ impl Engine {
             }
             Next::To(phase, reason) => (phase, reason, None),
             Next::Escalate(why, reason) => (Phase::Escalated, reason, Some(why)),
-            Next::Withhold(reason) => {
-                record.held_for = Some(WITHHELD.to_owned());
+            Next::Withhold(why, reason) => {
+                record.held_for = Some(why.to_owned());
+                // A peer withheld with its leader no longer follows it.
+                record.leader = None;
                 (Phase::Escalated, reason, Some(RESET_FAILED))
             }
         };
@@ -762,7 +874,7 @@ impl Engine {
                 record.reboot_asked = false;
                 record.leader = None;
                 record.held_for = None;
-                self.verified.retain(|u| *u != gpu.uuid);
+                self.verified.remove(&gpu.uuid);
             }
             Phase::Escalated => {
                 self.metrics
@@ -857,4 +969,9 @@ fn event_reason(from: Phase, to: Phase) -> &'static str {
         Phase::Verifying => "GPUReset",
         Phase::Escalated => "GPURemediationRequired",
     }
+}
+
+/// What NVML showed of GPU `index` at this step that a reset clears.
+fn marks_of(observed: Option<&Observed>, index: u32) -> ResetMarks {
+    ResetMarks::of(observed.and_then(|o| o.signals.get(&index)))
 }

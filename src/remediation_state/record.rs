@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::metrics::{Metrics, Reading, Saved};
+use super::reset_marks::ResetMarks;
 use super::{GpuRemediation, Phase};
 use crate::files;
 
@@ -51,9 +52,18 @@ pub struct GpuRecord {
     /// The reboot command ran for this escalation (it runs once).
     #[serde(default)]
     pub reboot_asked: bool,
-    /// When the last reset gpud ran finished (milliseconds since the epoch).
+    /// When the last reset gpud ran finished (milliseconds since the epoch), published to the
+    /// health watchers (which clear what it cleared) only once the reset GPU passed every
+    /// check: a reset not proved never clears a fault.
     #[serde(default)]
     pub last_reset_ms: Option<u64>,
+    /// When the reset command gpud ran last exited 0 (milliseconds since the epoch): the time
+    /// [`last_reset_ms`](Self::last_reset_ms) takes once the GPU passed its checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_ended_ms: Option<u64>,
+    /// What NVML showed that a reset clears, read just before gpud's last reset started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marks_before_reset: Option<ResetMarks>,
     /// The GPU (UUID) whose reset takes this sound one too, as its NVLink peer: while set,
     /// this GPU follows that one's phases and is held out of service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,7 +83,26 @@ impl GpuRecord {
             reason: self.reason.clone(),
             resets: self.reset_count,
             last_reset_ms: self.last_reset_ms,
-            held_for: self.held_for.clone(),
+            held_for: self.held_for.clone().or_else(|| self.out_of_service()),
+        }
+    }
+
+    /// Why a GPU is held out of service by its phase alone: on its way back (draining,
+    /// resetting, verifying) it is not offered to the kubelet before every check passed, and
+    /// an escalated one waits for its health verdict to clear without gpud's help. Every
+    /// health watcher withdraws a GPU held so; the reason is stable within a phase (the
+    /// verdict quotes it).
+    fn out_of_service(&self) -> Option<String> {
+        match self.phase {
+            Phase::Healthy | Phase::Quarantined => None,
+            Phase::Draining | Phase::Resetting | Phase::Verifying => Some(format!(
+                "it is {} on its way back; it returns to service once its reset passed every check",
+                self.phase
+            )),
+            Phase::Escalated => Some(
+                "escalated; it returns to service when its health verdict clears without gpud's reset (a reboot, a person's reset)"
+                    .to_owned(),
+            ),
         }
     }
 
@@ -89,6 +118,8 @@ impl GpuRecord {
             escalation: None,
             reboot_asked: false,
             last_reset_ms: None,
+            reset_ended_ms: None,
+            marks_before_reset: None,
             leader: None,
             held_for: None,
         }
@@ -359,6 +390,8 @@ mod tests {
                 escalation: None,
                 reboot_asked: false,
                 last_reset_ms: None,
+                reset_ended_ms: None,
+                marks_before_reset: None,
                 leader: None,
                 held_for: None,
             },
