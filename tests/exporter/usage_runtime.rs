@@ -256,3 +256,38 @@ fn a_wedged_runtime_is_asked_again_on_the_connection_it_already_has() {
     let calls = wedged.calls.load(Ordering::SeqCst);
     assert_eq!(accepted, 1, "{calls} calls on {accepted} connections");
 }
+
+#[test]
+fn a_stalled_runtime_that_restarts_is_reached_on_its_new_socket() {
+    let node = Node::new("dgx-h100");
+    let proc = fake_proc();
+    let socket = node.dir.path().join("containerd.sock");
+    let shown = socket.display().to_string();
+    node.inject("process 0 101 2048 35");
+    let runtime = FakeRuntime::start(&socket, vec![train_a()]);
+    runtime.set_mode(Mode::Hang);
+    let mut exporter = start(&node, proc.path(), &socket);
+    logged(
+        &mut exporter,
+        &[
+            "Cannot list this node's pods",
+            &shown,
+            "did not answer ListPodSandbox",
+        ],
+        1,
+    );
+    // The runtime is restarted: the connection kept after the timeout ends with it, and the
+    // next list reaches the new runtime.
+    runtime.set_mode(Mode::Fail);
+    drop(runtime);
+    let _restarted = FakeRuntime::start(&socket, vec![train_a()]);
+    exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    logged(
+        &mut exporter,
+        &[
+            "Naming containers from the container runtime's CRI socket",
+            &shown,
+        ],
+        1,
+    );
+}
