@@ -1,6 +1,13 @@
 //! One client of the container runtime's CRI socket: connects on first use, lists the pod
 //! sandboxes and then the containers, each call under a time limit, and connects again after
-//! any failure (a runtime that restarted has a new socket behind the same path).
+//! a failure that may be the connection's (a runtime that restarted has a new socket behind
+//! the same path).
+//!
+//! A call that only ran out of time keeps its connection: the runtime accepted it and said
+//! nothing, so a new one would find it no different, and a runtime too wedged to read would
+//! hold every connection gpud gave up on open, one more per retry, until it ran out of
+//! descriptors. The next call goes on the same connection (the stalled one is reset); a
+//! runtime that dies closes it, and that failure makes the next list connect again.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -65,10 +72,13 @@ impl RuntimeClient {
         &self.socket
     }
 
-    /// Every pod sandbox, then every container. A failure drops the connection.
+    /// Every pod sandbox, then every container. A failure drops the connection, but a call
+    /// that only timed out, which keeps it for the next list.
     pub async fn list(&mut self) -> Result<(Vec<PodSandbox>, Vec<Container>), CriError> {
         let result = self.list_on().await;
-        if result.is_err() {
+        if let Err(err) = &result
+            && !matches!(err, CriError::Timeout { .. })
+        {
             self.client = None;
         }
         result

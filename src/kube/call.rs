@@ -117,10 +117,10 @@ impl ApiError {
         }
     }
 
-    /// How long the API server asked the client to wait (`details.retryAfterSeconds` of a
-    /// 429 or 5xx `Status`, which the API server sets together with its `Retry-After`
-    /// header; a plain-text 429 gets it from the header in [`super::connect`]'s client, in
-    /// either of the header's forms: see [`retry_after_header`]).
+    /// How long the API server asked the client to wait: `details.retryAfterSeconds` of a
+    /// 429 or 5xx `Status`, where [`super::connect`]'s client also puts the answer's
+    /// `Retry-After` header (in either of its forms, see [`retry_after_header`]) whatever the
+    /// body, so that the longer of the two is read here.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::Api {

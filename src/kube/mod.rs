@@ -6,7 +6,8 @@
 //!   through after a fully jittered pause, so a fleet comes back spread out;
 //! - [`bounded`]: every call with a time limit, failures as one [`ApiError`]; a call is one
 //!   request (kube-rs's own retry layer is off), and its caller retries on gpud's backoff,
-//!   lengthened by [`ApiError::paced`] to the `retryAfterSeconds` of a 429;
+//!   lengthened by [`ApiError::paced`] to the wait a 429 or 5xx asks for (its `Retry-After`
+//!   header or its `Status`'s `retryAfterSeconds`, whichever is longer);
 //! - [`NodeClient`]: the one client of this node's Node object (labels, annotations,
 //!   conditions, taints, a watch, events about it);
 //! - [`events`]: Node events de-duplicated, rate-limited and held in a small outbox;

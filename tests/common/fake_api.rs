@@ -22,7 +22,8 @@
 //!
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
 //! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
-//! event carrying 410, 429 with `Retry-After` in seconds or as an HTTP date, 403, 422, a stall,
+//! event carrying 410, 429 with `Retry-After` in seconds or as an HTTP date, a 429 or 5xx
+//! with `Retry-After` and no `retryAfterSeconds` in its body, 403, 422, a stall,
 //! a dropped connection, a 200 whose body never ends), every refusal a real `metav1.Status`
 //! body (but the plain-text 429s of priority and fairness and of a proxy). Server-side apply without a field manager is refused
 //! with 422, writes to a Node that does not exist with 404, and every request is recorded
@@ -210,6 +211,9 @@ pub enum Fault {
     /// 429 as a proxy in front of the API server may answer it: `Retry-After` as an HTTP date
     /// (RFC 9110) that many seconds from now, and a plain-text body.
     TooManyRequestsDate(u64),
+    /// A 429 or 5xx (the code given) with `Retry-After: <seconds>` and a `Status` body that has
+    /// no `retryAfterSeconds`, as an aggregated API server or a webhook's failure may answer.
+    RetryAfterHeaderOnly(u16, u64),
     /// 429 as an eviction gets while a PodDisruptionBudget allows no disruption: reason
     /// TooManyRequests, message "Cannot evict pod as it would violate the pod's disruption
     /// budget.", `details.causes[0].reason` DisruptionBudget; with `retryAfterSeconds` and
@@ -546,6 +550,20 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
                 "Too many requests, please try again later.",
                 json!({"retryAfterSeconds": seconds}),
             );
+            response.headers_mut().insert(
+                "retry-after",
+                axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
+            );
+            response
+        }
+        Fault::RetryAfterHeaderOnly(code, seconds) => {
+            let code = StatusCode::from_u16(*code).unwrap();
+            let reason = match code {
+                StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+                StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+                _ => "InternalError",
+            };
+            let mut response = failure(code, reason, "please try again later", details);
             response.headers_mut().insert(
                 "retry-after",
                 axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),

@@ -4,6 +4,8 @@
 //! the log and leaves the containers named from its last answer.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::Node;
 use crate::fake_cri::{FakeRuntime, Mode, RuntimePod};
@@ -163,4 +165,129 @@ fn a_runtime_missing_failing_or_stalling_is_logged_and_the_last_names_stay() {
     runtime.set_mode(Mode::Answer);
     let body = exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_none());
     assert_eq!(by_pod(&body, MEMORY), [("".into(), "2147483648".into())]);
+}
+
+/// A container runtime too wedged to answer: its socket accepts connections and reads what
+/// comes (counting the calls: HTTP/2 HEADERS frames), but never writes a byte, not even
+/// HTTP/2's settings, and never closes a connection, as a runtime whose serving threads are
+/// stuck holds every descriptor it accepted.
+struct Wedged {
+    accepted: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Wedged {
+    fn start(socket: &Path) -> Wedged {
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (counted, called) = (Arc::clone(&accepted), Arc::clone(&calls));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let called = Arc::clone(&called);
+                std::thread::spawn(move || read_calls(stream, &called));
+            }
+        });
+        Wedged { accepted, calls }
+    }
+}
+
+/// Reads HTTP/2 frames from `stream` until its end, counting HEADERS frames into `calls`;
+/// then holds the connection open for good.
+fn read_calls(mut stream: std::os::unix::net::UnixStream, calls: &AtomicUsize) {
+    use std::io::Read;
+    const PREFACE: usize = 24;
+    let mut read = Vec::new();
+    let mut parsed = PREFACE;
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        read.extend_from_slice(&buf[..n]);
+        // A frame: 3 bytes of length, 1 of type (1: HEADERS), 1 of flags, 4 of stream ID.
+        while read.len() >= parsed + 9 {
+            let length = usize::from(read[parsed]) << 16
+                | usize::from(read[parsed + 1]) << 8
+                | usize::from(read[parsed + 2]);
+            if read.len() < parsed + 9 + length {
+                break;
+            }
+            if read[parsed + 3] == 1 {
+                calls.fetch_add(1, Ordering::SeqCst);
+            }
+            parsed += 9 + length;
+        }
+    }
+    std::mem::forget(stream);
+}
+
+#[test]
+fn a_wedged_runtime_is_asked_again_on_the_connection_it_already_has() {
+    let node = Node::new("dgx-h100");
+    let proc = fake_proc();
+    let socket = node.dir.path().join("wedged.sock");
+    let shown = socket.display().to_string();
+    let wedged = Wedged::start(&socket);
+    let mut exporter = start(&node, proc.path(), &socket);
+    // Three calls, each given up after its time limit and retried on the backoff.
+    crate::common::until("three calls to the wedged runtime", 60, || {
+        let calls = wedged.calls.load(Ordering::SeqCst);
+        let accepted = wedged.accepted.load(Ordering::SeqCst);
+        if calls >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{calls} calls on {accepted} connections"))
+        }
+    });
+    logged(
+        &mut exporter,
+        &[
+            "Cannot list this node's pods",
+            &shown,
+            "did not answer ListPodSandbox",
+        ],
+        1,
+    );
+    // All of them on one connection: none left open in the runtime per retry.
+    let accepted = wedged.accepted.load(Ordering::SeqCst);
+    let calls = wedged.calls.load(Ordering::SeqCst);
+    assert_eq!(accepted, 1, "{calls} calls on {accepted} connections");
+}
+
+#[test]
+fn a_stalled_runtime_that_restarts_is_reached_on_its_new_socket() {
+    let node = Node::new("dgx-h100");
+    let proc = fake_proc();
+    let socket = node.dir.path().join("containerd.sock");
+    let shown = socket.display().to_string();
+    node.inject("process 0 101 2048 35");
+    let runtime = FakeRuntime::start(&socket, vec![train_a()]);
+    runtime.set_mode(Mode::Hang);
+    let mut exporter = start(&node, proc.path(), &socket);
+    logged(
+        &mut exporter,
+        &[
+            "Cannot list this node's pods",
+            &shown,
+            "did not answer ListPodSandbox",
+        ],
+        1,
+    );
+    // The runtime is restarted: the connection kept after the timeout ends with it, and the
+    // next list reaches the new runtime.
+    runtime.set_mode(Mode::Fail);
+    drop(runtime);
+    let _restarted = FakeRuntime::start(&socket, vec![train_a()]);
+    exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    logged(
+        &mut exporter,
+        &[
+            "Naming containers from the container runtime's CRI socket",
+            &shown,
+        ],
+        1,
+    );
 }
