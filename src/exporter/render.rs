@@ -569,6 +569,19 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
         );
     }
 
+    // Only once there is something to count: a node whose file was never damaged has no such
+    // series (and the exporter's golden bodies stay as they are).
+    let damaged = crate::health::kept::damaged_total();
+    if damaged > 0 {
+        header(
+            out,
+            "gpud_health_kept_verdicts_damaged_total",
+            "Kept health verdicts files found damaged by this process (moved aside; the GPUs they could have covered held until the doctor's checks pass).",
+            "counter",
+        );
+        let _ = writeln!(out, "gpud_health_kept_verdicts_damaged_total {damaged}");
+    }
+
     if let Some(up) = frame.own.pod_resources_up {
         header(
             out,

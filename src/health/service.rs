@@ -81,7 +81,7 @@ impl Subsystem for HealthWatcher {
             inventory,
             self.config,
             self.xids,
-            move || ready.set(),
+            ready,
         )
         .await;
         match watched {
