@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "common/fake_api.rs"]
+mod fake_api;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
 
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::Node;
 use common::http::{self, free_port};
+use fake_api::FakeApi;
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use gpud::proto::deviceplugin::ListAndWatchResponse;
 
@@ -51,6 +54,11 @@ impl Daemon {
 
 /// `gpud run` on `node`, its log (at `info`) in `<node>/<log>`.
 fn start(node: &Node, kubelet: &FakeKubelet, log: &str) -> Daemon {
+    start_with(node, kubelet, log, &[])
+}
+
+/// [`start`] with `extra` flags.
+fn start_with(node: &Node, kubelet: &FakeKubelet, log: &str, extra: &[&str]) -> Daemon {
     let port = free_port();
     let socket = kubelet.socket();
     let address = format!("127.0.0.1:{port}");
@@ -70,6 +78,7 @@ fn start(node: &Node, kubelet: &FakeKubelet, log: &str) -> Daemon {
             "-a",
             &address,
         ])
+        .args(extra)
         .env("GPUD_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -195,10 +204,14 @@ async fn damaged_file_fails_closed(damage: impl FnOnce(&[u8], &str) -> Vec<u8>) 
 
     let mut daemon = start(&node, &kubelet, "second.log");
     let (mut stream, list) = first_list(&mut kubelet).await;
+    // Every GPU the file could have covered was held before the watcher was ready (the doctor
+    // may clear the good ones before the kubelet's first list).
+    let log = daemon.log();
     assert_eq!(
-        unhealthy(&list, &ids),
-        (0..ids.len()).collect::<Vec<_>>(),
-        "every GPU the file could have covered is held from the first list"
+        log.matches("Holding the GPU out of service until the doctor's checks of it pass")
+            .count(),
+        ids.len(),
+        "{log}"
     );
     let seen = sick_gpu_stays_out_until_reset(&node, &daemon, &mut stream, list, &ids).await;
     // The others came back on the doctor's evidence, before the sick GPU did.
@@ -282,6 +295,50 @@ async fn a_garbage_file_holds_the_gpus() {
             .collect()
     })
     .await;
+}
+
+/// With a Node to report on (`--node-status`), the damaged file is said once as a Warning
+/// event on it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_file_is_said_once_as_a_node_event() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start(serde_json::json!({}));
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let ids = node_with_a_kept_fatal_xid(&node, &mut kubelet).await;
+    std::fs::write(kept_path(&node), b"").unwrap();
+
+    let flags = [
+        "--node-status",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ];
+    let _daemon = start_with(&node, &kubelet, "second.log", &flags);
+    let (mut stream, _) = first_list(&mut kubelet).await;
+    // The other GPUs back on the doctor's evidence: the damage was said by then.
+    while unhealthy(&next_list(&mut stream, 20).await, &ids) != [SICK] {}
+    let damaged = |events: &[serde_json::Value]| {
+        events
+            .iter()
+            .filter(|e| e["reason"] == "KeptVerdictsDamaged")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let said = common::until("the Node event", 20, || {
+        let said = damaged(&api.events());
+        if said.is_empty() {
+            Err(format!("{:#?}", api.events()))
+        } else {
+            Ok(said)
+        }
+    });
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert_eq!(said[0]["type"], "Warning");
+    let message = said[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("run.json") && message.contains("the file is empty"),
+        "{message}"
+    );
 }
 
 /// CRC-32 (IEEE), as the file's `checksum` names it: what a newer gpud computes too.

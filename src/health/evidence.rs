@@ -42,7 +42,7 @@ pub fn start(
         return queue;
     };
     let retry = retry.clamp(RETRY_MIN, RETRY_MAX);
-    tokio::spawn(async move {
+    crate::logging::spawn(async move {
         tokio::select! {
             () = cancel.cancelled() => {}
             () = gather(gpus, gpud, nvml_lib, retry, proven) => {}

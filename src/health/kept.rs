@@ -27,8 +27,10 @@ use super::evidence::HeldGpu;
 use super::kept_file::{self, Verdicts};
 use super::kept_store::{Loaded, Store};
 use super::tracker::{Kept, Tracker};
-use crate::daemon::ReadyLatch;
+use crate::daemon::{Helpers, ReadyLatch};
 use crate::inventory::Snapshot;
+use crate::kube::EventSender;
+use crate::kube::events::{Kind, NodeEvent};
 
 /// The default state directory (a hostPath in the DaemonSet, `StateDirectory=` on bare metal).
 pub const DEFAULT_STATE_DIR: &str = crate::cli::DEFAULT_STATE_DIR;
@@ -38,6 +40,9 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between two tries of a failed write.
 const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The reason of the Node event that says a damaged file.
+pub const EVENT_REASON: &str = "KeptVerdictsDamaged";
 
 /// Kept-verdicts files found damaged by this process (moved aside): what the exporter of the
 /// same process reports as `gpud_health_kept_verdicts_damaged_total`.
@@ -70,6 +75,38 @@ pub struct KeptVerdicts {
     outcome: WriteOutcome,
     /// The thread that writes while the watcher runs, started on the first change.
     writer: Option<Writer>,
+    /// Where a damaged file is said as a Node event, when the applet has a Node.
+    events: Option<NodeEvents>,
+}
+
+/// The Node a damaged file is said on. Its sender (a helper of the watcher) starts with the
+/// first event and lives as long as the watcher: a helper that ends before the daemon does
+/// would fail the watcher.
+#[derive(Debug)]
+pub struct NodeEvents {
+    helpers: Helpers,
+    node: String,
+    kubeconfig: Option<PathBuf>,
+    sender: Option<EventSender>,
+}
+
+impl NodeEvents {
+    /// Events on Node `node`, through `kubeconfig` (else the in-cluster service account).
+    pub fn new(helpers: Helpers, node: String, kubeconfig: Option<PathBuf>) -> Self {
+        NodeEvents {
+            helpers,
+            node,
+            kubeconfig,
+            sender: None,
+        }
+    }
+
+    fn send(&mut self, event: NodeEvent) {
+        let (helpers, node, kubeconfig) = (&self.helpers, &self.node, &self.kubeconfig);
+        self.sender
+            .get_or_insert_with(|| EventSender::start(helpers, node.clone(), kubeconfig.clone()))
+            .send(event);
+    }
 }
 
 /// The file of `applet` in `state_dir`.
@@ -96,6 +133,7 @@ impl KeptVerdicts {
             unproven: BTreeMap::new(),
             outcome: WriteOutcome::default(),
             writer: None,
+            events: None,
         }
     }
 
@@ -103,6 +141,12 @@ impl KeptVerdicts {
     /// lands; the watcher's own readiness is given by [`WriteOutcome::registered`].
     pub fn reporting_on(mut self, latch: ReadyLatch) -> Self {
         self.outcome = WriteOutcome::on(latch);
+        self
+    }
+
+    /// Says a damaged file as a Warning event on the Node too.
+    pub fn with_events(mut self, events: Option<NodeEvents>) -> Self {
+        self.events = events;
         self
     }
 
@@ -164,7 +208,7 @@ impl KeptVerdicts {
 
     /// Says each damaged copy once (it was moved aside) and counts it; returns why the GPUs
     /// are held when the newest copy is among them.
-    fn said_damage(&self, loaded: &Loaded) -> Option<String> {
+    fn said_damage(&mut self, loaded: &Loaded) -> Option<String> {
         let mut newest = None;
         for damaged in &loaded.damaged {
             DAMAGED.fetch_add(1, Ordering::Relaxed);
@@ -173,6 +217,18 @@ impl KeptVerdicts {
                 |to| format!("moved aside as {}", to.display()),
             );
             warn!(path = %damaged.path.display(), error = %damaged.why, "The kept health verdicts cannot be read ({aside}); what they held is unknown, so every GPU they could have covered is held out of service until the doctor's checks of it pass");
+            if let Some(events) = &mut self.events {
+                events.send(NodeEvent {
+                    kind: Kind::Warning,
+                    reason: EVENT_REASON,
+                    message: format!(
+                        "gpud's kept health verdicts {} cannot be read ({}; {aside}): the GPUs they could have covered are held out of service until the doctor's checks of each pass",
+                        damaged.path.display(),
+                        damaged.why
+                    ),
+                    at: SystemTime::now(),
+                });
+            }
             if damaged.path == self.store.path() {
                 newest = Some(format!(
                     "the kept health verdicts {} could not be read ({}; {aside})",

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::dedup::{Deduper, Occurrence, XidSource};
 use super::evidence;
-use super::kept::KeptVerdicts;
+use super::kept::{KeptVerdicts, NodeEvents};
 use super::kmsg_source;
 use super::tracker::{Tracker, TrackerConfig};
 use crate::daemon::ReadyLatch;
@@ -142,6 +142,7 @@ pub async fn run(
         config,
         None,
         ReadyLatch::detached(),
+        None,
     )
     .await
 }
@@ -150,7 +151,8 @@ pub async fn run(
 /// kernel-log reports of one occurrence merged) in `xids`, which it publishes after each batch.
 /// `ready` is set once the NVML event set is registered and the kernel log followed: from then
 /// on no fault goes unseen, which is what the watcher's readiness means; it is unset, naming
-/// the file and the error, while the kept verdicts cannot be written.
+/// the file and the error, while the kept verdicts cannot be written. `node_events`, when given,
+/// says a damaged kept-verdicts file on the Node.
 pub async fn run_with_xids(
     cancel: CancellationToken,
     nvml: Nvml,
@@ -158,6 +160,7 @@ pub async fn run_with_xids(
     config: WatcherConfig,
     xids: Option<XidLedger>,
     ready: ReadyLatch,
+    node_events: Option<NodeEvents>,
 ) -> Result<(), NvmlError> {
     let (event_tx, events) = mpsc::channel(QUEUE);
     // ECC events count whatever the XID policy says, so the event source always runs.
@@ -168,10 +171,11 @@ pub async fn run_with_xids(
         .as_deref()
         .and_then(|path| kmsg_source::start(path, kmsg_tx));
     let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
-    let mut kept = config
-        .kept_file
-        .clone()
-        .map(|path| KeptVerdicts::new(path).reporting_on(ready.clone()));
+    let mut kept = config.kept_file.clone().map(|path| {
+        KeptVerdicts::new(path)
+            .reporting_on(ready.clone())
+            .with_events(node_events)
+    });
     let mut proven = None;
     if let Some(kept) = &mut kept {
         // Before readiness, with a first poll: a GPU that still needs a reset is never offered
