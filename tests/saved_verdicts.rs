@@ -204,6 +204,7 @@ async fn damaged_file_fails_closed(damage: impl FnOnce(&[u8], &str) -> Vec<u8>) 
 
     let mut daemon = start(&node, &kubelet, "second.log");
     let (mut stream, list) = first_list(&mut kubelet).await;
+    let seen = sick_gpu_stays_out_until_reset(&node, &daemon, &mut stream, list, &ids).await;
     // Every GPU the file could have covered was held before the watcher was ready (the doctor
     // may clear the good ones before the kubelet's first list).
     let log = daemon.log();
@@ -213,7 +214,6 @@ async fn damaged_file_fails_closed(damage: impl FnOnce(&[u8], &str) -> Vec<u8>) 
         ids.len(),
         "{log}"
     );
-    let seen = sick_gpu_stays_out_until_reset(&node, &daemon, &mut stream, list, &ids).await;
     // The others came back on the doctor's evidence, before the sick GPU did.
     assert!(seen.iter().any(|sick| sick == &[SICK]), "{seen:?}");
 
@@ -221,7 +221,6 @@ async fn damaged_file_fails_closed(damage: impl FnOnce(&[u8], &str) -> Vec<u8>) 
     let aside = named(health, "run.json.damaged-");
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(std::fs::read(&aside[0]).unwrap(), damaged);
-    let log = daemon.log();
     assert_eq!(
         log.matches("The kept health verdicts cannot be read")
             .count(),
