@@ -594,8 +594,16 @@ async fn a_state_folder_that_cannot_be_written_costs_the_handover_not_the_start(
         kubelet.next_registration(10).await.endpoint,
         "nvidia-gpu.sock"
     );
-    gpud.log_when("Cannot serve the handover socket", 10);
+    // The kept health verdicts cannot be written either: the watcher is not ready (it says
+    // so on /readyz) and the handover socket is tried once the wait for readiness ends.
+    gpud.log_when("Cannot serve the handover socket", 45);
     http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+    let readyz = http::wait_for(port, "/readyz", 10, |a| a.status == 503);
+    assert!(
+        readyz.body.contains("cannot keep the health verdicts"),
+        "{}",
+        readyz.body
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -213,6 +213,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let mps_events = node_status
         .clone()
         .map(|node| (node, args.api.kubeconfig.clone()));
+    // A damaged kept-verdicts file is said on the Node when gpud run has one.
+    let health_events = mps_events.clone();
     let mps = plugin
         .mps_root
         .is_some()
@@ -281,10 +283,12 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if enabled(Optional::Exporter) {
         let (watcher, exporter) =
             super::exporter::with_health(nvml.clone(), health, exporter, daemon.admin_routes());
-        daemon.add_support(watcher);
+        daemon.add_support(watcher.with_node_events(health_events));
         daemon.add_fixed(exporter);
     } else {
-        daemon.add_support(HealthWatcher::optional(nvml.clone(), health));
+        daemon.add_support(
+            HealthWatcher::optional(nvml.clone(), health).with_node_events(health_events),
+        );
         daemon.serve_admin(&args.admin.address(super::admin_port("run")));
     }
     if let Some(mps) = mps {

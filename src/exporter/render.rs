@@ -69,6 +69,8 @@ pub struct OwnStats {
     pub mig: Option<MigReading>,
     /// The remediation's counters; `None` when it does not run in this process.
     pub remediation: Option<RemediationReading>,
+    /// Kept health verdicts files the health watcher of this process found damaged.
+    pub kept_verdicts_damaged: u64,
 }
 
 /// Everything one body is rendered from.
@@ -569,6 +571,19 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
         );
     }
 
+    // Only once there is something to count: a node whose file was never damaged has no such
+    // series (and the exporter's golden bodies stay as they are).
+    let damaged = frame.own.kept_verdicts_damaged;
+    if damaged > 0 {
+        header(
+            out,
+            "gpud_health_kept_verdicts_damaged_total",
+            "Kept health verdicts files found damaged by this process (moved aside; the GPUs they could have covered held until the doctor's checks pass).",
+            "counter",
+        );
+        let _ = writeln!(out, "gpud_health_kept_verdicts_damaged_total {damaged}");
+    }
+
     if let Some(up) = frame.own.pod_resources_up {
         header(
             out,
@@ -1050,6 +1065,7 @@ mod tests {
             }),
             mig: None,
             remediation: None,
+            kept_verdicts_damaged: 0,
         };
         let frame = Frame {
             selection: &case.selection,

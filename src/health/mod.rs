@@ -6,7 +6,10 @@
 
 pub mod args;
 pub mod dedup;
+pub mod evidence;
 pub mod kept;
+pub mod kept_file;
+pub mod kept_store;
 pub mod kmsg_source;
 pub mod report;
 pub mod service;

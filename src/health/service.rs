@@ -1,10 +1,12 @@
 //! The health watcher and the transition printer as daemon subsystems.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use tracing::warn;
 
+use super::kept::NodeEvents;
 use super::watcher::{self, WatcherConfig};
 use crate::daemon::{Context, Subsystem};
 use crate::inventory::transitions;
@@ -23,6 +25,8 @@ pub struct HealthWatcher {
     config: WatcherConfig,
     xids: Option<XidLedger>,
     required: bool,
+    /// The Node (and kubeconfig) a damaged kept-verdicts file is reported on as an event.
+    node_events: Option<(String, Option<PathBuf>)>,
 }
 
 impl HealthWatcher {
@@ -33,6 +37,7 @@ impl HealthWatcher {
             config,
             xids: None,
             required: true,
+            node_events: None,
         }
     }
 
@@ -43,6 +48,13 @@ impl HealthWatcher {
             required: false,
             ..HealthWatcher::required(nvml, config)
         }
+    }
+
+    /// Reports a damaged kept-verdicts file as a Warning event on the Node `node`
+    /// (`Some((node, kubeconfig))`; the kubeconfig, else the in-cluster service account).
+    pub fn with_node_events(mut self, node_events: Option<(String, Option<PathBuf>)>) -> Self {
+        self.node_events = node_events;
+        self
     }
 
     /// Also records every XID occurrence in `xids` (the exporter's counters).
@@ -75,13 +87,18 @@ impl Subsystem for HealthWatcher {
         // Ready once the event set is registered, not before: a fault injected (or happening)
         // before that is one the driver never reports as an event.
         let ready = ctx.ready_latch();
+        let helpers = ctx.helpers();
+        let events = self
+            .node_events
+            .map(|(node, kubeconfig)| NodeEvents::new(helpers, node, kubeconfig));
         let watched = watcher::run_with_xids(
             ctx.cancel_token(),
             self.nvml,
             inventory,
             self.config,
             self.xids,
-            move || ready.set(),
+            ready,
+            events,
         )
         .await;
         match watched {

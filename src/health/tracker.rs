@@ -78,6 +78,9 @@ enum Kind {
     // Declared from least to most urgent: the most urgent condition names the state.
     /// Held out of service by gpud's remediation: a reset of an NVLink peer takes it too.
     Held,
+    /// Held out of service until gpud has fresh evidence for it: what a restart kept of it
+    /// could not be read.
+    Unproven,
     NvLinkDown(u32),
     Thermal,
     Xid(u32),
@@ -483,6 +486,28 @@ impl Tracker {
             at,
             reason.as_deref().unwrap_or_default(),
             "none: it returns to service after its peer's reset",
+            HealthState::Unhealthy,
+        );
+    }
+
+    /// GPU `gpu` is held out of service until gpud has fresh evidence for it (`Some(why)`:
+    /// the verdicts kept for it across a restart could not be read), or no longer (`None`:
+    /// the doctor's checks of it passed). Only this clears it; a reset does not prove health.
+    pub fn observe_unproven(&mut self, gpu: u32, why: Option<&str>, at: SystemTime) {
+        let state = self.gpus.entry(gpu).or_default();
+        let reason = why
+            .map(|why| format!("held out of service until gpud has fresh evidence for it: {why}"));
+        if state.conditions.get(&Kind::Unproven).map(|c| &c.reason) == reason.as_ref() {
+            return;
+        }
+        state.conditions.remove(&Kind::Unproven);
+        toggle(
+            &mut state.conditions,
+            Kind::Unproven,
+            reason.is_some(),
+            at,
+            reason.as_deref().unwrap_or_default(),
+            "none: gpud runs the doctor's GPU checks on it and returns it to service once they pass",
             HealthState::Unhealthy,
         );
     }

@@ -20,9 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::dedup::{Deduper, Occurrence, XidSource};
-use super::kept::KeptVerdicts;
+use super::evidence;
+use super::kept::{KeptVerdicts, NodeEvents};
 use super::kmsg_source;
 use super::tracker::{Tracker, TrackerConfig};
+use crate::daemon::ReadyLatch;
 use crate::inventory::transitions;
 use crate::inventory::{Inventory, PciBusId, Snapshot};
 use crate::nvml::events::{EventKind, GpuEvent};
@@ -133,20 +135,32 @@ pub async fn run(
     inventory: Inventory,
     config: WatcherConfig,
 ) -> Result<(), NvmlError> {
-    run_with_xids(cancel, nvml, inventory, config, None, || {}).await
+    run_with_xids(
+        cancel,
+        nvml,
+        inventory,
+        config,
+        None,
+        ReadyLatch::detached(),
+        None,
+    )
+    .await
 }
 
 /// [`run`], also recording every XID occurrence (ignored ones included, the NVML and
 /// kernel-log reports of one occurrence merged) in `xids`, which it publishes after each batch.
-/// `registered` is called once the NVML event set is registered and the kernel log followed:
-/// from then on no fault goes unseen, which is what the watcher's readiness means.
+/// `ready` is set once the NVML event set is registered and the kernel log followed: from then
+/// on no fault goes unseen, which is what the watcher's readiness means; it is unset, naming
+/// the file and the error, while the kept verdicts cannot be written. `node_events`, when given,
+/// says a damaged kept-verdicts file on the Node.
 pub async fn run_with_xids(
     cancel: CancellationToken,
     nvml: Nvml,
     inventory: Inventory,
     config: WatcherConfig,
     xids: Option<XidLedger>,
-    registered: impl FnOnce(),
+    ready: ReadyLatch,
+    node_events: Option<NodeEvents>,
 ) -> Result<(), NvmlError> {
     let (event_tx, events) = mpsc::channel(QUEUE);
     // ECC events count whatever the XID policy says, so the event source always runs.
@@ -157,17 +171,38 @@ pub async fn run_with_xids(
         .as_deref()
         .and_then(|path| kmsg_source::start(path, kmsg_tx));
     let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
-    let mut kept = config.kept_file.clone().map(KeptVerdicts::new);
+    let mut kept = config.kept_file.clone().map(|path| {
+        KeptVerdicts::new(path)
+            .reporting_on(ready.clone())
+            .with_events(node_events)
+    });
+    let mut proven = None;
     if let Some(kept) = &mut kept {
         // Before readiness, with a first poll: a GPU that still needs a reset is never offered
         // in between, and one reset while gpud was down is not withdrawn for a poll interval.
-        kept.restore(&mut tracker, &inventory.current());
+        let held = kept.restore(&mut tracker, &inventory.current());
         poll_into(&nvml, &mut tracker).await;
         publish(&inventory, &tracker);
         kept.save_now(&tracker, &inventory.current());
+        if !held.is_empty() {
+            let lib = nvml.library_path().to_path_buf();
+            proven = Some(evidence::start(
+                held,
+                lib,
+                config.poll_interval,
+                cancel.child_token(),
+            ));
+        }
     }
-    registered();
-    let mut queues = Queues { events, kmsg };
+    match &kept {
+        Some(kept) => kept.outcome().registered(),
+        None => ready.set(),
+    }
+    let mut queues = Queues {
+        events,
+        kmsg,
+        proven,
+    };
     let mut state = State {
         tracker,
         dedup: Deduper::new(config.dedup_window),
@@ -191,6 +226,8 @@ pub async fn run_with_xids(
 struct Queues {
     events: mpsc::Receiver<GpuEvent>,
     kmsg: mpsc::Receiver<KmsgEvent>,
+    /// The GPUs held for want of fresh evidence whose doctor's checks passed, by UUID.
+    proven: Option<mpsc::UnboundedReceiver<String>>,
 }
 
 /// What the watcher keeps between batches.
@@ -240,6 +277,7 @@ async fn watch(
                 state.follow_record(inventory);
                 poll_into(nvml, &mut state.tracker).await;
             }
+            Some(uuid) = next_proven(&mut queues.proven) => state.on_proven(inventory, &uuid),
             Ok(()) = changes.changed() => {
                 let snapshot = changes.borrow_and_update().clone();
                 let reported = snapshot.gpus.iter().filter_map(|g| Some((g.index, g.uuid.as_str(), g.remediation.as_ref()?)));
@@ -251,6 +289,14 @@ async fn watch(
         if let Some(kept) = &mut state.kept {
             kept.save(&state.tracker, &inventory.current());
         }
+    }
+}
+
+/// The next GPU proven by the doctor's checks; pending forever when none is held.
+async fn next_proven(queue: &mut Option<mpsc::UnboundedReceiver<String>>) -> Option<String> {
+    match queue {
+        Some(queue) => queue.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -361,6 +407,19 @@ impl State {
                 self.tracker.observe_reset(index, reset, SystemTime::now());
             }
         }
+    }
+
+    /// The doctor's checks of the held GPU `uuid` passed: it returns to service (as far as
+    /// its other conditions let it).
+    fn on_proven(&mut self, inventory: &Inventory, uuid: &str) {
+        let snapshot = inventory.current();
+        let (Some(kept), Some(gpu)) = (
+            self.kept.as_mut(),
+            snapshot.gpus.iter().find(|gpu| gpu.uuid == uuid),
+        ) else {
+            return;
+        };
+        kept.proven(&mut self.tracker, gpu.index, uuid);
     }
 
     /// Reads the remediation record when it changed and takes the resets it reports.
