@@ -52,9 +52,21 @@ pub fn write_atomic_owned(
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> Result<(), WriteError> {
+    remove_stale_temporaries(path);
+    write_atomic_beside_others(path, contents, mode, owner)
+}
+
+/// [`write_atomic_owned`] without removing other processes' temporaries: for a writer that
+/// shares the folder with other runs of itself and removes leftovers only while it holds a
+/// lock that keeps every other run out (`gpud runtime configure`).
+pub fn write_atomic_beside_others(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), WriteError> {
     let name = file_name(path)?;
     let dir = folder(path);
-    remove_stale_temporaries(path);
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let written = write_then_rename(&temp, path, contents, mode, owner);

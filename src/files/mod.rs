@@ -13,7 +13,10 @@ mod excerpt;
 mod nesting;
 mod read;
 
-pub use atomic::{WriteError, remove_stale_temporaries, write_atomic, write_atomic_owned};
+pub use atomic::{
+    WriteError, remove_stale_temporaries, write_atomic, write_atomic_beside_others,
+    write_atomic_owned,
+};
 pub use excerpt::{EXCERPT_CHARS, clip_quoted, excerpt};
 pub use nesting::{MAX_NESTING, nesting_beyond};
 pub use read::{

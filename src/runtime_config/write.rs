@@ -6,21 +6,22 @@
 //!   refused before it is parsed;
 //! - **atomic writes**: a temporary file in the same folder, synced, renamed over the file, with
 //!   the mode and owner the file had. The temporary's name carries this process's id and a
-//!   sequence number (`.<name>.gpud.<pid>.<n>.tmp`); only a run that holds the folder's lock
+//!   sequence number (`.<name>.<pid>.<n>.tmp`); only a run that holds the folder's lock
 //!   ([`super::lock`]) removes leftovers, so no run ever deletes another's file in flight;
 //! - **a backup** (`<file>.gpud.bak`) of the file as it was before gpud first changed it,
 //!   written once and never overwritten.
 //!
 //! Every path here is the resolved file ([`super::resolve`]), never a symlink to it.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, File};
+use std::io::ErrorKind;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Error;
-use crate::files::{ReadError, WriteError, read_bytes};
+use crate::files::{
+    ReadError, WriteError, read_bytes, remove_stale_temporaries, write_atomic_beside_others,
+};
 
 /// The largest runtime config gpud reads (real ones are a few KiB; containerd's full default
 /// dump is under 20 KiB).
@@ -28,9 +29,6 @@ pub const MAX_CONFIG_BYTES: u64 = 4 * 1024 * 1024;
 
 /// The mode of a config file gpud creates: readable by all, as runtimes' packages install it.
 const NEW_FILE_MODE: u32 = 0o644;
-
-/// Makes temporary names unique within the process (the pid makes them unique across).
-static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// `path` with `suffix` appended to its file name.
 pub fn beside(path: &Path, suffix: &str) -> PathBuf {
@@ -175,101 +173,21 @@ impl LaterRemoval {
     }
 }
 
-/// Replaces `path` with `contents` atomically, through a temporary file of this process.
+/// Replaces `path` with `contents` atomically, through a temporary file of this process that
+/// no other run removes ([`crate::files::write_atomic_beside_others`]).
 fn replace(
     path: &Path,
     contents: &[u8],
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> Result<(), Error> {
-    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    let temp = beside(
-        &hidden(path),
-        &format!(".gpud.{}.{n}.tmp", std::process::id()),
-    );
-    let written = write_then_rename(&temp, path, contents, mode, owner);
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written?;
-    // Failing to sync a folder (some filesystems refuse) does not make the write less atomic.
-    if let Some(folder) = path.parent()
-        && let Ok(dir) = File::open(folder)
-    {
-        let _ = dir.sync_all();
-    }
-    Ok(())
-}
-
-/// `path` with a dot before its file name.
-fn hidden(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}"))
-}
-
-fn write_then_rename(
-    temp: &Path,
-    target: &Path,
-    contents: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-) -> Result<(), WriteError> {
-    let fail = |path: &Path, step: &'static str| {
-        let path = path.to_path_buf();
-        move |source| WriteError { path, step, source }
-    };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(temp)
-        .map_err(fail(temp, "create a temporary file"))?;
-    file.write_all(contents)
-        .map_err(fail(temp, "write the temporary file"))?;
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(fail(temp, "set the mode of the temporary file"))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-            .map_err(fail(temp, "set the owner of the temporary file"))?;
-    }
-    file.sync_all()
-        .map_err(fail(temp, "sync the temporary file"))?;
-    drop(file);
-    fs::rename(temp, target).map_err(fail(target, "replace the file"))
+    Ok(write_atomic_beside_others(path, contents, mode, owner)?)
 }
 
 /// Removes the temporaries runs killed mid-write left beside `path`. Only a run holding the
 /// folder's lock calls this: every other writer waits for that lock, so none is in flight.
 pub fn remove_leftovers(path: &Path) {
-    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-        return;
-    };
-    let Some(folder) = path.parent() else {
-        return;
-    };
-    let Ok(entries) = fs::read_dir(folder) else {
-        return;
-    };
-    let prefix = format!(".{name}.gpud.");
-    for entry in entries.flatten() {
-        let entry_name = entry.file_name();
-        let leftover = entry_name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|n| n.strip_suffix(".tmp"))
-            .and_then(|n| n.split_once('.'))
-            .is_some_and(|(pid, n)| is_decimal(pid) && is_decimal(n));
-        if leftover {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-}
-
-fn is_decimal(text: &str) -> bool {
-    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+    remove_stale_temporaries(path);
 }
 
 #[cfg(test)]
@@ -319,12 +237,12 @@ mod tests {
     fn only_gpuds_leftovers_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
-        for name in [".config.toml.gpud.12.0.tmp", ".config.toml.1.0.tmp", "x"] {
+        for name in [".config.toml.12.0.tmp", ".config.toml.bak.tmp", "x"] {
             fs::write(dir.path().join(name), "").unwrap();
         }
         remove_leftovers(&path);
-        assert!(!dir.path().join(".config.toml.gpud.12.0.tmp").exists());
-        assert!(dir.path().join(".config.toml.1.0.tmp").exists());
+        assert!(!dir.path().join(".config.toml.12.0.tmp").exists());
+        assert!(dir.path().join(".config.toml.bak.tmp").exists());
         assert!(dir.path().join("x").exists());
     }
 
