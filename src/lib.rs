@@ -7,6 +7,7 @@ pub mod applets;
 pub mod backoff;
 pub mod cdi;
 pub mod cdi_hook;
+pub mod child;
 pub mod cli;
 pub mod config;
 pub mod cri;

@@ -317,7 +317,7 @@ async fn render_loop(
             pod_resources_up: config.kubernetes.as_ref().map(|_| pods_state.up),
             http: Some(publisher.http_stats.snapshot()),
             mig: config.mig.as_ref().map(|m| m.read()),
-            kept_verdicts_damaged: crate::health::kept::damaged_total(),
+            kept_verdicts_damaged: crate::inventory::health::kept_verdicts_damaged(),
             remediation: match &config.remediation {
                 Some(metrics) => Some(metrics.read()),
                 None => {

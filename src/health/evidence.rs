@@ -1,6 +1,6 @@
 //! Fresh evidence for GPUs held out of service because what a restart kept of them could not
 //! be read: the doctor's per-GPU checks, run by this same binary in a child process (as the
-//! remediation checks a reset GPU, [`crate::remediation::doctor`]), one GPU at a time, again
+//! remediation checks a reset GPU, [`crate::child::doctor`]), one GPU at a time, again
 //! every retry period until each passes. A GPU is reported proven once, when its checks pass;
 //! one that fails stays held, said once per GPU.
 
@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::remediation::doctor;
+use crate::child::doctor;
 
 /// A held GPU, as the watcher knows it when it starts gathering.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -44,15 +44,6 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// The reason of the Node event that says a damaged file.
 pub const EVENT_REASON: &str = "KeptVerdictsDamaged";
 
-/// Kept-verdicts files found damaged by this process (moved aside): what the exporter of the
-/// same process reports as `gpud_health_kept_verdicts_damaged_total`.
-static DAMAGED: AtomicU64 = AtomicU64::new(0);
-
-/// How many kept-verdicts files this process found damaged.
-pub fn damaged_total() -> u64 {
-    DAMAGED.load(Ordering::Relaxed)
-}
-
 /// What the file holds (or is to hold), to write only changes.
 #[derive(Debug, Clone, PartialEq, Default)]
 struct Contents {
@@ -211,7 +202,7 @@ impl KeptVerdicts {
     fn said_damage(&mut self, loaded: &Loaded) -> Option<String> {
         let mut newest = None;
         for damaged in &loaded.damaged {
-            DAMAGED.fetch_add(1, Ordering::Relaxed);
+            crate::inventory::health::note_kept_verdicts_damaged();
             let aside = damaged.moved_to.as_ref().map_or_else(
                 || "could not be moved aside".to_owned(),
                 |to| format!("moved aside as {}", to.display()),
@@ -560,9 +551,9 @@ mod tests {
         let snapshot = node();
         let mut after = tracker();
         let mut kept = KeptVerdicts::for_boot(path.clone(), "boot-a".into());
-        let before = damaged_total();
+        let before = crate::inventory::health::kept_verdicts_damaged();
         let held = kept.restore(&mut after, &snapshot);
-        assert!(damaged_total() > before);
+        assert!(crate::inventory::health::kept_verdicts_damaged() > before);
         assert_eq!(held.len(), 3);
         assert!((0..3).all(|gpu| !after.verdict(gpu).is_healthy()));
         assert!(!path.exists(), "moved aside");

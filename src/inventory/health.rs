@@ -5,9 +5,25 @@
 //! verdicts. Every state can recover: a lost GPU that answers again is healthy on the next
 //! rescan.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Saved-verdict files the health watcher of this process found damaged (and moved aside):
+/// counted here, beside the verdicts they held, for the exporter of the same process to report
+/// as `gpud_health_kept_verdicts_damaged_total`.
+static KEPT_VERDICTS_DAMAGED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one damaged saved-verdicts file.
+pub fn note_kept_verdicts_damaged() {
+    KEPT_VERDICTS_DAMAGED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many saved-verdicts files this process found damaged.
+pub fn kept_verdicts_damaged() -> u64 {
+    KEPT_VERDICTS_DAMAGED.load(Ordering::Relaxed)
+}
 
 /// The three states a device can be in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -25,12 +25,13 @@ use tracing::{info, warn};
 
 use super::args::{Mode, Settings};
 use super::budget::{Budget, Slot};
-use super::command::{self, Outcome};
 use super::drain::Drainer;
 use super::escalation::Escalation;
 use super::mig_layout;
 use super::need::{Need, need};
-use super::{doctor, peers, verify};
+use super::{peers, verify};
+use crate::child::command::{self, Outcome};
+use crate::child::doctor;
 use crate::inventory::health::HealthSource;
 use crate::inventory::model::Gpu;
 use crate::inventory::{HealthState, Snapshot};

@@ -5,15 +5,14 @@
 //! - [`args`]: the flags and the settings they resolve to;
 //! - [`need`]: what a GPU needs (reset, reboot, hardware), from the driver and the verdict;
 //! - [`engine`]: the per-GPU state machine and its safety rules;
-//! - [`drain`], [`budget`], [`command`], [`verify`], [`doctor`], [`mig_layout`]: its steps;
+//! - [`drain`], [`budget`], [`verify`], [`mig_layout`]: its steps, with the commands and the
+//!   doctor's checks run as children ([`crate::child`]);
 //! - [`peers`]: the NVLink peers a reset takes together;
 //! - [`escalation`]: the Node condition `GPURemediationRequired`;
 //! - [`service`]: the subsystem.
 
 pub mod args;
 pub mod budget;
-pub mod command;
-pub mod doctor;
 pub mod drain;
 pub mod engine;
 pub mod escalation;
