@@ -452,7 +452,7 @@ async fn a_failed_write_is_retried_until_it_lands_and_readyz_names_it() {
     );
 }
 
-/// A full disk (a 64 KiB tmpfs as the state directory, filled): the write fails with ENOSPC,
+/// A full disk (a 64 KiB tmpfs as the state directory, 0700 as gpud requires, filled): the write fails with ENOSPC,
 /// `/readyz` names it, and it lands once space is back. Needs root to mount; skipped without
 /// it, except in CI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,7 +472,7 @@ async fn a_full_disk_is_retried_until_space_is_back() {
     let state = node.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs"])
         .arg(&state)
         .status()
         .unwrap();
