@@ -161,28 +161,32 @@ grep -qx 'nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3' "$work/features.d/gfd" |
   fail "features file: $(grep product "$work/features.d/gfd")"
 pass "labeller wrote features.d/gfd (gpu.count=8, gpu.product=NVIDIA-H100-80GB-HBM3)"
 
-# 5. The exporter, scraped from another container.
+# 5. The exporter, scraped from another container. Like every container of the DaemonSet it
+# keeps its health verdicts in the state hostPath: without a place to keep them it is not ready.
+mkdir -p "$work/state-exporter"
 if [[ $mode == docker ]]; then
   network=gpud-image-test-$$
   docker network create "$network" >/dev/null
   name=gpud-image-test-exporter-$$
   containers+=("$name")
   docker run -d --name "$name" --network "$network" "${secure[@]}" \
-    -v "$mock:$driver:ro" -e NVML_MOCK_FIXTURE=$fixture -e NODE_NAME=gpu-node-1 -e GPUD_KMSG_PATH= \
+    -v "$mock:$driver:ro" -v "$work/state-exporter:/var/lib/gpud" \
+    -e NVML_MOCK_FIXTURE=$fixture -e NODE_NAME=gpu-node-1 -e GPUD_KMSG_PATH= \
     --entrypoint /usr/bin/gpud-exporter "$image" --collect-interval 500 >/dev/null
   scrape_from_peer() {
     docker run --rm --network "$network" "${secure[@]}" -v "$scrape:/scrape:ro" \
       --entrypoint /scrape "$image" "$name:9400" "$1"
   }
 else
-  in_image "$mock:$driver:ro" NVML_MOCK_FIXTURE=$fixture NODE_NAME=gpu-node-1 GPUD_KMSG_PATH= -- \
+  in_image "$mock:$driver:ro" "$work/state-exporter:/var/lib/gpud" \
+    NVML_MOCK_FIXTURE=$fixture NODE_NAME=gpu-node-1 GPUD_KMSG_PATH= -- \
     /usr/bin/gpud-exporter --collect-interval 500 -a 127.0.0.1:19400 &
   exporter=$!
   scrape_from_peer() { in_image "$scrape:/scrape" -- /scrape 127.0.0.1:19400 "$1"; }
 fi
 deadline=$((SECONDS + 30))
 until scrape_from_peer /readyz >/dev/null 2>&1; do
-  ((SECONDS < deadline)) || fail "exporter not ready within 30 s"
+  ((SECONDS < deadline)) || fail "exporter not ready within 30 s: $(scrape_from_peer /readyz 2>&1 | tail -n 3)"
   sleep 0.2
 done
 metrics=$(scrape_from_peer /metrics)
