@@ -15,7 +15,7 @@ mod fake_pod_resources;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::http::{self, free_port};
@@ -202,9 +202,10 @@ fn phase_of(body: &str, uuid: &str) -> Option<String> {
 }
 
 /// Every device list the kubelet got from one registration, gathered in the background: each
-/// list as `(device id, health)` pairs, in the order they came.
+/// list as `(device id, health)` pairs, in the order they came; the condition variable wakes
+/// whoever waits for the next one.
 #[derive(Clone, Default)]
-struct Lists(Arc<Mutex<Vec<DeviceList>>>);
+struct Lists(Arc<(Mutex<Vec<DeviceList>>, Condvar)>);
 
 /// One device list: each device's id and health.
 type DeviceList = Vec<(String, String)>;
@@ -222,7 +223,8 @@ impl Lists {
             let _client = client;
             while let Ok(Some(list)) = stream.message().await {
                 let devices = list.devices.into_iter().map(|d| (d.id, d.health)).collect();
-                gathered.0.lock().unwrap().push(devices);
+                gathered.0.0.lock().unwrap().push(devices);
+                gathered.0.1.notify_all();
             }
         });
         lists
@@ -230,12 +232,12 @@ impl Lists {
 
     /// How many lists came so far.
     fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
+        self.0.0.lock().unwrap().len()
     }
 
     /// GPU `uuid`'s health in each list from the `from`th on.
     fn health_of(&self, uuid: &str, from: usize) -> Vec<String> {
-        self.0.lock().unwrap()[from..]
+        self.0.0.lock().unwrap()[from..]
             .iter()
             .filter_map(|list| list.iter().find(|(id, _)| id == uuid))
             .map(|(_, health)| health.clone())
@@ -253,20 +255,28 @@ impl Lists {
         });
     }
 
-    /// Asserts that no list from the `from`th on offers GPU `uuid` as `Healthy`, until the
-    /// end of the next `window` (what gpud did before offered it within a second).
+    /// Asserts that no list from the `from`th on offers GPU `uuid` as `Healthy`, through the
+    /// end of the next `window`: each list is checked as it arrives. An absence needs a bound;
+    /// the window is several times the second in which gpud used to offer it.
     fn never_healthy_for(&self, uuid: &str, from: usize, window: Duration) {
         let deadline = Instant::now() + window;
+        let (lists, arrived) = &*self.0;
+        let mut lists = lists.lock().unwrap();
         loop {
-            let seen = self.health_of(uuid, from);
+            let seen: Vec<&str> = lists[from..]
+                .iter()
+                .filter_map(|list| list.iter().find(|(id, _)| id == uuid))
+                .map(|(_, health)| health.as_str())
+                .collect();
             assert!(
-                !seen.iter().any(|h| h == "Healthy"),
+                !seen.contains(&"Healthy"),
                 "the kubelet was offered GPU {uuid} before its fault was cleared: {seen:?}"
             );
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            lists = arrived.wait_timeout(lists, left).unwrap().0;
         }
     }
 }

@@ -7,13 +7,20 @@
 # binary already there is kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The Debian archive this machine's apt already uses (deb822 .sources first, then the one-line
+# sources.list): the newer suites come from the same mirror, under its own name.
+mirror=$( (sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+  awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { print $i; break } }' \
+    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true) |
+  grep -E '/debian/?$' | head -n 1 || true)
+[[ -n $mirror ]] || { echo "fetch-containerd: no Debian archive in this machine's apt sources" >&2; exit 1; }
 for suite in trixie sid; do
   out=target/containerd/$suite
   [[ -x $out/containerd ]] && continue
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-  echo "deb http://deb.debian.org/debian $suite main" >"$work/sources.list"
+  echo "deb ${mirror%/} $suite main" >"$work/sources.list"
   opts=(-qq -o "Dir::Etc::sourcelist=$work/sources.list" -o Dir::Etc::sourceparts=-
     -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
   apt-get "${opts[@]}" update
