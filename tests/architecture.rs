@@ -601,6 +601,51 @@ fn subsystems_import_no_other_subsystem() {
     );
 }
 
+/// The modules that wire subsystems to seams: the applets, the multicall dispatch above them
+/// and the crate root. Only these may name a subsystem from outside it.
+const WIRING: [&str; 2] = ["applets", "multicall"];
+
+/// Edges from a module that is neither a subsystem nor wiring (a seam, the daemon core, the
+/// NVML adapter) to a subsystem, as `from -> to` lines.
+fn seams_naming_subsystems(edges: &[(Vec<String>, Vec<String>)]) -> BTreeSet<String> {
+    let subsystem = |m: &str| SUBSYSTEMS.contains(&m);
+    edges
+        .iter()
+        .filter_map(|(from, to)| {
+            let b = to.first()?;
+            // The crate root (`lib.rs`, `main.rs`) has an empty path: it declares every module.
+            let a = from.first()?;
+            (!subsystem(a) && !WIRING.contains(&a.as_str()) && subsystem(b))
+                .then(|| format!("{} -> {}", name(from), name(to)))
+        })
+        .collect()
+}
+
+#[test]
+fn seams_import_no_subsystem() {
+    let crossings = seams_naming_subsystems(&edges());
+    assert!(
+        crossings.is_empty(),
+        "a seam (or the daemon core) imports a subsystem: what both need belongs in the seam, \
+         and an applet wires the subsystem to it:\n  {}",
+        crossings.into_iter().collect::<Vec<_>>().join("\n  ")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_seam_naming_a_subsystem() {
+    let module = |path: &str| path.split("::").map(str::to_owned).collect::<Vec<_>>();
+    let edges = [
+        (module("holdings::layout"), module("dra::checkpoint")),
+        (module("applets::run"), module("dra::service")),
+        (module("dra::service"), module("holdings")),
+    ];
+    assert_eq!(
+        seams_naming_subsystems(&edges),
+        BTreeSet::from(["holdings::layout -> dra::checkpoint".to_owned()])
+    );
+}
+
 #[test]
 fn the_module_graph_is_shallow() {
     let graph = top_level_graph();
@@ -704,4 +749,66 @@ fn the_architecture_document_lists_every_module() {
         listed_but_gone.is_empty(),
         "docs/architecture.md lists modules that do not exist: {listed_but_gone:?}"
     );
+}
+
+/// What is wrong with a module row's description, if anything: a row cut mid-sentence (an
+/// open bracket or backquote, no full stop at the end, a dangling `e.g.`) or rustdoc link
+/// syntax copied from a header (`` `Verdict`(super::Verdict) ``).
+fn row_defect(description: &str) -> Option<&'static str> {
+    let count = |c: char| description.matches(c).count();
+    if count('(') != count(')') {
+        Some("an unclosed parenthesis")
+    } else if count('`') % 2 == 1 {
+        Some("an unclosed backquote")
+    } else if description.contains("`(") {
+        Some("rustdoc link syntax")
+    } else if !(description.ends_with('.') || description.ends_with(".)"))
+        || description.ends_with("e.g.")
+        || description.ends_with(':')
+    {
+        Some("no full stop at the end")
+    } else {
+        None
+    }
+}
+
+#[test]
+fn every_module_row_is_a_whole_sentence() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let defects: Vec<String> = doc
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("| `src/")?;
+            let (module, description) = rest.split_once("` | ")?;
+            let description = description.trim_end().trim_end_matches('|').trim_end();
+            row_defect(description).map(|why| format!("src/{module}: {why}"))
+        })
+        .collect();
+    assert!(
+        defects.is_empty(),
+        "docs/architecture.md has module rows that are not whole sentences:\n  {}",
+        defects.join("\n  ")
+    );
+}
+
+#[test]
+fn the_checker_sees_a_cut_row() {
+    assert_eq!(
+        row_defect("Reading each GPU's geometry (profiles, placements."),
+        Some("an unclosed parenthesis")
+    );
+    assert_eq!(
+        row_defect("Device names, so that claims"),
+        Some("no full stop at the end")
+    );
+    assert_eq!(
+        row_defect("Profile names, e.g."),
+        Some("no full stop at the end")
+    );
+    assert_eq!(
+        row_defect("a function to a `Verdict`(super::Verdict)."),
+        Some("rustdoc link syntax")
+    );
+    assert_eq!(row_defect("Reading one file (bounded)."), None);
 }
