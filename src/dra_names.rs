@@ -73,6 +73,18 @@ pub fn placement_name(parent: &Gpu, profile: &str, profile_id: u32, start: u32) 
     )
 }
 
+/// The GPU-instance profile id and placement start a MIG device's name says
+/// (`gpu-0-mig-1g10gb-19-3` → `(19, 3)`); `None` for any other name.
+pub fn placement_of(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_prefix("gpu-")?;
+    let (_, mig) = rest.split_once("-mig-")?;
+    let mut parts = mig.rsplitn(3, '-');
+    let start = parts.next()?.parse().ok()?;
+    let profile_id = parts.next()?.parse().ok()?;
+    parts.next().filter(|profile| !profile.is_empty())?;
+    Some((profile_id, start))
+}
+
 /// The name of GPU `gpu`'s counter set (its memory and memory slices), as NVIDIA's driver
 /// names it.
 pub fn counter_set_name(gpu: &Gpu) -> String {
@@ -129,6 +141,15 @@ mod tests {
     use super::*;
     use crate::inventory::model::{Node, Placement};
     use crate::inventory::test_support::{gpu, mig, with_migs};
+
+    #[test]
+    fn a_mig_devices_name_says_its_profile_id_and_placement() {
+        assert_eq!(placement_of("gpu-0-mig-1g10gb-19-3"), Some((19, 3)));
+        assert_eq!(placement_of("gpu-12-mig-1g10gb-me-20-6"), Some((20, 6)));
+        assert_eq!(placement_of("gpu-0"), None);
+        assert_eq!(placement_of("gpu-0-counter-set"), None);
+        assert_eq!(placement_of("gpu-0-mig-19-3"), None);
+    }
 
     fn mig_at(index: u32, uuid: &str, profile: &str, profile_id: u32, start: u32) -> MigDevice {
         MigDevice {

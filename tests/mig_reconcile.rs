@@ -409,23 +409,39 @@ fn check_config_loads_the_mig_config_file() {
 }
 
 #[test]
-fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_ports() {
+fn the_reconciler_and_the_node_status_have_default_admin_ports_of_their_own() {
+    // Side by side in one pod each takes its default port: no two applets share one. The
+    // ports are compared, not bound, so the test never collides with a port in use.
+    let ports = gpud::applets::ADMIN_PORTS;
+    let port = |applet: &str| ports.iter().find(|(name, _)| *name == applet).unwrap().1;
+    assert_ne!(port("mig reconcile"), port("node-status"));
+    let mut seen: Vec<u16> = ports.iter().map(|(_, port)| *port).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), ports.len(), "{ports:?}");
+}
+
+#[test]
+fn the_reconciler_and_the_node_status_run_side_by_side_on_free_ports() {
     let node = Node::new("a100-mig");
     let api = FakeApi::start(json!({}));
     let kubeconfig = api.kubeconfig(node.dir.path());
     let kubeconfig = kubeconfig.to_str().unwrap();
     let state_dir = node.dir.path().join("mig-state");
-    // No --health-address and no GPUD_HEALTH_ADDRESS: each takes its own default port.
     let spawn = |args: &[&str]| {
         Reconciler(
             node.gpud(args)
-                .env_remove("GPUD_HEALTH_ADDRESS")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap(),
         )
     };
+    let (reconciler_port, status_port) = (common::http::free_port(), common::http::free_port());
+    let (reconciler_address, status_address) = (
+        format!("127.0.0.1:{reconciler_port}"),
+        format!("127.0.0.1:{status_port}"),
+    );
     let mut reconciler = spawn(&[
         "mig",
         "reconcile",
@@ -435,20 +451,22 @@ fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_
         kubeconfig,
         "--mig-state-dir",
         state_dir.to_str().unwrap(),
+        "--health-address",
+        &reconciler_address,
     ]);
-    let mut status = spawn(&["node-status", "--kubeconfig", kubeconfig, "--kmsg", ""]);
-    let port = |applet: &str| {
-        gpud::applets::ADMIN_PORTS
-            .iter()
-            .find(|(name, _)| *name == applet)
-            .unwrap()
-            .1
-    };
-    for (applet, child) in [
-        ("mig reconcile", &mut reconciler),
-        ("node-status", &mut status),
+    let mut status = spawn(&[
+        "node-status",
+        "--kubeconfig",
+        kubeconfig,
+        "--kmsg",
+        "",
+        "--health-address",
+        &status_address,
+    ]);
+    for (applet, child, port) in [
+        ("mig reconcile", &mut reconciler, reconciler_port),
+        ("node-status", &mut status, status_port),
     ] {
-        let port = port(applet);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !common::http::get(port, "/healthz").is_ok_and(|a| a.status == 200) {
             assert!(
@@ -461,6 +479,89 @@ fn the_reconciler_and_the_node_status_run_side_by_side_with_their_default_admin_
     }
     assert!(reconciler.0.try_wait().unwrap().is_none());
     assert!(status.0.try_wait().unwrap().is_none());
+}
+
+/// The conflict message's owners, as a start refused for them says.
+const BOTH_OWNERS: &str = "the MIG manager (gpud mig reconcile, --mig-config-file) and DRA dynamic MIG (--dra-dynamic-mig)";
+
+fn gpu0_uuid(node: &Node) -> String {
+    let out = common::stdout_ok(&node.run(&["inventory"]));
+    let inventory: serde_json::Value = serde_json::from_str(&out).unwrap();
+    inventory["gpus"][0]["uuid"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn gpud_run_with_a_mig_config_and_dynamic_mig_for_the_same_gpu_is_a_usage_error() {
+    let node = Node::new("a100-mig");
+    let out = node.run(&[
+        "run",
+        "--node-name",
+        "test-node",
+        "--dra",
+        "--dra-dynamic-mig",
+        "--mig-config-file",
+        default_config().to_str().unwrap(),
+        "--disable",
+        "device-plugin,labeller,exporter",
+        "--kmsg",
+        "",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let gpu = format!(
+        "GPU 0 ({}): its MIG layout would have two owners, ",
+        gpu0_uuid(&node)
+    );
+    assert!(stderr.contains(&gpu), "{stderr}");
+    assert!(stderr.contains(BOTH_OWNERS), "{stderr}");
+    assert!(
+        stderr.contains("both asked for in this gpud's flags"),
+        "{stderr}"
+    );
+    // Nothing was taken.
+    assert!(
+        !node
+            .dir
+            .path()
+            .join("state/mig-layout-owners.json")
+            .exists()
+    );
+}
+
+#[test]
+fn dynamic_mig_started_beside_a_running_mig_manager_is_a_usage_error_naming_the_gpu() {
+    let node = Node::new("a100-mig");
+    let api = FakeApi::start(json!({CONFIG_LABEL: "all-1g.10gb"}));
+    let _reconciler = start(&node, &api);
+    wait_until(60, "success", || state(&api).as_deref() == Some("success"));
+    let out = node.run(&[
+        "dra",
+        "--dra-dynamic-mig",
+        "--node-name",
+        "test-node",
+        "--kmsg",
+        "",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let gpu = format!(
+        "GPU 0 ({}): its MIG layout would have two owners, ",
+        gpu0_uuid(&node)
+    );
+    assert!(stderr.contains(&gpu), "{stderr}");
+    assert!(
+        stderr.contains("DRA dynamic MIG (--dra-dynamic-mig) and the MIG manager"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("mig-layout-owners.json"), "{stderr}");
+    // The record keeps the MIG manager's GPUs, with the layout it brought them to.
+    let owners: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(node.dir.path().join("state/mig-layout-owners.json")).unwrap(),
+    )
+    .unwrap();
+    let gpu0 = &owners["gpus"][gpu0_uuid(&node)];
+    assert_eq!(gpu0["owner"], "mig-manager");
+    assert_eq!(gpu0["layout"].as_array().unwrap().len(), 7);
 }
 
 #[test]

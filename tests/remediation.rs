@@ -1346,37 +1346,159 @@ fn a_killed_holders_slot_is_taken_only_after_its_lease_expires() {
     );
 }
 
-#[test]
-fn a_reset_gpus_mig_layout_is_made_again_with_the_same_devices() {
-    let site = Site::new("h100-mig");
-    let (uuid, _) = site.gpu(4);
-    let mig_devices = |site: &Site| -> Vec<(String, Value)> {
-        let out = common::stdout_ok(&site.node.run(&["inventory"]));
-        let inventory: Value = serde_json::from_str(&out).unwrap();
-        inventory["gpus"][4]["mig"]["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                (
-                    m["uuid"].as_str().unwrap().to_owned(),
-                    m["placement"].clone(),
-                )
-            })
-            .collect()
-    };
-    let before = mig_devices(&site);
-    assert_eq!(before.len(), 7);
+/// GPU 4's MIG devices as `profile@start`, sorted, from `gpud inventory`.
+fn mig_layout(site: &Site) -> Vec<String> {
+    let out = common::stdout_ok(&site.node.run(&["inventory"]));
+    let inventory: Value = serde_json::from_str(&out).unwrap();
+    let mut layout: Vec<String> = inventory["gpus"][4]["mig"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{}@{}",
+                m["profile"].as_str().unwrap(),
+                m["placement"]["start"]
+            )
+        })
+        .collect();
+    layout.sort();
+    layout
+}
+
+/// The state directory every gpud of the site shares (`GPUD_STATE_DIR`), made as gpud makes it.
+fn state_dir(site: &Site) -> PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = site.path("state");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .unwrap();
+    dir
+}
+
+/// Resets GPU 4 through an XID and waits until it is back in service.
+fn reset_gpu_4(site: &Site, uuid: &str) {
     let _gpud = site.start(None, &[]);
     site.node.inject("xid 4 95");
-    let record = site.record_when(&uuid, "GPU 4 back", phase_is("healthy"));
+    let record = site.record_when(uuid, "GPU 4 back", phase_is("healthy"));
     assert_eq!(record["reset_count"], 1);
-    assert!(
-        site.log()
-            .contains("Made the GPU's MIG layout again after its reset"),
-        "{}",
-        site.log()
+}
+
+#[test]
+fn with_no_owner_recorded_a_reset_gpus_mig_layout_is_not_made_again() {
+    let site = Site::new("h100-mig");
+    let (uuid, _) = site.gpu(4);
+    assert_eq!(mig_layout(&site).len(), 7);
+    reset_gpu_4(&site, &uuid);
+    // Nobody recorded the seven 1g.10gb devices: they could be an operator's half-made change.
+    site.assert_logged("No owner of the GPU's MIG layout is recorded");
+    assert_eq!(mig_layout(&site), Vec::<String>::new());
+}
+
+#[test]
+fn a_reset_remakes_the_layout_the_mig_manager_recorded_not_the_one_it_found() {
+    let site = Site::new("h100-mig");
+    let (uuid, _) = site.gpu(4);
+    let config = site.path("mig.yaml");
+    let entry = |profile: &str, count: u32| {
+        format!(
+            "    - devices: [4]\n      mig-enabled: true\n      mig-devices:\n        \"{profile}\": {count}\n"
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "version: v1\nmig-configs:\n  gpu4-3g:\n{}  gpu4-1g:\n{}",
+            entry("3g.40gb", 2),
+            entry("1g.10gb", 7)
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    // The MIG manager, as in its own container: it brings GPU 4 to the Node's config.
+    let api = FakeApi::start(serde_json::json!({"nvidia.com/mig.config": "gpu4-3g"}));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let mig_state = site.path("mig-state");
+    let _manager = Daemon(
+        site.node
+            .gpud(&[
+                "mig",
+                "reconcile",
+                "--mig-config-file",
+                config,
+                "--node-name",
+                "test-node",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--mig-state-dir",
+                mig_state.to_str().unwrap(),
+                "--health-address",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(site.path("manager.log")).unwrap())
+            .spawn()
+            .unwrap(),
     );
-    site.assert_logged("gpu_instances=7");
-    assert_eq!(mig_devices(&site), before);
+    until("the MIG manager's success", 60, || {
+        match api.node_labels().get("nvidia.com/mig.config.state") {
+            Some(state) if state == "success" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let applied = mig_layout(&site);
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert!(
+        applied.iter().all(|d| d.starts_with("3g.40gb@")),
+        "{applied:?}"
+    );
+    let owners: Value = serde_json::from_str(
+        &std::fs::read_to_string(state_dir(&site).join("mig-layout-owners.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(owners["gpus"][&uuid]["owner"], "mig-manager");
+    assert_eq!(owners["gpus"][&uuid]["layout"].as_array().unwrap().len(), 2);
+    // Someone repartitions GPU 4 behind the MIG manager's back.
+    common::stdout_ok(
+        &site
+            .node
+            .run(&["mig", "apply", "-f", config, "-c", "gpu4-1g"]),
+    );
+    assert_eq!(mig_layout(&site).len(), 7);
+    reset_gpu_4(&site, &uuid);
+    site.assert_logged("Made the GPU's MIG layout again after its reset");
+    site.assert_logged("gpu_instances=2");
+    assert_eq!(mig_layout(&site), applied);
+}
+
+#[test]
+fn a_reset_remakes_the_mig_devices_of_the_claims_dra_dynamic_mig_prepared() {
+    let site = Site::new("h100-mig");
+    let (uuid, _) = site.gpu(4);
+    // As a DRA plugin with dynamic MIG in another container leaves them: GPU 4 is its, and two
+    // prepared claims hold MIG devices on it.
+    let checkpoint = site.path("checkpoint.json");
+    let device = |name: &str| {
+        serde_json::json!({"requestNames": ["gpu"], "pool": "test-node", "device": name,
+            "uuid": format!("MIG-{name}"), "gpuUuid": uuid, "cdiDeviceIds": []})
+    };
+    let claims = serde_json::json!({"version": 1, "claims": {
+        "uid-a": {"namespace": "ns", "name": "a", "devices": [device("gpu-4-mig-3g40gb-9-4")]},
+        "uid-b": {"namespace": "ns", "name": "b", "devices": [device("gpu-4-mig-1g10gb-19-0")]},
+    }});
+    std::fs::write(&checkpoint, claims.to_string()).unwrap();
+    let owners = serde_json::json!({"version": 1, "gpus": {
+        &uuid: {"owner": "dra-dynamic-mig", "checkpoint": checkpoint},
+    }});
+    std::fs::write(
+        state_dir(&site).join("mig-layout-owners.json"),
+        owners.to_string(),
+    )
+    .unwrap();
+    assert_eq!(mig_layout(&site).len(), 7);
+    reset_gpu_4(&site, &uuid);
+    site.assert_logged("gpu_instances=2");
+    assert_eq!(mig_layout(&site), ["1g.10gb@0", "3g.40gb@4"]);
 }

@@ -3,18 +3,21 @@
 //! changes by itself.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs, NodeArgs, RescanArgs};
 use crate::daemon::{Daemon, Error};
-use crate::dra::{Dra, DraArgs};
+use crate::dra::{Dra, DraArgs, DraConfig};
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
 use crate::holdings;
+use crate::holdings::layout::{self, Owner, TakeError};
 use crate::mps::MpsArgs;
 use crate::nvml::Rescanner;
+use crate::nvml::mig_admin::MigGpu;
 
 /// Be the kubelet's Dynamic Resource Allocation plugin for the node's GPUs and MIG devices
 /// (driver gpu.nvidia.com, as NVIDIA's DRA driver names them): publish ResourceSlices,
@@ -58,10 +61,14 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
     let (health, _) = args.health.resolve("dra")?;
     let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
-    let config = args
+    let mut config = args
         .dra
         .config(node, args.api.kubeconfig.clone(), args.mps.launch())?;
     let nvml = args.common.start()?;
+    if config.dynamic_mig {
+        let gpus = nvml.mig_admin().gpus()?;
+        take_layouts(&args.health.state.state_dir, &mut config, &gpus)?;
+    }
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;
     let mut daemon = Daemon::fixed("dra");
@@ -72,4 +79,28 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.serve_admin(&args.admin.address(super::admin_port("dra")));
     daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
+}
+
+/// Takes the MIG-capable GPUs of `gpus` as DRA dynamic MIG's in the layout owners' record of
+/// `state_dir` (refused, exit 64, while the MIG manager runs with one of them), with the
+/// checkpoint whose claims are their layout; the plugin then locks its changes there.
+pub(super) fn take_layouts(
+    state_dir: &str,
+    config: &mut DraConfig,
+    gpus: &[MigGpu],
+) -> Result<(), Error> {
+    if !config.dynamic_mig || state_dir.is_empty() {
+        return Ok(());
+    }
+    let dir = PathBuf::from(state_dir);
+    let checkpoint = config.checkpoint();
+    layout::take(
+        &dir,
+        Owner::DraDynamicMig,
+        &layout::mig_capable(gpus),
+        Some(&checkpoint),
+    )
+    .map_err(TakeError::into_error)?;
+    config.layout_dir = Some(dir);
+    Ok(())
 }

@@ -6,7 +6,7 @@
 //! driver 69.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,13 +14,14 @@ use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs};
 use crate::daemon::{Daemon, Error};
+use crate::holdings::layout::{self, Owner, TakeError};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
 use crate::mig::reconcile::args::ReconcileArgs;
 use crate::mig::{export, generate, plan};
 use crate::mig_config::spec::{Entry, Spec};
 use crate::mig_config::{self, assert, select};
-use crate::nvml::mig_admin::MigAdmin;
+use crate::nvml::mig_admin::{MigAdmin, MigGpu};
 use crate::nvml::{NodeFacts, Rescanner};
 
 /// Partition GPUs with MIG from mig-parted config files.
@@ -375,7 +376,7 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     // The rescanner only feeds this process's inventory; it is not run on a timer here.
     let rescanner = Rescanner::new(nvml.clone(), facts, Duration::from_secs(3600));
     let inventory = rescanner.discover()?;
-    let Some(reconciler) = args.reconcile.reconciler(
+    let Some(mut reconciler) = args.reconcile.reconciler(
         args.node_name.as_deref(),
         args.api.kubeconfig(),
         args.api.api_unready_after,
@@ -385,6 +386,10 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     else {
         return Ok(ExitCode::SUCCESS);
     };
+    if let Some(config_file) = &args.reconcile.mig_config_file {
+        let gpus = read_gpus(&nvml.mig_admin())?;
+        reconciler.layout_dir = take_layouts(&args.state.state_dir, config_file, &gpus)?;
+    }
     let mut daemon = Daemon::fixed("mig-reconcile");
     // Two reconcilers side by side (a DaemonSet's surge) would repartition the same GPUs at
     // once: the new one takes over, and acts only once the old one has finished.
@@ -392,4 +397,23 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     daemon.add_fixed(reconciler);
     daemon.serve_admin(&args.admin.address(super::admin_port("mig reconcile")));
     daemon.run(inventory)
+}
+
+/// Takes the GPUs of `gpus` that the MIG config file covers as the MIG manager's in the
+/// layout owners' record of `state_dir` (refused, exit 64, while DRA dynamic MIG runs with
+/// one of them); the folder the reconciler then records its layouts and locks changes in,
+/// `None` when gpud keeps no state.
+pub(super) fn take_layouts(
+    state_dir: &str,
+    config_file: &Path,
+    gpus: &[MigGpu],
+) -> Result<Option<PathBuf>, Error> {
+    if state_dir.is_empty() {
+        return Ok(None);
+    }
+    let dir = PathBuf::from(state_dir);
+    let spec = mig_config::load(config_file).map_err(Error::config)?;
+    let covered = select::covered(&spec, gpus);
+    layout::take(&dir, Owner::MigManager, &covered, None).map_err(TakeError::into_error)?;
+    Ok(Some(dir))
 }

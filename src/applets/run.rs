@@ -22,17 +22,19 @@ use crate::device_plugin::service::DevicePlugin;
 use crate::device_plugin::settings_source::{self, KubeletArgs, PluginArgs};
 use crate::doctor::service::{self as doctor_service, PeriodicDoctor};
 use crate::doctor_report::LatestReport;
-use crate::dra::{Dra, DraArgs};
+use crate::dra::{Dra, DraArgs, DraConfig};
 use crate::exporter::args::ExporterArgs;
 use crate::health::args::HealthArgs;
 use crate::health::service::HealthWatcher;
+use crate::holdings::layout;
 use crate::holdings::{self, HeldSource};
 use crate::labeller::Settings as LabellerSettings;
 use crate::labeller::args::{LabellerArgs, Sink};
 use crate::mig::reconcile::args::ReconcileArgs;
+use crate::mig::reconcile::service::Reconciler;
 use crate::mps::{self, MpsArgs, MpsControl};
 use crate::node_status::{NodeStatus, NodeStatusArgs};
-use crate::nvml::{NodeFacts, Rescanner};
+use crate::nvml::{NodeFacts, Nvml, Rescanner};
 use crate::remediation::{Remediation, RemediationArgs};
 use crate::resources::settings::Settings as PluginSettings;
 
@@ -149,6 +151,36 @@ struct Reloadable {
     labeller: Arc<LabellerSettings>,
 }
 
+/// Gives each GPU's MIG layout its one owner: a MIG config and dynamic MIG that would both own
+/// a GPU are a usage error (64) naming it; otherwise each takes its GPUs in the layout owners'
+/// record (refused the same way while another process owns one of them).
+fn take_layouts(
+    args: &Args,
+    reconciler: Option<&mut Reconciler>,
+    dra: Option<&mut DraConfig>,
+    nvml: &Nvml,
+) -> Result<(), Error> {
+    let dra = dra.filter(|d| d.dynamic_mig);
+    if reconciler.is_none() && dra.is_none() {
+        return Ok(());
+    }
+    let gpus = nvml.mig_admin().gpus()?;
+    let state_dir = &args.health.state.state_dir;
+    if let (Some(config_file), Some(_)) = (&args.mig.mig_config_file, &dra) {
+        let spec = crate::mig_config::load(config_file).map_err(Error::config)?;
+        let covered = crate::mig_config::select::covered(&spec, &gpus);
+        layout::check_flags(&covered, &layout::mig_capable(&gpus))
+            .map_err(|conflict| Error::Usage(conflict.to_string()))?;
+    }
+    if let (Some(reconciler), Some(config_file)) = (reconciler, &args.mig.mig_config_file) {
+        reconciler.layout_dir = super::mig::take_layouts(state_dir, config_file, &gpus)?;
+    }
+    if let Some(dra) = dra {
+        super::dra::take_layouts(state_dir, dra, &gpus)?;
+    }
+    Ok(())
+}
+
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
@@ -178,7 +210,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .node_status
         .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
         .transpose()?;
-    let dra = match args.dra {
+    let mut dra = match args.dra {
         true => {
             let node = super::node_status::node_name(args.node_name.as_deref(), "--dra")?;
             let kubeconfig = args.api.kubeconfig.clone();
@@ -219,13 +251,14 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .mps_root
         .is_some()
         .then(|| MpsControl::new(nvml.clone(), args.mps.options(mps_events)));
-    let reconciler = args.mig.reconciler(
+    let mut reconciler = args.mig.reconciler(
         args.node_name.as_deref(),
         args.api.kubeconfig(),
         args.api.api_unready_after,
         &nvml,
         rescanner.clone(),
     )?;
+    take_layouts(&args, reconciler.as_mut(), dra.as_mut(), &nvml)?;
     // The exporter reports the reconciler's applies and state, and the remediation's.
     exporter.mig = reconciler.as_ref().map(|r| r.metrics.clone());
     let remediation = remediation.map(|mut settings| {

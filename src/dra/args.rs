@@ -146,6 +146,9 @@ pub struct DraConfig {
     pub dynamic_mig: bool,
     /// Whole GPUs are published shareable by memory ([`super::shares`]).
     pub shared_capacity: bool,
+    /// The state directory with the MIG layout owners' record and lock (dynamic MIG); set by
+    /// the applet, `None` without one.
+    pub layout_dir: Option<PathBuf>,
 }
 
 impl DraArgs {
@@ -188,6 +191,7 @@ impl DraArgs {
             mps,
             dynamic_mig: self.dra_dynamic_mig,
             shared_capacity: self.dra_shared_capacity,
+            layout_dir: None,
         })
     }
 

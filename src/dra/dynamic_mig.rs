@@ -17,6 +17,14 @@
 //!   an instance that does not exist. After a restart, recorded instances whose claim is still
 //!   in the checkpoint are kept; the others gpud made are destroyed. Instances not in the
 //!   record are never touched.
+//! - **One change at a time.** Every create/destroy sequence (a prepare, an unprepare, the
+//!   clean-up at start) holds the node's MIG layout lock ([`crate::holdings::layout_lock`]),
+//!   so it never runs beside the MIG manager's apply or remediation's restore. The GPUs are
+//!   this plugin's by the layout owners' record ([`crate::holdings::layout`]), taken at start.
+//! - **Refusals.** When NVML says no (a GPU or compute instance it will not create, a MIG
+//!   mode that waits for a reset, processes on a GPU whose mode would change) the claim fails
+//!   with the device, its placement and the cause; what the claim made is destroyed, the
+//!   checkpoint keeps nothing of it, and the kubelet's retry starts afresh.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +34,7 @@ use tracing::{info, warn};
 use super::checkpoint::Checkpoint;
 use super::partitions::DynamicGpus;
 use crate::dra_names;
+use crate::holdings::layout_lock::{self, LayoutLock};
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::mig_admin::{MigAdmin, MigGpu, ModeActivation};
 use crate::nvml::{Nvml, Rescanner};
@@ -114,6 +123,8 @@ pub struct DynamicMig {
     /// may have made instances until it stopped.
     path: PathBuf,
     gpus: DynamicGpus,
+    /// The state directory holding the node's MIG layout lock (`None`: this process only).
+    layout_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for DynamicMig {
@@ -135,6 +146,7 @@ impl DynamicMig {
         inventory: Inventory,
         checkpoint: &Checkpoint,
         takeover: bool,
+        layout_dir: Option<PathBuf>,
     ) -> DynamicMig {
         let admin = nvml.mig_admin();
         let held: Vec<(String, String)> = checkpoint
@@ -145,7 +157,12 @@ impl DynamicMig {
             .collect();
         let started = {
             let path = path.clone();
-            blocking(move || Ok(choose(&admin, &path, &held, takeover))).await
+            match layout_lock::lock(layout_dir.as_deref(), "DRA dynamic MIG's clean-up at start")
+                .await
+            {
+                Ok(_lock) => blocking(move || Ok(choose(&admin, &path, &held, takeover))).await,
+                Err(error) => Err(error),
+            }
         };
         let (gpus, destroyed) = started.unwrap_or_else(|error| {
             warn!(error = %error, "Cannot read the GPUs' MIG state; no GPU is partitioned on demand");
@@ -157,6 +174,7 @@ impl DynamicMig {
             inventory,
             path,
             gpus,
+            layout_dir,
         };
         if destroyed {
             dynamic.rescan().await;
@@ -174,6 +192,7 @@ impl DynamicMig {
     /// destroys ([`DynamicMig::undo`]) when the claim fails later; an error undoes what this
     /// call made already.
     pub async fn make(&self, snapshot: &Snapshot, names: &[String]) -> Result<Vec<Made>, String> {
+        let _lock = self.lock("a DRA claim's prepare").await?;
         let mut made = Vec::new();
         let mut changed = false;
         for name in names {
@@ -235,11 +254,12 @@ impl DynamicMig {
             start,
             size: profile.memory_slices,
         };
-        let check = made.clone();
-        blocking(move || ready_for(&admin, index, &gpu_name, &check, &record)).await?;
+        let (check, name_of_gpu) = (made.clone(), gpu_name.clone());
+        blocking(move || ready_for(&admin, index, &name_of_gpu, &check, &record)).await?;
         self.remember(&made)?;
         let (create, slices) = (made.clone(), profile.slices);
-        let created = blocking(move || create_instance(&admin, index, &create, slices)).await;
+        let created =
+            blocking(move || create_instance(&admin, index, &gpu_name, &create, slices)).await;
         if let Err(error) = created {
             self.forget(&made);
             return Err(error);
@@ -248,9 +268,21 @@ impl DynamicMig {
         Ok(Some(vec![made]))
     }
 
+    /// The node's MIG layout lock, for `what`.
+    async fn lock(&self, what: &str) -> Result<LayoutLock, String> {
+        layout_lock::lock(self.layout_dir.as_deref(), what).await
+    }
+
     /// Destroys instances `made` for a claim that failed after all.
     pub async fn undo(&self, made: &[Made]) {
         if !made.is_empty() {
+            let _lock = match self.lock("undoing a failed DRA claim's MIG devices").await {
+                Ok(lock) => lock,
+                Err(error) => {
+                    warn!(error = %error, "Cannot take the MIG layout lock; the MIG devices made for a claim that failed are destroyed at the next start");
+                    return;
+                }
+            };
             self.destroy_all(made).await;
             self.rescan().await;
         }
@@ -270,6 +302,7 @@ impl DynamicMig {
         let Some(claim) = checkpoint.claims.get(uid) else {
             return Ok(());
         };
+        let _lock = self.lock("a DRA claim's unprepare").await?;
         let others = |gpu: &str, device: &str| {
             checkpoint
                 .claims
@@ -454,27 +487,38 @@ fn ready_for(
     made: &Made,
     record: &Record,
 ) -> Result<(), String> {
-    let gpu = admin.gpu(index).map_err(|e| e.to_string())?;
+    let at = placed_at(made, gpu_name);
+    let gpu = admin
+        .gpu(index)
+        .map_err(|e| format!("{at}: cannot read the GPU's MIG state: {e}"))?;
     let mode = gpu
         .mode
-        .ok_or_else(|| format!("device {}: {gpu_name} is not MIG-capable", made.device))?;
+        .ok_or_else(|| format!("{at}: {gpu_name} is not MIG-capable"))?;
     if !mode.current {
         if !gpu.processes.is_empty() {
             return Err(format!(
-                "device {}: MIG is off on {gpu_name} and processes run on it (PIDs {:?}); MIG \
+                "{at}: MIG is off on {gpu_name} and processes run on it (PIDs {:?}); MIG \
                  cannot be turned on under them, so the claim waits until they end",
-                made.device, gpu.processes
+                gpu.processes
             ));
         }
-        match admin.set_mode(index, true).map_err(|e| e.to_string())? {
+        if mode.pending {
+            return Err(format!(
+                "{at}: MIG on {gpu_name} is pending a GPU reset; the claim can be prepared \
+                 once it is in effect"
+            ));
+        }
+        let activation = admin
+            .set_mode(index, true)
+            .map_err(|e| format!("{at}: cannot turn MIG on: {e}"))?;
+        match activation {
             ModeActivation::Active => {
                 info!(gpu = %gpu.uuid, "Turned MIG on for a claim's MIG device")
             }
             ModeActivation::ResetPending | ModeActivation::RebootRequired => {
                 return Err(format!(
-                    "device {}: MIG on {gpu_name} is pending a GPU reset; the claim can be \
-                     prepared once it is in effect",
-                    made.device
+                    "{at}: MIG on {gpu_name} is pending a GPU reset; the claim can be prepared \
+                     once it is in effect"
                 ));
             }
         }
@@ -510,22 +554,39 @@ fn ready_for(
     Ok(())
 }
 
+/// `device <name>: placement <start>..<end> of <gpu>`, how a refusal names what it is about.
+fn placed_at(made: &Made, gpu_name: &str) -> String {
+    format!(
+        "device {}: placement {}..{} of {gpu_name}",
+        made.device,
+        made.start,
+        made.start + made.size
+    )
+}
+
 /// Creates the GPU instance of `made` and a compute instance of `slices` compute slices in
 /// it; a failed compute instance takes its GPU instance with it.
-fn create_instance(admin: &MigAdmin, index: u32, made: &Made, slices: u32) -> Result<(), String> {
+fn create_instance(
+    admin: &MigAdmin,
+    index: u32,
+    gpu_name: &str,
+    made: &Made,
+    slices: u32,
+) -> Result<(), String> {
+    let at = placed_at(made, gpu_name);
     let gi = admin
         .create_gpu_instance(index, made.profile_id, made.start, made.size)
-        .map_err(|e| {
-            format!(
-                "device {}: cannot create the GPU instance: {e}",
-                made.device
-            )
-        })?;
+        .map_err(|e| format!("{at}: NVML cannot create the GPU instance: {e}"))?;
     if let Err(error) = admin.create_compute_instance(index, gi, slices) {
-        let _ = admin.destroy_gpu_instance(index, gi);
+        // Never a GPU instance without its compute instance: it goes too.
+        let undone = match admin.destroy_gpu_instance(index, gi) {
+            Ok(()) => "; the GPU instance made for it was destroyed".to_owned(),
+            Err(e) => format!(
+                "; the GPU instance made for it (id {gi}) could not be destroyed either: {e}"
+            ),
+        };
         return Err(format!(
-            "device {}: cannot create the compute instance: {error}",
-            made.device
+            "{at}: NVML cannot create the compute instance: {error}{undone}"
         ));
     }
     Ok(())

@@ -136,6 +136,7 @@ impl Subsystem for Dra {
                     inventory.clone(),
                     &checkpoint,
                     takeover,
+                    config.layout_dir.clone(),
                 )
                 .await,
             )),

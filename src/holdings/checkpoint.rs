@@ -39,6 +39,8 @@ struct ClaimView {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct DeviceView {
+    #[serde(default)]
+    device: String,
     uuid: String,
     gpu_uuid: String,
     #[serde(default)]
@@ -57,6 +59,25 @@ pub fn held(text: &str) -> Result<BTreeSet<String>, String> {
     Ok(held_by(view.claims.values().flat_map(|c| &c.devices).map(
         |d| (d.uuid.as_str(), d.gpu_uuid.as_str(), d.admin_access),
     )))
+}
+
+/// The DRA names of the devices prepared claims hold on GPU `gpu_uuid`, from a checkpoint's
+/// text: under DRA dynamic MIG, its MIG devices are that GPU's layout.
+pub fn devices_on(text: &str, gpu_uuid: &str) -> Result<BTreeSet<String>, String> {
+    let view: View = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if view.version != VERSION {
+        return Err(format!(
+            "version {} (this gpud reads version {VERSION})",
+            view.version
+        ));
+    }
+    Ok(view
+        .claims
+        .values()
+        .flat_map(|c| &c.devices)
+        .filter(|d| d.gpu_uuid == gpu_uuid)
+        .map(|d| d.device.clone())
+        .collect())
 }
 
 /// Follows the DRA checkpoint at `path` (written by a DRA plugin in another process) and

@@ -12,8 +12,14 @@
 //! - **Pods → remediation.** Every pod that holds a GPU, by either path (device plugin or DRA
 //!   claim, the GPU or one of its MIG devices), from the same `List`
 //!   ([`pod_resources::gpu_holders`]): the pods to evict before the GPU is reset.
+//! - **MIG layouts.** Who owns each GPU's MIG layout, the MIG manager or DRA dynamic MIG
+//!   ([`layout`]), and the one lock every layout change holds ([`layout_lock`]), so that
+//!   remediation remakes only what the owner recorded and no two writers change a layout at
+//!   once.
 
 pub mod checkpoint;
+pub mod layout;
+pub mod layout_lock;
 pub mod pod_resources;
 
 use std::collections::BTreeSet;

@@ -18,6 +18,22 @@ pub struct Target {
     pub devices: BTreeMap<String, u32>,
 }
 
+/// The MIG-capable GPUs of `gpus` (index, UUID) that some config of `spec` applies to: the
+/// GPUs whose layout a MIG manager following the file may change, whichever config the Node
+/// asks for.
+pub fn covered(spec: &super::spec::Spec, gpus: &[MigGpu]) -> Vec<(u32, String)> {
+    gpus.iter()
+        .filter(|gpu| gpu.mode.is_some())
+        .filter(|gpu| {
+            spec.mig_configs
+                .values()
+                .flatten()
+                .any(|entry| matches(entry, gpu))
+        })
+        .map(|gpu| (gpu.index, gpu.uuid.clone()))
+        .collect()
+}
+
 /// Whether `entry` applies to `gpu`.
 pub fn matches(entry: &Entry, gpu: &MigGpu) -> bool {
     let by_filter = entry.device_filter.as_ref().is_none_or(|filter| {

@@ -166,6 +166,9 @@ pub struct Settings {
     pub kubeconfig: Option<PathBuf>,
     /// Where each GPU's phase is kept across restarts; `None` keeps nothing.
     pub state_file: Option<PathBuf>,
+    /// The state directory holding the MIG layout owners' record and lock
+    /// ([`crate::holdings::layout`]); `None`: no owner is known, no layout is made again.
+    pub layout_dir: Option<PathBuf>,
     /// This gpud binary, whose doctor checks a reset GPU (`None` when the kernel cannot say
     /// where it is: the doctor's checks are then left out, said once).
     pub gpud_binary: Option<PathBuf>,
@@ -236,6 +239,7 @@ impl RemediationArgs {
             kubeconfig: kubeconfig.map(Path::to_path_buf),
             state_file: (!state_dir.is_empty())
                 .then(|| crate::remediation_state::record::file_of(Path::new(state_dir))),
+            layout_dir: (!state_dir.is_empty()).then(|| PathBuf::from(state_dir)),
             gpud_binary: std::env::current_exe().ok(),
         }))
     }

@@ -17,7 +17,7 @@
 //! - never a reset loop: a GPU reset `--remediation-max-resets` times within the window, and
 //!   a node where more than half of the GPUs failed within a minute, escalate instead.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
@@ -38,7 +38,6 @@ use crate::inventory::{HealthState, Snapshot};
 use crate::kube::EventSender;
 use crate::kube::events::{Kind, NodeEvent};
 use crate::nvml::GpuSignals;
-use crate::nvml::mig_admin::GpuInstance;
 use crate::nvml::processes::ProcessesRead;
 use crate::remediation_state::metrics::Metrics;
 use crate::remediation_state::record::{GpuRecord, Records, millis, seconds};
@@ -112,8 +111,8 @@ pub struct Engine {
     /// GPUs that passed every check of their current verification, and when (the health
     /// watchers were told of the reset then).
     verified: BTreeMap<String, SystemTime>,
-    /// The MIG layout each GPU had before its reset, until it is made again.
-    layouts: BTreeMap<String, Vec<GpuInstance>>,
+    /// GPUs reset whose owner's MIG layout is still to be made again.
+    relayout: BTreeSet<String>,
     /// A MIG layout was made again: the inventory should be read afresh.
     rescan: bool,
 }
@@ -143,7 +142,7 @@ impl Engine {
             escalation,
             recent_faults: VecDeque::new(),
             verified: BTreeMap::new(),
-            layouts: BTreeMap::new(),
+            relayout: BTreeSet::new(),
             rescan: false,
         }
     }
@@ -542,12 +541,6 @@ impl Engine {
             .map(|g| g.pci.bus_id.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let mut layouts = Vec::new();
-        for member in &group {
-            if let Some(layout) = mig_layout::read(&self.nvml, member.index).await {
-                layouts.push((member.uuid.clone(), layout));
-            }
-        }
         self.carry_peers(snapshot, gpu, Phase::Resetting);
         self.apply(
             gpu,
@@ -582,7 +575,8 @@ impl Engine {
                 }
                 self.carry_peers(snapshot, gpu, Phase::Verifying);
                 self.verified.remove(&gpu.uuid);
-                self.layouts.extend(layouts);
+                self.relayout
+                    .extend(group.iter().map(|member| member.uuid.clone()));
                 Next::To(
                     Phase::Verifying,
                     "reset; checking it before it goes back to work".to_owned(),
@@ -652,6 +646,23 @@ impl Engine {
         )
     }
 
+    /// Makes the MIG layout the owner of reset GPU `member` recorded again; with no owner
+    /// recorded, nothing.
+    async fn relayout_one(&mut self, member: &Gpu) -> Result<(), String> {
+        let dir = self.settings.layout_dir.as_deref();
+        let wanted = mig_layout::wanted(&self.nvml, dir, member.index, &member.uuid).await?;
+        let Some(wanted) = wanted else {
+            info!(gpu = member.index, uuid = %member.uuid, "No owner of the GPU's MIG layout is recorded; making none again after its reset");
+            return Ok(());
+        };
+        let made = mig_layout::restore(&self.nvml, dir, member.index, wanted.layout).await?;
+        if made > 0 {
+            info!(gpu = member.index, uuid = %member.uuid, owner = %wanted.owner, gpu_instances = made, "Made the GPU's MIG layout again after its reset");
+            self.rescan = true;
+        }
+        Ok(())
+    }
+
     /// A reset GPU: NVML's signals, the verify command, then the health verdict.
     async fn verify(
         &mut self,
@@ -679,24 +690,17 @@ impl Engine {
             }
         }
         for member in &group {
-            let Some(layout) = self.layouts.remove(&member.uuid) else {
+            if !self.relayout.remove(&member.uuid) {
                 continue;
-            };
-            match mig_layout::restore(&self.nvml, member.index, layout).await {
-                Ok(0) => {}
-                Ok(made) => {
-                    info!(gpu = member.index, uuid = %member.uuid, gpu_instances = made, "Made the GPU's MIG layout again after its reset");
-                    self.rescan = true;
-                }
-                Err(why) => {
-                    return Next::Escalate(
-                        RESET_FAILED,
-                        format!(
-                            "reset, but the MIG layout of GPU {} could not be made again: {why}",
-                            member.index
-                        ),
-                    );
-                }
+            }
+            if let Err(why) = self.relayout_one(member).await {
+                return Next::Escalate(
+                    RESET_FAILED,
+                    format!(
+                        "reset, but the MIG layout of GPU {} could not be made again: {why}",
+                        member.index
+                    ),
+                );
             }
         }
         let confirmed = match self.verified.get(&gpu.uuid) {

@@ -487,3 +487,189 @@ async fn a_1_34_server_gets_counter_sets_beside_their_devices_and_without_the_ga
     );
     assert_eq!(log_count(&dra, COUNTERS_DROPPED), 1, "{}", dra.log());
 }
+
+/// GPU `uuid`'s GPU instances in the simulated driver, as (profile id, placement start,
+/// compute instances): a GPU instance left without its compute instance shows as `(…, 0)`.
+fn gpu_instances(node: &Node, uuid: &str) -> Vec<(u64, u64, usize)> {
+    let state: Value = std::fs::read_to_string(node.state_path())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    state["gpus"][uuid]["gpu_instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|gi| {
+            (
+                gi["profile_id"].as_u64().unwrap(),
+                gi["placement"]["start"].as_u64().unwrap(),
+                gi["compute_instances"].as_array().map_or(0, Vec::len),
+            )
+        })
+        .collect()
+}
+
+impl Dra {
+    /// Whether the checkpoint holds claim `uid`.
+    fn checkpointed(&self, uid: &str) -> bool {
+        std::fs::read_to_string(self.checkpoint())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|c| c["claims"].get(uid).is_some())
+    }
+
+    /// Prepares claim `uid` for `device`, which must fail with exactly `error` (or, with
+    /// `prefix`, an error starting so) and leave nothing behind: no GPU instance on GPU 0,
+    /// nothing in gpud's record of what it made, nothing in the checkpoint.
+    async fn refused(&self, uid: &str, device: &str, error: &str, prefix: bool) -> String {
+        self.put_claim("c", uid, &[device]);
+        let answer = self.prepare("c", uid).await;
+        let got = answer.claims[uid].error.clone();
+        if prefix {
+            assert!(got.starts_with(error), "{got}");
+        } else {
+            assert_eq!(got, error);
+        }
+        assert_eq!(gpu_instances(&self.node, &self.uuid(0)), []);
+        assert_eq!(self.made(), Vec::<String>::new());
+        assert!(!self.checkpointed(uid));
+        got
+    }
+}
+
+const ONE_G: &str = "gpu-0-mig-1g10gb-19-0";
+const ONE_G_AT: &str = "device gpu-0-mig-1g10gb-19-0: placement 0..1 of gpu-0";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvml_refusing_an_instance_fails_the_claim_whole_and_a_retry_succeeds_once_it_is_cleared() {
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    dra.node.inject("mig-fail 0 create-gi");
+    dra.refused(
+        "uid-c",
+        ONE_G,
+        &format!("{ONE_G_AT}: NVML cannot create the GPU instance: "),
+        true,
+    )
+    .await;
+    dra.node.inject("mig-ok 0 create-gi");
+    dra.node.inject("mig-fail 0 create-ci");
+    let error = dra
+        .refused(
+            "uid-c",
+            ONE_G,
+            &format!("{ONE_G_AT}: NVML cannot create the compute instance: "),
+            true,
+        )
+        .await;
+    assert!(
+        error.ends_with("; the GPU instance made for it was destroyed"),
+        "{error}"
+    );
+    dra.node.inject("mig-ok 0 create-ci");
+    dra.prepare_ok("c", "uid-c", ONE_G).await;
+    assert_eq!(dra.mig_devices(), ["1g.10gb@0"]);
+    assert_eq!(gpu_instances(&dra.node, &dra.uuid(0)), [(19, 0, 1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_on_the_gpu_or_a_mode_pending_a_reset_fail_the_claim_until_they_are_gone() {
+    let mut dra = Dra::dynamic("dgx-h100");
+    // The driver leaves a new MIG mode pending until the GPU is reset.
+    dra.env
+        .push(("NVML_MOCK_MIG_RESET_REQUIRED".into(), "1".into()));
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    // MIG is off on GPU 0 and a process starts on it after the plugin chose its GPUs.
+    dra.node.inject("process 0 4242 1024");
+    let busy = format!(
+        "{ONE_G_AT}: MIG is off on gpu-0 and processes run on it (PIDs [4242]); MIG cannot be \
+         turned on under them, so the claim waits until they end"
+    );
+    dra.refused("uid-c", ONE_G, &busy, false).await;
+    dra.node.inject("process-end 0 4242");
+    let pending = format!(
+        "{ONE_G_AT}: MIG on gpu-0 is pending a GPU reset; the claim can be prepared once it is \
+         in effect"
+    );
+    dra.refused("uid-c", ONE_G, &pending, false).await;
+    // Asked again while still pending: the same answer, and MIG is not asked for twice.
+    dra.refused("uid-c", ONE_G, &pending, false).await;
+    dra.node.inject("reset 0");
+    dra.prepare_ok("c", "uid-c", ONE_G).await;
+    assert_eq!(dra.mig_devices(), ["1g.10gb@0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claims_mig_change_waits_until_another_layout_change_has_finished() {
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    // Another writer (the MIG manager's apply, a restore after a reset) holds the node's lock.
+    let state = dra.path("state");
+    let held = gpud::holdings::layout_lock::lock(Some(&state), "the test")
+        .await
+        .unwrap();
+    dra.put_claim("one", "uid-one", &[ONE_G]);
+    let socket = dra.plugin_socket();
+    let prepare = gpud::logging::spawn(async move {
+        let request = NodePrepareResourcesRequest {
+            claims: vec![fake_dra_kubelet::claim_v1("ns", "one", "uid-one")],
+        };
+        fake_dra_kubelet::prepare_v1(&socket, request).await
+    });
+    dra.log_when("Waiting for another MIG layout change to finish");
+    assert!(!prepare.is_finished());
+    assert_eq!(dra.mig_devices(), Vec::<String>::new());
+    drop(held);
+    let answer = prepare.await.unwrap();
+    assert_eq!(answer.claims["uid-one"].error, "");
+    assert_eq!(dra.mig_devices(), ["1g.10gb@0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_manager_started_beside_dynamic_mig_is_a_usage_error_naming_the_gpu_and_both_owners()
+{
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    let config =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let out = dra.node.run(&[
+        "mig",
+        "reconcile",
+        "--mig-config-file",
+        config.to_str().unwrap(),
+        "--node-name",
+        "test-node",
+        "--mig-state-dir",
+        dra.path("mig-state").to_str().unwrap(),
+        "--health-address",
+        "",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let gpu = format!(
+        "GPU 0 ({}): its MIG layout would have two owners, ",
+        dra.uuid(0)
+    );
+    assert!(stderr.contains(&gpu), "{stderr}");
+    assert!(
+        stderr.contains(
+            "the MIG manager (gpud mig reconcile, --mig-config-file) and DRA dynamic MIG \
+             (--dra-dynamic-mig)"
+        ),
+        "{stderr}"
+    );
+    // The plugin's GPUs stay its own.
+    let owners: Value = serde_json::from_str(
+        &std::fs::read_to_string(dra.path("state/mig-layout-owners.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(owners["gpus"][dra.uuid(0)]["owner"], "dra-dynamic-mig");
+}

@@ -131,6 +131,7 @@ impl ReconcileArgs {
             rescanner,
             metrics: Default::default(),
             unready_after,
+            layout_dir: None,
         }))
     }
 }

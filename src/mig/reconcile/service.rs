@@ -8,6 +8,11 @@
 //! `success`, `failed` with the reason, or `rebooting`. Between passes the loop watches the
 //! Node until it changes or the next retry is due.
 //!
+//! Every apply holds the node's MIG layout lock ([`crate::holdings::layout_lock`]), so it
+//! never runs beside a DRA claim's prepare or remediation's restore; after each success the
+//! GPUs' layout is recorded as the MIG manager's ([`crate::holdings::layout`]), which is what
+//! remediation makes again after a reset.
+//!
 //! After every apply the inventory is rescanned at once, so in `gpud run` the device plugin
 //! advertises the new MIG devices (and withdraws the old ones), the labeller relabels and the
 //! exporter follows without waiting for the periodic rescan.
@@ -23,6 +28,7 @@ use super::marker::Marker;
 use super::node::{self, FIELD_MANAGER, State, View};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
+use crate::holdings::{layout, layout_lock};
 use crate::inventory::Inventory;
 use crate::kube::{self, ApiReadiness, NodeClient, Watched};
 use crate::mig::apply::{ApplyError, Outcome};
@@ -64,6 +70,9 @@ pub struct Reconciler {
     pub metrics: Metrics,
     /// How long the API server may go unanswered before the reconciler is not ready.
     pub unready_after: Duration,
+    /// The state directory with the MIG layout owners' record and lock; `None`: this process
+    /// only, nothing recorded.
+    pub layout_dir: Option<PathBuf>,
 }
 
 /// How an attempt ended.
@@ -163,6 +172,23 @@ impl Reconciler {
         }
     }
 
+    /// Records the GPUs' layout now as the MIG manager's, for remediation's restore.
+    async fn record_layout(&self) {
+        let Some(dir) = self.layout_dir.clone() else {
+            return;
+        };
+        let admin = self.admin;
+        let recorded = blocking(move || {
+            let gpus = admin.gpus().map_err(|e| crate::logging::error_chain(&e))?;
+            layout::record_layouts(&dir, &gpus)
+        })
+        .await
+        .and_then(|r| r);
+        if let Err(err) = recorded {
+            warn!(error = %err, "Cannot record the MIG layout for remediation; a GPU reset leaves it unmade");
+        }
+    }
+
     async fn success(
         &self,
         client: &NodeClient,
@@ -170,6 +196,7 @@ impl Reconciler {
         view: &View,
         cancel: &CancellationToken,
     ) -> Step {
+        self.record_layout().await;
         if let Err(err) = self.marker.clear() {
             warn!(error = %err, "Cannot remove the reboot marker");
         }
@@ -214,6 +241,15 @@ impl Reconciler {
         {
             return Step::Stopped;
         }
+        // One layout change at a time on the node: wait for a claim's prepare or a restore.
+        let locked = tokio::select! {
+            () = cancel.cancelled() => return Step::Stopped,
+            locked = layout_lock::lock(self.layout_dir.as_deref(), "the MIG manager's apply") => locked,
+        };
+        let lock = match locked {
+            Ok(lock) => lock,
+            Err(reason) => return self.failed(client, label, reason, cancel).await,
+        };
         // Withdraw the GPUs from the device plugin and the exporter before the first change;
         // the rescan after the apply clears the mark in the same publish as the new layout.
         inventory.update(|snapshot| snapshot.set_reconfiguring(&changing));
@@ -245,6 +281,9 @@ impl Reconciler {
                 warn!(error = %crate::logging::error_chain(&err), "Rescan after the MIG apply failed; the periodic rescan will catch up")
             }
         }
+        // Let go before the Node is written: an API server that does not answer must not hold
+        // up a claim's prepare.
+        drop(lock);
         match applied {
             Ok(Outcome::Applied | Outcome::AlreadyApplied) => {
                 info!(config = label, "MIG config applied");
