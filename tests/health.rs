@@ -78,6 +78,8 @@ fn fatal_xid_makes_the_gpu_unhealthy_until_it_is_reset() {
             "drain and reboot the node".into()
         )
     );
+    // The same for programs: a value, not words.
+    assert_eq!(line["to"]["remedy"], "reboot_node", "{line}");
     assert_eq!(line["to"]["xid"], 79);
     assert_eq!(line["to"]["source"], "watcher");
     assert!(line["uuid"].as_str().unwrap().starts_with("GPU-"));
@@ -339,7 +341,10 @@ fn once_reports_health_with_an_exit_code() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows[3]["health"]["state"], "unhealthy");
+    assert_eq!(rows[3]["health"]["remedy"], "reset_gpu");
     assert_eq!(rows[1]["health"]["state"], "degraded");
+    assert_eq!(rows[1]["health"]["remedy"], "check_cooling");
+    assert_eq!(rows[0]["health"]["remedy"], Value::Null, "healthy");
 }
 
 #[test]
