@@ -78,6 +78,8 @@ fn fatal_xid_makes_the_gpu_unhealthy_until_it_is_reset() {
             "drain and reboot the node".into()
         )
     );
+    // The same for programs: a value, not words.
+    assert_eq!(line["to"]["remedy"], "reboot_node", "{line}");
     assert_eq!(line["to"]["xid"], 79);
     assert_eq!(line["to"]["source"], "watcher");
     assert!(line["uuid"].as_str().unwrap().starts_with("GPU-"));
@@ -339,7 +341,10 @@ fn once_reports_health_with_an_exit_code() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(rows[3]["health"]["state"], "unhealthy");
+    assert_eq!(rows[3]["health"]["remedy"], "reset_gpu");
     assert_eq!(rows[1]["health"]["state"], "degraded");
+    assert_eq!(rows[1]["health"]["remedy"], "check_cooling");
+    assert_eq!(rows[0]["health"]["remedy"], Value::Null, "healthy");
 }
 
 #[test]
@@ -384,5 +389,108 @@ fn a_reset_that_leaves_the_gpu_answering_is_seen() {
     assert_eq!(
         (back["gpu"].as_u64(), back["to"]["state"].as_str()),
         (Some(3), Some("healthy"))
+    );
+}
+
+/// The UUID of GPU `index`, from `gpud inventory`.
+fn uuid_of(node: &Node, index: usize) -> String {
+    let out = common::stdout_ok(&node.run(&["inventory"]));
+    let inventory: Value = serde_json::from_str(&out).unwrap();
+    inventory["gpus"][index]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Writes the remediation record as gpud's remediation would: GPU `uuid` escalated, in boot
+/// `boot_id`.
+fn write_record(node: &Node, boot_id: &str, uuid: &str) {
+    let state = node.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let record = serde_json::json!({
+        "boot_id": boot_id,
+        "gpus": {uuid: {
+            "phase": "escalated",
+            "since": 1_800_000_000u64,
+            "reason": "the reset command exited 1",
+            "escalation": "ResetFailed",
+        }},
+    });
+    std::fs::write(
+        state.join("remediation.json"),
+        serde_json::to_vec_pretty(&record).unwrap(),
+    )
+    .unwrap();
+}
+
+/// `gpud health --once` shows what gpud's remediation holds out of service (the record in the
+/// state directory) as unhealthy, with the phase and the reason, and exits 2; a record of
+/// another boot is ignored (the reboot reset every GPU); a damaged one fails closed.
+#[test]
+fn once_honours_the_remediation_record() {
+    let node = Node::new("pcie-4gpu");
+    let uuid = uuid_of(&node, 2);
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    write_record(&node, boot_id.trim(), &uuid);
+    let out = node.run(&["health", "--once", "--kmsg", ""]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    let held: Vec<&str> = text.lines().filter(|l| l.contains(" unhealthy")).collect();
+    assert_eq!(held.len(), 1, "{text}");
+    assert!(
+        held[0].starts_with("2 ") && held[0].contains(&uuid),
+        "{text}"
+    );
+    assert!(
+        held[0].contains(
+            "held out of service by gpud's remediation: escalated: the reset command exited 1"
+        ),
+        "{text}"
+    );
+
+    let out = node.run(&["health", "--once", "--kmsg", "", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let rows: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows[2]["health"]["state"], "unhealthy");
+    assert_eq!(rows[2]["health"]["source"], "remediation");
+    assert_eq!(rows[2]["remediation"]["phase"], "escalated");
+    assert_eq!(rows[1]["health"]["state"], "healthy");
+    assert_eq!(rows[1].get("remediation"), None);
+
+    // Written before the node rebooted: every GPU was reset since.
+    write_record(&node, "another-boot", &uuid);
+    let out = node.run(&["health", "--once", "--kmsg", ""]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Damaged: whether a GPU is held is unknown, never healthy.
+    let path = node.dir.path().join("state/remediation.json");
+    std::fs::write(&path, "{\"boot_id\": ").unwrap();
+    let out = node.run(&["health", "--once", "--kmsg", ""]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "gpud: {}: not a remediation record: ",
+            path.display()
+        )) && stderr.contains("every GPU is reported unhealthy"),
+        "{stderr}"
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.lines()
+            .skip(1)
+            .filter(|l| l.contains(" unhealthy") && l.contains("remediation record cannot be read"))
+            .count(),
+        4,
+        "{text}"
     );
 }

@@ -76,8 +76,6 @@ impl Site {
             "run",
             "--kmsg",
             "",
-            "--health-poll-interval",
-            "50ms",
             "-a",
             &address,
             "-c",
@@ -85,8 +83,9 @@ impl Site {
             "--remediation-reset-command",
             reset.to_str().unwrap(),
         ];
-        // Defaults a test may set otherwise: reset mode, no cluster budget.
+        // Defaults a test may set otherwise: fast health polls, reset mode, no cluster budget.
         for (flag, value) in [
+            ("--health-poll-interval", "50ms"),
             ("--remediation", "reset"),
             ("--remediation-max-concurrent", "0"),
         ] {
@@ -414,6 +413,52 @@ async fn a_gpu_is_reset_together_with_its_nvlink_bridged_peer() {
         "{held}"
     );
     site.assert_logged("GPU remediation (held for its NVLink peer)");
+}
+
+/// An idle GPU's NVLink peer is withdrawn from the kubelet as soon as the GPU starts
+/// draining, before the reset that takes it too runs, and stays withdrawn through the reset:
+/// no pod can be placed on a GPU about to be reset. The reset command here waits until the
+/// test lets it end, so "during the reset" is a state the test holds, not a race. The health
+/// watcher polls once a minute: the hold must reach it through the inventory at once, not
+/// through the record file it reads at its next poll (which used to come after the reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_gpus_nvlink_peer_is_withdrawn_before_and_during_the_reset() {
+    let site = Site::new("pcie-4gpu");
+    let release = site.path("release");
+    site.reset_script(&format!(
+        "while [ ! -e {} ]; do sleep 0.05; done",
+        release.display()
+    ));
+    let (faulty, faulty_bus) = site.gpu(0);
+    let (peer, peer_bus) = site.gpu(1);
+    let mut kubelet = FakeKubelet::start(site.node.dir.path()).await;
+    let _gpud = site.start(Some(&kubelet), &["--health-poll-interval", "1m"]);
+    let lists = Lists::gather(&mut kubelet).await;
+    lists.until_latest(&peer, "Healthy", 10);
+
+    site.node.inject("xid 0 95");
+    site.record_when(&faulty, "GPU 0 resetting", phase_is("resetting"));
+    // The reset command runs (and waits): the peer is out of service now, to the kubelet.
+    lists.until_latest(&peer, "Unhealthy", 10);
+    lists.until_latest(&faulty, "Unhealthy", 10);
+    let held = site.record_when(&peer, "GPU 1 reset with GPU 0", phase_is("resetting"));
+    assert_eq!(held["leader"], faulty.as_str());
+    // The record says resetting just before the command starts; the command logs its call.
+    let call = format!("-i {faulty_bus},{peer_bus}");
+    until("the reset command running", 10, || match site.resets() {
+        calls if calls.is_empty() => Err("not yet".to_owned()),
+        calls if calls == [call.clone()] => Ok(()),
+        calls => panic!("{calls:?}"),
+    });
+    lists.until_latest(&peer, "Unhealthy", 1);
+    // It went out before the reset began: the drain waited for the hold to be in place.
+    site.assert_logged("to be withdrawn from service");
+
+    std::fs::write(&release, "").unwrap();
+    site.record_when(&faulty, "GPU 0 back", phase_is("healthy"));
+    site.record_when(&peer, "GPU 1 let go", phase_is("healthy"));
+    lists.until_latest(&peer, "Healthy", 20);
+    lists.until_latest(&faulty, "Healthy", 20);
 }
 
 #[test]
@@ -1196,6 +1241,113 @@ fn the_pods_holding_a_busy_gpu_are_evicted_and_a_disruption_budget_is_respected(
         body.contains("gpud_remediation_total{action=\"evict\",result=\"refused\"} 1"),
         "{body}"
     );
+}
+
+/// An eviction RBAC forbids (403) is not a reason to reset: the GPU stays out of service,
+/// draining under its pod's process, and never reset; `/readyz` and the log say what RBAC
+/// must grant.
+#[test]
+fn a_forbidden_eviction_keeps_the_gpu_out_of_service_and_names_the_missing_rbac() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(3);
+    let socket = site.path("pod-resources.sock");
+    let _pod_resources = fake_pod_resources::FakeKubelet::start(
+        &socket,
+        fake_pod_resources::answer(&[fake_pod_resources::Holder {
+            namespace: "ml",
+            pod: "train",
+            container: "main",
+            resource: "nvidia.com/gpu",
+            ids: &[&uuid],
+        }]),
+    );
+    let api = FakeApi::start(serde_json::json!({}));
+    api.put_pod(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"}}));
+    let path = "/api/v1/namespaces/ml/pods/train/eviction";
+    api.refuse(Rule::exact("POST", path, Fault::Forbidden));
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let _gpud = site.start(
+        None,
+        &[
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--remediation-evict",
+            "--remediation-pod-resources-socket",
+            socket.to_str().unwrap(),
+        ],
+    );
+    site.node.inject("process 3 4242 1024 80");
+    site.node.inject("xid 3 95");
+    let hint = "the eviction of pod ml/train is forbidden: gpud's service account needs the verb \
+                create on the resource pods/eviction";
+    let record = site.record_when(&uuid, "GPU 3 draining, its eviction forbidden", |g| {
+        g["phase"] == "draining" && g["reason"].as_str().unwrap_or_default().contains(hint)
+    });
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("waiting for 1 process(es) to end (pid 4242); "),
+        "{record}"
+    );
+    let ready = http::wait_for(site.port, "/readyz", 20, |a| a.body.contains(hint));
+    assert!(
+        ready
+            .body
+            .contains("GPU 3 draining: waiting for 1 process(es)"),
+        "{}",
+        ready.body
+    );
+    site.assert_logged("Cannot evict a pod holding the GPU: the API server forbids it");
+    site.assert_logged("pods/eviction");
+    // Asked again (RBAC may be fixed), never reset meanwhile.
+    until("the eviction asked again", 20, || {
+        let tries = api.requests_to("POST", path);
+        (tries.len() >= 2)
+            .then_some(())
+            .ok_or_else(|| format!("{} tries", tries.len()))
+    });
+    assert!(
+        api.requests_to("POST", path)
+            .iter()
+            .all(|r| r.status == 403),
+        "only refusals"
+    );
+    assert!(site.resets().is_empty(), "reset under the pod's process");
+    assert_eq!(
+        site.record_when(&uuid, "GPU 3 still draining", |_| true)["phase"],
+        "draining"
+    );
+}
+
+/// The escalation condition RBAC forbids writing (403): the GPU stays escalated and out of
+/// service (never reset), and `/readyz` and the log say what RBAC must grant.
+#[test]
+fn a_forbidden_escalation_condition_is_said_on_readyz_with_the_missing_rbac() {
+    let site = Site::new("dgx-h100");
+    let (uuid, _) = site.gpu(1);
+    let api = FakeApi::start(serde_json::json!({}));
+    // Only the remediation's writes (its field manager): the node status's go through.
+    api.refuse(
+        Rule::prefix("PATCH", "/api/v1/nodes/", Fault::Forbidden)
+            .query("fieldManager=gpud-remediation"),
+    );
+    let kubeconfig = api.kubeconfig(site.node.dir.path());
+    let _gpud = site.start(None, &["--kubeconfig", kubeconfig.to_str().unwrap()]);
+    site.node.inject("xid 1 79");
+    let record = site.record_when(&uuid, "GPU 1 escalated", phase_is("escalated"));
+    assert_eq!(record["escalation"], "RebootRequired");
+    let hint = "the GPURemediationRequired condition cannot be written on the Node: the API \
+                server forbids it: gpud's service account needs the verb patch on the resource \
+                nodes/status";
+    let ready = http::wait_for(site.port, "/readyz", 20, |a| a.body.contains(hint));
+    assert!(ready.body.contains("GPU 1 escalated: "), "{}", ready.body);
+    site.assert_logged(
+        "Cannot write the GPURemediationRequired condition on the Node: the API server forbids it",
+    );
+    assert_eq!(api.condition("GPURemediationRequired"), None);
+    assert!(site.resets().is_empty());
 }
 
 /// Three gpud processes playing three nodes against one API server, each resetting through a

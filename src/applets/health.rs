@@ -54,7 +54,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     // No rescans: the watcher notices lost GPUs and their return on its own.
     let inventory = nvml.inventory(&args.node.facts())?;
     if args.once {
-        let snapshot = report::poll_once(&nvml, &inventory, settings);
+        let record = settings.remediation_record.clone();
+        let mut snapshot = report::poll_once(&nvml, &inventory, settings);
+        // What gpud's remediation holds out of service is unhealthy here too; a record that
+        // cannot be read is said, and every GPU reported unhealthy.
+        if let Some(path) = record
+            && let Err(why) = report::hold_by_record(&mut snapshot, &path)
+        {
+            eprintln!("gpud: {why}");
+        }
         let text = if args.json {
             report::json_lines(&snapshot)
         } else {

@@ -336,6 +336,37 @@ mod tests {
         assert!(read.verdicts.unproven["GPU-4"].contains("could not be read"));
     }
 
+    /// The file keeps each XID's code; its typed remedy is the catalog's for that code, so a
+    /// restart brings the verdict back with the remedy it had (files of every version,
+    /// written before verdicts carried a remedy, included: nothing in them is text).
+    #[test]
+    fn a_kept_verdict_comes_back_with_its_typed_remedy() {
+        use crate::health::tracker::{Tracker, TrackerConfig};
+        use crate::inventory::Remedy;
+        use crate::xid::catalog::XidPolicy;
+        let restored = |kept: &Kept| {
+            let mut tracker = Tracker::new(XidPolicy::default(), TrackerConfig::default());
+            tracker.restore(2, kept, SystemTime::now());
+            tracker.verdict(2).remedy
+        };
+        let mut written = verdicts();
+        written.gpus.get_mut("GPU-2").unwrap().xids[0].code = 95;
+        let read = decode(&encode(&written, 1).unwrap()).unwrap();
+        assert_eq!(
+            restored(&read.verdicts.gpus["GPU-2"]),
+            Some(Remedy::ResetGpu)
+        );
+        let legacy = r#"{"version": 1, "boot_id": "b", "gpus": {"GPU-1": {"xids": [
+            {"code": 79, "mig": null, "since": {"secs_since_epoch": 1800000000, "nanos_since_epoch": 0},
+             "last_seen": {"secs_since_epoch": 1800000000, "nanos_since_epoch": 0},
+             "occurrences": 1}], "reset_marks": null}}}"#;
+        let read = decode(legacy.as_bytes()).unwrap();
+        assert_eq!(
+            restored(&read.verdicts.gpus["GPU-1"]),
+            Some(Remedy::RebootNode)
+        );
+    }
+
     #[test]
     fn a_version_1_file_is_read() {
         let text = r#"{"version": 1, "boot_id": "b", "gpus": {"GPU-1": {"xids": [], "reset_marks": null}}}"#;

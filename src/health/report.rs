@@ -1,13 +1,17 @@
 //! `gpud health --once`: the health of every device now, as a table or JSON lines, and the
 //! exit code scripts branch on.
 
+use std::path::Path;
 use std::time::SystemTime;
 
 use super::tracker::Tracker;
 use super::watcher::WatcherConfig;
+use crate::inventory::health::HealthSource;
+use crate::inventory::model::Gpu;
 use crate::inventory::transitions::state_word;
-use crate::inventory::{Health, HealthState, Inventory, Snapshot};
+use crate::inventory::{Health, HealthState, Inventory, Remedy, Snapshot};
 use crate::nvml::{GpuSignals, Nvml};
+use crate::remediation_state::{GpuRemediation, Phase, record};
 
 /// One poll of every signal on top of discovery; returns the snapshot to print.
 pub fn poll_once(nvml: &Nvml, inventory: &Inventory, config: WatcherConfig) -> Snapshot {
@@ -37,6 +41,92 @@ fn observed<'a>(
         tracker.observe_signals(signals, now);
     }
     tracker
+}
+
+/// Marks unhealthy every GPU that gpud's remediation has out of its way back to service, as
+/// the record at `path` (`<state-dir>/remediation.json`) says for this boot: the daemon's
+/// health watchers, device plugin and exporter hold it so, and one poll sees none of the XIDs
+/// behind it. A record that cannot be read fails closed: whether a GPU is held is unknown,
+/// which is never "healthy", so every GPU is marked unhealthy and `Err` says why.
+pub fn hold_by_record(snapshot: &mut Snapshot, path: &Path) -> Result<(), String> {
+    match record::views_checked(path) {
+        Ok(views) => {
+            for gpu in &mut snapshot.gpus {
+                let Some(view) = views.get(&gpu.uuid) else {
+                    continue;
+                };
+                if view.phase == Phase::Healthy {
+                    continue;
+                }
+                hold(gpu, held_reason(view), held_action(view));
+                gpu.remediation = Some(view.clone());
+            }
+            Ok(())
+        }
+        Err(why) => {
+            let reason = format!(
+                "gpud's remediation record cannot be read ({why}): whether gpud's remediation holds this GPU out of service is unknown"
+            );
+            for gpu in &mut snapshot.gpus {
+                hold(
+                    gpu,
+                    reason.clone(),
+                    "repair or remove the record, or run gpud health --once as a user that can read it".to_owned(),
+                );
+            }
+            Err(format!(
+                "{why}; every GPU is reported unhealthy, since whether gpud's remediation holds it out of service is unknown"
+            ))
+        }
+    }
+}
+
+/// Why the record holds a GPU: its phase and the reason it is there.
+fn held_reason(view: &GpuRemediation) -> String {
+    match view.reason.is_empty() {
+        true => format!("held out of service by gpud's remediation: {}", view.phase),
+        false => format!(
+            "held out of service by gpud's remediation: {}: {}",
+            view.phase, view.reason
+        ),
+    }
+}
+
+/// When a GPU the record holds comes back.
+fn held_action(view: &GpuRemediation) -> String {
+    match &view.held_for {
+        Some(why) => format!("none: {why}"),
+        None => "none: gpud's remediation decides what it needs".to_owned(),
+    }
+}
+
+/// Makes `gpu` (and its MIG devices) unhealthy for `reason`; a fault of its own stays named
+/// first.
+fn hold(gpu: &mut Gpu, reason: String, action: String) {
+    let health = match gpu.health.state {
+        HealthState::Unhealthy => Health {
+            reason: Some(match &gpu.health.reason {
+                Some(own) => format!("{own}; {reason}"),
+                None => reason,
+            }),
+            ..gpu.health.clone()
+        },
+        _ => Health {
+            state: HealthState::Unhealthy,
+            reason: Some(reason),
+            xid: None,
+            action: Some(action),
+            remedy: Some(Remedy::None),
+            since: Some(SystemTime::now()),
+            source: Some(HealthSource::Remediation),
+        },
+    };
+    for mig in &mut gpu.mig.devices {
+        if mig.health.state != HealthState::Unhealthy {
+            mig.health = health.clone();
+        }
+    }
+    gpu.health = health;
 }
 
 /// The exit code for a snapshot: 0 all healthy, 1 something degraded, 2 something unhealthy.
@@ -111,6 +201,9 @@ pub fn json_lines(snapshot: &Snapshot) -> String {
         uuid: &'a str,
         mig_profile: Option<&'a str>,
         health: &'a Health,
+        /// Where gpud's remediation has the GPU, when its record holds it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        remediation: Option<&'a GpuRemediation>,
     }
     let mut out = String::new();
     for gpu in &snapshot.gpus {
@@ -119,12 +212,14 @@ pub fn json_lines(snapshot: &Snapshot) -> String {
             uuid: &gpu.uuid,
             mig_profile: None,
             health: &gpu.health,
+            remediation: gpu.remediation.as_ref(),
         })
         .chain(gpu.mig.devices.iter().map(|m| Row {
             gpu: gpu.index,
             uuid: &m.uuid,
             mig_profile: Some(&m.profile),
             health: &m.health,
+            remediation: None,
         }));
         for r in rows {
             if let Ok(line) = serde_json::to_string(&r) {

@@ -91,12 +91,35 @@ enum Kind {
     Lost,
 }
 
+/// What a condition asks for: the typed remedy programs decide by, and the words people read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Advice {
+    remedy: Action,
+    text: String,
+}
+
+impl Advice {
+    /// `remedy` in words other than its own phrase.
+    fn text(remedy: Action, text: &str) -> Self {
+        Advice {
+            remedy,
+            text: text.to_owned(),
+        }
+    }
+}
+
+impl From<Action> for Advice {
+    fn from(remedy: Action) -> Self {
+        Advice::text(remedy, remedy.phrase())
+    }
+}
+
 /// An active condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Condition {
     state: HealthState,
     reason: String,
-    action: String,
+    action: Advice,
     xid: Option<u32>,
     since: SystemTime,
     last_seen: SystemTime,
@@ -385,7 +408,7 @@ impl Tracker {
             signals.remap_pending == Some(true),
             at,
             "row remapping pending: an uncorrectable memory error was repaired and needs a GPU reset to take effect",
-            Action::ResetGpu.phrase(),
+            Action::ResetGpu.into(),
             HealthState::Unhealthy,
         );
         toggle(
@@ -394,7 +417,7 @@ impl Tracker {
             signals.remap_failure == Some(true),
             at,
             "row remapping failed: the GPU memory can no longer be repaired",
-            "replace the GPU (inspect the hardware)",
+            Action::ReplaceGpu.into(),
             HealthState::Unhealthy,
         );
         toggle(
@@ -403,7 +426,7 @@ impl Tracker {
             signals.retired_pages_pending == Some(true),
             at,
             "page retirement pending: needs a GPU reset to take effect",
-            Action::ResetGpu.phrase(),
+            Action::ResetGpu.into(),
             HealthState::Unhealthy,
         );
         let hot = matches!((signals.temperature_c, signals.slowdown_c), (Some(t), Some(limit)) if limit > 0 && t >= limit);
@@ -419,7 +442,7 @@ impl Tracker {
             hot,
             at,
             &thermal_reason,
-            "check cooling and airflow",
+            Action::CheckCooling.into(),
             HealthState::Degraded,
         );
         for &(link, up) in &signals.nvlinks_up {
@@ -433,7 +456,7 @@ impl Tracker {
                 went_down,
                 at,
                 &format!("NVLink {link} went down"),
-                "check the NVLink and NVSwitch fabric; reset the GPU if it stays down",
+                Action::CheckNvlinks.into(),
                 HealthState::Degraded,
             );
         }
@@ -485,7 +508,10 @@ impl Tracker {
             reason.is_some(),
             at,
             reason.as_deref().unwrap_or_default(),
-            "none: it returns to service after its peer's reset",
+            Advice::text(
+                Action::None,
+                "none: it returns to service after its peer's reset",
+            ),
             HealthState::Unhealthy,
         );
     }
@@ -507,7 +533,10 @@ impl Tracker {
             reason.is_some(),
             at,
             reason.as_deref().unwrap_or_default(),
-            "none: gpud runs the doctor's GPU checks on it and returns it to service once they pass",
+            Advice::text(
+                Action::None,
+                "none: gpud runs the doctor's GPU checks on it and returns it to service once they pass",
+            ),
             HealthState::Unhealthy,
         );
     }
@@ -606,7 +635,7 @@ fn toggle(
     active: bool,
     at: SystemTime,
     reason: &str,
-    action: &str,
+    action: Advice,
     state: HealthState,
 ) {
     if !active {
@@ -619,7 +648,7 @@ fn toggle(
         Condition {
             state,
             reason: reason.to_owned(),
-            action: action.to_owned(),
+            action,
             xid: None,
             since: at,
             last_seen: at,
@@ -641,7 +670,7 @@ fn xid_condition(code: u32, forced: bool, at: SystemTime) -> Condition {
     Condition {
         state,
         reason: format!("XID {code}: {}", info.description),
-        action: info.action.phrase().to_owned(),
+        action: info.action.into(),
         xid: Some(code),
         since: at,
         last_seen: at,
@@ -655,7 +684,7 @@ fn dbe_condition(at: SystemTime) -> Condition {
     Condition {
         state: HealthState::Unhealthy,
         reason: "uncorrectable (double-bit) ECC error".to_owned(),
-        action: Action::ResetGpu.phrase().to_owned(),
+        action: Action::ResetGpu.into(),
         xid: None,
         since: at,
         last_seen: at,
@@ -669,7 +698,7 @@ fn lost_condition(at: SystemTime) -> Condition {
     Condition {
         state: HealthState::Unhealthy,
         reason: crate::inventory::health::LOST_REASON.to_owned(),
-        action: crate::inventory::health::LOST_ACTION.to_owned(),
+        action: Advice::text(Action::RebootNode, crate::inventory::health::LOST_ACTION),
         xid: None,
         since: at,
         last_seen: at,
@@ -703,7 +732,8 @@ fn health_of(set: &BTreeMap<Kind, Condition>) -> Health {
             state: condition.state,
             reason: Some(condition.reason.clone()),
             xid: condition.xid,
-            action: Some(condition.action.clone()),
+            action: Some(condition.action.text.clone()),
+            remedy: Some(condition.action.remedy),
             since: Some(condition.since),
             source: Some(match kind {
                 Kind::Held => HealthSource::Remediation,

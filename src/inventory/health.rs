@@ -10,6 +10,8 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::remedy::Remedy;
+
 /// Saved-verdict files the health watcher of this process found damaged (and moved aside):
 /// counted here, beside the verdicts they held, for the exporter of the same process to report
 /// as `gpud_health_kept_verdicts_damaged_total`.
@@ -71,6 +73,7 @@ pub enum HealthSource {
 
 /// Current health with the reason and what an operator should do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "HealthFields")]
 pub struct Health {
     /// The state.
     pub state: HealthState,
@@ -78,16 +81,50 @@ pub struct Health {
     pub reason: Option<String>,
     /// The XID behind the state, if one caused it.
     pub xid: Option<u32>,
-    /// Suggested action, e.g. `reboot the node`.
+    /// Suggested action, for people, e.g. `drain and reboot the node`.
     pub action: Option<String>,
+    /// What the device needs, for programs (`None` when healthy): what gpud's remediation
+    /// decides by. The action's text above may be reworded; this may not.
+    pub remedy: Option<Remedy>,
     /// When the device entered this state (RFC 3339, UTC).
-    #[serde(
-        serialize_with = "serialize_since",
-        deserialize_with = "deserialize_since"
-    )]
+    #[serde(serialize_with = "serialize_since")]
     pub since: Option<SystemTime>,
     /// Which subsystem set the state.
     pub source: Option<HealthSource>,
+}
+
+/// [`Health`] as read: `remedy` may be missing in what an earlier gpud wrote.
+#[derive(Deserialize)]
+struct HealthFields {
+    state: HealthState,
+    reason: Option<String>,
+    xid: Option<u32>,
+    action: Option<String>,
+    #[serde(default)]
+    remedy: Option<Remedy>,
+    #[serde(default, deserialize_with = "deserialize_since")]
+    since: Option<SystemTime>,
+    #[serde(default)]
+    source: Option<HealthSource>,
+}
+
+impl From<HealthFields> for Health {
+    fn from(f: HealthFields) -> Self {
+        // Written before verdicts carried a remedy: its action's text says which (the one
+        // place text is mapped to a remedy).
+        let remedy = f
+            .remedy
+            .or_else(|| f.action.as_deref().map(Remedy::from_legacy_phrase));
+        Health {
+            state: f.state,
+            reason: f.reason,
+            xid: f.xid,
+            action: f.action,
+            remedy,
+            since: f.since,
+            source: f.source,
+        }
+    }
 }
 
 /// Reason recorded for a GPU that returns `NVML_ERROR_GPU_IS_LOST`.
@@ -104,6 +141,7 @@ impl Health {
             reason: None,
             xid: None,
             action: None,
+            remedy: None,
             since: None,
             source: None,
         }
@@ -116,6 +154,7 @@ impl Health {
             reason: Some(LOST_REASON.to_owned()),
             xid: None,
             action: Some(LOST_ACTION.to_owned()),
+            remedy: Some(Remedy::RebootNode),
             since: Some(since),
             source: Some(HealthSource::Discovery),
         }
@@ -127,7 +166,8 @@ impl Health {
             state: HealthState::Unhealthy,
             reason: Some(reason),
             xid: None,
-            action: Some("check the driver and the kernel log (dmesg) for this GPU".to_owned()),
+            action: Some(Remedy::CheckDriver.phrase().to_owned()),
+            remedy: Some(Remedy::CheckDriver),
             since: Some(since),
             source: Some(HealthSource::Discovery),
         }
@@ -176,6 +216,7 @@ mod tests {
         assert_eq!(json["state"], "unhealthy");
         assert_eq!(json["reason"], LOST_REASON);
         assert_eq!(json["action"], LOST_ACTION);
+        assert_eq!(json["remedy"], "reboot_node");
         assert_eq!(json["since"], "2027-01-15T08:00:00Z");
         assert_eq!(json["source"], "discovery");
     }
@@ -186,7 +227,36 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!({"state": "healthy", "reason": null, "xid": null,
-                               "action": null, "since": null, "source": null})
+                               "action": null, "remedy": null, "since": null, "source": null})
         );
+    }
+
+    #[test]
+    fn a_verdict_reads_back_with_its_remedy_and_an_older_one_by_its_text() {
+        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let lost = Health::lost(at);
+        let again: Health = serde_json::from_value(serde_json::to_value(&lost).unwrap()).unwrap();
+        assert_eq!(again, lost);
+        // The remedy decides, whatever the text says.
+        let reworded: Health = serde_json::from_value(serde_json::json!({
+            "state": "unhealthy", "reason": "r", "xid": 95,
+            "action": "a new wording", "remedy": "reset_gpu"}))
+        .unwrap();
+        assert_eq!(reworded.remedy, Some(Remedy::ResetGpu));
+        // Written by an earlier gpud: no remedy, only the text.
+        let older: Health = serde_json::from_value(serde_json::json!({
+            "state": "unhealthy", "reason": "r", "xid": 95,
+            "action": "drain and reset the GPU", "since": null, "source": "watcher"}))
+        .unwrap();
+        assert_eq!(older.remedy, Some(Remedy::ResetGpu));
+        assert_eq!(
+            Remedy::from_legacy_phrase(LOST_ACTION),
+            Remedy::RebootNode,
+            "a lost GPU, as an earlier gpud wrote it"
+        );
+        let healthy: Health = serde_json::from_value(serde_json::json!({
+            "state": "healthy", "reason": null, "xid": null, "action": null}))
+        .unwrap();
+        assert_eq!(healthy, Health::healthy());
     }
 }

@@ -11,6 +11,7 @@ pub mod mig_profile;
 pub mod model;
 pub mod pci_bus_id;
 pub mod remediation;
+pub mod remedy;
 mod rescan;
 pub mod table;
 #[cfg(test)]
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
 pub use pci_bus_id::PciBusId;
+pub use remedy::Remedy;
 
 /// The node's inventory: the current snapshot, shared by every subsystem of the process.
 #[derive(Debug, Clone)]

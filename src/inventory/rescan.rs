@@ -101,6 +101,7 @@ mod tests {
             reason: Some("XID 79".into()),
             xid: Some(79),
             action: Some("reboot the node".into()),
+            remedy: Some(crate::inventory::Remedy::RebootNode),
             since: Some(UNIX_EPOCH + Duration::from_secs(5)),
             source: Some(HealthSource::Watcher),
         }

@@ -590,6 +590,7 @@ mod tests {
             reason: opt_text(&v["reason"]),
             xid: v["xid"].as_u64().map(|x| x as u32),
             action: opt_text(&v["action"]),
+            remedy: None,
             since: None,
             source: None,
         }
@@ -1183,6 +1184,7 @@ nvidia.com/mps.capable=false
             reason: Some("XID 94".into()),
             xid: Some(94),
             action: None,
+            remedy: None,
             since: None,
             source: Some(HealthSource::Watcher),
         };

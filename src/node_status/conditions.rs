@@ -270,6 +270,7 @@ mod tests {
             reason: Some(format!("XID {code}: {reason}")),
             xid: Some(code),
             action: Some(action.to_owned()),
+            remedy: None,
             since: None,
             source: Some(HealthSource::Watcher),
         }

@@ -22,6 +22,10 @@ use crate::remediation_state::metrics::Metrics;
 /// How soon a refused eviction is asked again when the API server names no time.
 pub const EVICT_RETRY: Duration = Duration::from_secs(5);
 
+/// What RBAC must allow for an eviction: said when the API server forbids one.
+pub const EVICT_RBAC: &str =
+    "gpud's service account needs the verb create on the resource pods/eviction (its ClusterRole)";
+
 /// Evicts the pods that hold a GPU.
 pub struct Drainer {
     socket: PathBuf,
@@ -30,6 +34,9 @@ pub struct Drainer {
     client: Option<::kube::Client>,
     /// When each pod may be asked again (refused, or asked already and on its way out).
     next_try: BTreeMap<PodName, Instant>,
+    /// Why the last eviction of each pod failed in a way waiting does not fix (RBAC forbids
+    /// it), until one succeeds: the drain's reason says it.
+    forbidden: BTreeMap<PodName, String>,
     /// Whether the last pod-resources read failed (said once per streak).
     failing: bool,
 }
@@ -51,12 +58,19 @@ impl Drainer {
             kubeconfig: settings.kubeconfig.clone(),
             client: None,
             next_try: BTreeMap::new(),
+            forbidden: BTreeMap::new(),
             failing: false,
         }
     }
 
-    /// Asks the API server to evict every pod that holds `gpu` and is due.
-    pub async fn evict_holders(&mut self, snapshot: &Snapshot, gpu: &Gpu, metrics: &Metrics) {
+    /// Asks the API server to evict every pod that holds `gpu` and is due; says why an
+    /// eviction of one of them is forbidden, when one is (the drain waits on regardless).
+    pub async fn evict_holders(
+        &mut self,
+        snapshot: &Snapshot,
+        gpu: &Gpu,
+        metrics: &Metrics,
+    ) -> Option<String> {
         let holders = match pod_resources::gpu_holders(
             &self.socket,
             snapshot,
@@ -74,18 +88,25 @@ impl Drainer {
                     warn!(gpu = gpu.index, error = %why, "Cannot find the pods holding the GPU to evict them; waiting for its processes to end");
                 }
                 self.failing = true;
-                return;
+                return None;
             }
         };
         let now = Instant::now();
         self.next_try.retain(|pod, _| holders.contains(pod));
-        for pod in holders {
-            if self.next_try.get(&pod).is_some_and(|at| *at > now) {
+        self.forbidden.retain(|pod, _| holders.contains(pod));
+        for pod in &holders {
+            if self.next_try.get(pod).is_some_and(|at| *at > now) {
                 continue;
             }
-            let pause = self.evict(&pod, gpu, metrics).await;
-            self.next_try.insert(pod, Instant::now() + pause);
+            let pause = self.evict(pod, gpu, metrics).await;
+            self.next_try.insert(pod.clone(), Instant::now() + pause);
         }
+        let forbidden: Vec<String> = holders
+            .iter()
+            .filter_map(|pod| self.forbidden.get(pod))
+            .cloned()
+            .collect();
+        (!forbidden.is_empty()).then(|| forbidden.join("; "))
     }
 
     /// Evicts `pod`; how long to leave it before asking again.
@@ -100,7 +121,27 @@ impl Drainer {
                 }
             },
         };
-        match kube::evict(&client, &pod.namespace, &pod.name).await {
+        let answer = kube::evict(&client, &pod.namespace, &pod.name).await;
+        let forbidden = matches!(&answer, Err(err) if err.status() == Some(403));
+        let said = match forbidden {
+            true => self
+                .forbidden
+                .insert(
+                    pod.clone(),
+                    format!("the eviction of pod {pod} is forbidden: {EVICT_RBAC}"),
+                )
+                .is_some(),
+            false => self.forbidden.remove(pod).is_some(),
+        };
+        match answer {
+            Err(err) if forbidden => {
+                metrics.count("evict", "failed");
+                // Said once while it lasts; the drain's reason (on /readyz) keeps saying it.
+                if !said {
+                    warn!(gpu = gpu.index, pod = %pod, error = %logging::error_chain(&err), rbac = EVICT_RBAC, "Cannot evict a pod holding the GPU: the API server forbids it; the GPU stays out of service, draining, and is not reset while the pod's processes run");
+                }
+                EVICT_RETRY
+            }
             Ok(Eviction::Evicted) => {
                 metrics.count("evict", "success");
                 info!(gpu = gpu.index, pod = %pod, "Evicted a pod holding the GPU");

@@ -34,7 +34,7 @@ use crate::child::command::{self, Outcome};
 use crate::child::doctor;
 use crate::inventory::health::HealthSource;
 use crate::inventory::model::Gpu;
-use crate::inventory::{HealthState, Snapshot};
+use crate::inventory::{HealthState, Inventory, Snapshot};
 use crate::kube::EventSender;
 use crate::kube::events::{Kind, NodeEvent};
 use crate::nvml::GpuSignals;
@@ -115,6 +115,10 @@ pub struct Engine {
     relayout: BTreeSet<String>,
     /// A MIG layout was made again: the inventory should be read afresh.
     rescan: bool,
+    /// Where each GPU's phase is published, for the health watcher, the exporter and
+    /// `/readyz`: at the end of every step, and before a reset command runs (which may take
+    /// minutes).
+    inventory: Option<Inventory>,
 }
 
 impl Engine {
@@ -144,7 +148,26 @@ impl Engine {
             verified: BTreeMap::new(),
             relayout: BTreeSet::new(),
             rescan: false,
+            inventory: None,
         }
+    }
+
+    /// Publishes each GPU's phase into `inventory` from now on (see [`publish`](Self::publish)).
+    pub fn publish_to(&mut self, inventory: Inventory) {
+        self.inventory = Some(inventory);
+    }
+
+    /// Writes each GPU's remediation into the inventory, when there is one.
+    pub fn publish(&self) {
+        let Some(inventory) = &self.inventory else {
+            return;
+        };
+        let views = self.views();
+        inventory.update(|s| {
+            for gpu in &mut s.gpus {
+                gpu.remediation = views.get(&gpu.uuid).cloned();
+            }
+        });
     }
 
     /// Whether the node should be rescanned (MIG devices made again); asking clears it.
@@ -435,6 +458,25 @@ impl Engine {
         let now = SystemTime::now();
         let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
         let group = self.group(snapshot, gpu);
+        // The peers held for this reset must be out of service (withdrawn from the kubelet,
+        // tainted: unhealthy in the inventory) before their processes are looked at: a pod
+        // placed on one after that look would be reset under. The hold is published when
+        // this step ends; the next step, on the inventory's change, finds it in place.
+        let exposed: Vec<String> = group
+            .iter()
+            .skip(1)
+            .filter(|peer| peer.health.state != HealthState::Unhealthy)
+            .map(|peer| format!("GPU {}", peer.index))
+            .collect();
+        if !exposed.is_empty() {
+            return self.drain_wait(
+                waited,
+                format!(
+                    "waiting for its NVLink peer(s) {} to be withdrawn from service",
+                    exposed.join(", ")
+                ),
+            );
+        }
         let mut running = Vec::new();
         let mut busy = Vec::new();
         for member in &group {
@@ -466,22 +508,28 @@ impl Engine {
             }
         }
         if !running.is_empty() {
+            let mut forbidden = Vec::new();
             if self.settings.evict {
                 for member in busy {
-                    self.drainer
-                        .evict_holders(snapshot, member, &self.metrics)
-                        .await;
+                    forbidden.extend(
+                        self.drainer
+                            .evict_holders(snapshot, member, &self.metrics)
+                            .await,
+                    );
                 }
             }
             let pids: Vec<String> = running.iter().map(u32::to_string).collect();
-            return self.drain_wait(
-                waited,
-                format!(
-                    "waiting for {} process(es) to end (pid {})",
-                    pids.len(),
-                    pids.join(", ")
-                ),
+            let mut what = format!(
+                "waiting for {} process(es) to end (pid {})",
+                pids.len(),
+                pids.join(", ")
             );
+            // Waiting does not fix what RBAC forbids: the reason says what to grant.
+            for why in forbidden {
+                what.push_str("; ");
+                what.push_str(&why);
+            }
+            return self.drain_wait(waited, what);
         }
         if self.slot.as_ref().is_none_or(|s| !s.is_held()) {
             self.slot = self.budget.take(&mut self.budget_failing).await;
@@ -553,6 +601,8 @@ impl Engine {
                 ),
             ),
         );
+        // The command may run for minutes: the inventory shows it resetting meanwhile.
+        self.publish();
         let outcome = command::run(
             &self.settings.reset_command,
             &["-i", &bus_id],

@@ -27,6 +27,8 @@ pub const CONDITION: &str = "GPURemediationRequired";
 pub const MANAGER: &str = "gpud-remediation";
 /// The reason while nothing is escalated.
 pub const NONE_REQUIRED: &str = "NoRemediationRequired";
+/// What RBAC must allow for the condition: said when the API server forbids a write.
+pub const CONDITION_RBAC: &str = "gpud's service account needs the verb patch on the resource nodes/status and get on nodes (its ClusterRole)";
 
 /// What the condition should say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,15 +55,20 @@ impl Escalation {
 }
 
 /// Starts the helper `remediation condition`; the returned sender sets what the condition
-/// should say.
+/// should say, and the receiver says why the Node does not have it, while it cannot be
+/// written (for `/readyz`).
 pub fn start(
     helpers: &Helpers,
     node: String,
     kubeconfig: Option<PathBuf>,
-) -> watch::Sender<Escalation> {
+) -> (watch::Sender<Escalation>, watch::Receiver<Option<String>>) {
     let (sender, wanted) = watch::channel(Escalation::none());
-    helpers.spawn("remediation condition", keep(wanted, node, kubeconfig));
-    sender
+    let (failing, failure) = watch::channel(None);
+    helpers.spawn(
+        "remediation condition",
+        keep(wanted, failing, node, kubeconfig),
+    );
+    (sender, failure)
 }
 
 /// What the Node is known to have: the condition's status, message and transition time.
@@ -72,7 +79,12 @@ struct Written {
     transition: Option<String>,
 }
 
-async fn keep(mut wanted: watch::Receiver<Escalation>, node: String, kubeconfig: Option<PathBuf>) {
+async fn keep(
+    mut wanted: watch::Receiver<Escalation>,
+    failure: watch::Sender<Option<String>>,
+    node: String,
+    kubeconfig: Option<PathBuf>,
+) {
     let mut backoff = Backoff::capped(backoff::seed_from(&node), RETRY_MAX);
     let mut client: Option<NodeClient> = None;
     let mut known: Option<Written> = None;
@@ -85,6 +97,7 @@ async fn keep(mut wanted: watch::Receiver<Escalation>, node: String, kubeconfig:
                     info!("The remediation condition is written again");
                 }
                 failing = false;
+                failure.send_replace(None);
                 backoff.reset();
                 if wanted.changed().await.is_err() {
                     return;
@@ -92,10 +105,26 @@ async fn keep(mut wanted: watch::Receiver<Escalation>, node: String, kubeconfig:
             }
             Err(err) => {
                 let delay = err.paced(backoff.next_delay());
+                // Retrying does not fix what RBAC forbids: say what to grant.
+                let rbac = (err.status() == Some(403)).then_some(CONDITION_RBAC);
                 if !failing {
-                    warn!(error = %logging::error_chain(&err), retry_in = ?delay, "Cannot write the {CONDITION} condition on the Node; retrying");
+                    match rbac {
+                        Some(rbac) => {
+                            warn!(error = %logging::error_chain(&err), rbac, retry_in = ?delay, "Cannot write the {CONDITION} condition on the Node: the API server forbids it; retrying")
+                        }
+                        None => {
+                            warn!(error = %logging::error_chain(&err), retry_in = ?delay, "Cannot write the {CONDITION} condition on the Node; retrying")
+                        }
+                    }
                 }
                 failing = true;
+                let why = match rbac {
+                    Some(rbac) => format!("the API server forbids it: {rbac}"),
+                    None => logging::error_chain(&err),
+                };
+                failure.send_replace(Some(format!(
+                    "the {CONDITION} condition cannot be written on the Node: {why}"
+                )));
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     changed = wanted.changed() => if changed.is_err() { return },

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use super::args::Settings;
 use super::engine::{Engine, Observed};
 use super::escalation;
@@ -63,10 +65,15 @@ impl Subsystem for Remediation {
         let events = kube
             .clone()
             .map(|(node, config)| EventSender::start(&helpers, node, config));
-        let condition = kube.map(|(node, config)| escalation::start(&helpers, node, config));
+        let (condition, mut condition_failure) =
+            match kube.map(|(node, config)| escalation::start(&helpers, node, config)) {
+                Some((sender, failure)) => (Some(sender), Some(failure)),
+                None => (None, None),
+            };
         let nvml = self.nvml.clone();
         let rescanner = self.rescanner;
         let mut engine = Engine::new(self.settings, self.nvml, self.metrics, events, condition);
+        engine.publish_to(inventory.clone());
         let mut changes = inventory.subscribe();
         ctx.set_ready();
         loop {
@@ -89,24 +96,36 @@ impl Subsystem for Remediation {
             {
                 tracing::warn!(error = %crate::logging::error_chain(&err), "Cannot read the node again after making a MIG layout again");
             }
-            let views = engine.views();
-            inventory.update(|s| {
-                for gpu in &mut s.gpus {
-                    gpu.remediation = views.get(&gpu.uuid).cloned();
-                }
-            });
+            engine.publish();
+            let failure = condition_failure
+                .as_mut()
+                .and_then(|f| f.borrow_and_update().clone());
+            let busy = [engine.busy_with(&inventory.current()), failure];
+            let busy: Vec<String> = busy.into_iter().flatten().collect();
             ctx.ready_latch()
-                .busy(engine.busy_with(&inventory.current()));
+                .busy((!busy.is_empty()).then(|| busy.join("; ")));
             let tick = engine.busy().then_some(TICK);
             tokio::select! {
                 () = ctx.cancelled() => break,
                 changed = changes.changed() => if changed.is_err() { break },
                 () = sleep(tick) => {}
+                () = failure_changed(&mut condition_failure) => {}
             }
         }
         engine.stop().await;
         Ok(())
     }
+}
+
+/// Waits until the condition's writer says something new of its failure; never wakes
+/// without a writer (or once it is gone).
+async fn failure_changed(failure: &mut Option<watch::Receiver<Option<String>>>) {
+    if let Some(receiver) = failure
+        && receiver.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Sleeps for `pause`; never wakes without one.

@@ -323,6 +323,36 @@ pub fn views_in(state_dir: &Path) -> BTreeMap<String, GpuRemediation> {
         .collect()
 }
 
+/// Each GPU's remediation by UUID as the record at `path` has it for this boot, read
+/// strictly, for a reader that must not take "unreadable" for "nothing held" (`gpud health
+/// --once`): no record, or one from another boot, is `Ok` and empty; a record that cannot be
+/// read or is not a remediation record is `Err`, a sentence naming the file and what is wrong.
+pub fn views_checked(path: &Path) -> Result<BTreeMap<String, GpuRemediation>, String> {
+    let bytes = match files::read_bytes(path, MAX_BYTES) {
+        Ok(bytes) => bytes,
+        Err(err) if err.is_not_found() => return Ok(BTreeMap::new()),
+        Err(err) => return Err(crate::logging::error_chain(&err)),
+    };
+    let file: File = serde_json::from_slice(&bytes)
+        .map_err(|err| format!("{}: not a remediation record: {err}", path.display()))?;
+    let boot_id = std::fs::read_to_string(BOOT_ID)
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default();
+    Ok(views_for_boot(file, &boot_id))
+}
+
+/// The views a record holds for boot `boot_id`: none when it was written in another boot
+/// (the reboot reset every GPU, as [`Records::load`] drops those phases).
+fn views_for_boot(file: File, boot_id: &str) -> BTreeMap<String, GpuRemediation> {
+    if file.boot_id != boot_id {
+        return BTreeMap::new();
+    }
+    file.gpus
+        .iter()
+        .map(|(uuid, record)| (uuid.clone(), record.view()))
+        .collect()
+}
+
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -417,6 +447,38 @@ mod tests {
         records.set("GPU-1", GpuRecord::healthy());
         records.save();
         assert!(std::fs::read_to_string(&path).unwrap().contains("GPU-1"));
+    }
+
+    #[test]
+    fn a_strict_read_fails_on_damage_and_ignores_another_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file_of(dir.path());
+        assert_eq!(views_checked(&path), Ok(BTreeMap::new()), "no record");
+        std::fs::write(&path, "{not json").unwrap();
+        let err = views_checked(&path).unwrap_err();
+        assert!(
+            err.starts_with(&format!("{}: not a remediation record: ", path.display())),
+            "{err}"
+        );
+        let file = |boot: &str| File {
+            boot_id: boot.into(),
+            gpus: BTreeMap::from([(
+                "GPU-1".to_owned(),
+                GpuRecord {
+                    phase: Phase::Escalated,
+                    reason: "XID 79".into(),
+                    ..GpuRecord::healthy()
+                },
+            )]),
+            counters: None,
+        };
+        let views = views_for_boot(file("boot-a"), "boot-a");
+        assert_eq!(views["GPU-1"].phase, Phase::Escalated);
+        assert_eq!(views["GPU-1"].reason, "XID 79");
+        assert!(
+            views_for_boot(file("boot-a"), "boot-b").is_empty(),
+            "another boot"
+        );
     }
 
     #[test]

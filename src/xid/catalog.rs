@@ -64,42 +64,9 @@ impl fmt::Display for Severity {
     }
 }
 
-/// What an operator should do after an XID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// Nothing; the event is informational.
-    None,
-    /// Restart the workload that hit the fault.
-    RestartWorkload,
-    /// Drain the GPU and reset it.
-    ResetGpu,
-    /// Drain the node and reboot it.
-    RebootNode,
-    /// Have the hardware (board, cables, NVLink, power) inspected.
-    InspectHardware,
-    /// No catalog guidance applies; read NVIDIA's XID documentation.
-    ConsultDocs,
-}
-
-impl Action {
-    /// A short imperative phrase, used in summaries and `gpud doctor`.
-    pub const fn phrase(self) -> &'static str {
-        match self {
-            Self::None => "no action needed",
-            Self::RestartWorkload => "restart the affected workload",
-            Self::ResetGpu => "drain and reset the GPU",
-            Self::RebootNode => "drain and reboot the node",
-            Self::InspectHardware => "inspect the hardware",
-            Self::ConsultDocs => "consult the XID documentation",
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.phrase())
-    }
-}
+/// What an operator should do after an XID: the inventory's typed remedy, so that what the
+/// catalog says reaches every reader of a verdict as a value, not as words.
+pub use crate::inventory::remedy::Remedy as Action;
 
 // === XidInfo ===
 
