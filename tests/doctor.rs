@@ -57,6 +57,11 @@ impl Run {
 }
 
 fn doctor(node: &Node, host: &Host, extra: &[&str]) -> Run {
+    doctor_with_env(node, host, extra, &[])
+}
+
+/// [`doctor`] with these environment variables set as well.
+fn doctor_with_env(node: &Node, host: &Host, extra: &[&str], vars: &[(&str, &str)]) -> Run {
     let root = host.dir.path().to_str().unwrap().to_owned();
     let kmsg = host.path("kmsg");
     let mut args = vec![
@@ -68,7 +73,11 @@ fn doctor(node: &Node, host: &Host, extra: &[&str]) -> Run {
         kmsg.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let out = node.run(&args);
+    let out = node
+        .gpud(&args)
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
@@ -456,6 +465,43 @@ fn xids_in_the_kernel_log() {
     assert_eq!(
         run.fix("gpu.xid"),
         "drain and reboot the node (XID 79, the most severe)"
+    );
+}
+
+const XID_79_ON_GPU_0: &str = "[  12.5] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n";
+
+#[test]
+fn an_xid_the_configured_policy_ignores_is_not_a_failure() {
+    let node = Node::new("dgx-h100");
+    let host = Host::healthy(&node);
+    host.write("kmsg", XID_79_ON_GPU_0);
+    let ignored = "GPU 0: XID 79 (ignored by policy) GPU has fallen off the bus";
+    // NVIDIA's variable, as the health watcher reads it.
+    let run = doctor_with_env(&node, &host, &[], &[("DP_DISABLE_HEALTHCHECKS", "79")]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(run.found("gpu.xid"), ignored);
+    assert_eq!(run.code, 0);
+    // gpud's config file, as the health watcher reads it.
+    host.write(
+        "gpud.yaml",
+        "version: v1\nhealth:\n  xid:\n    ignore: [79]\n",
+    );
+    let config = host.path("gpud.yaml");
+    let run = doctor(&node, &host, &["--config", config.to_str().unwrap()]);
+    assert_eq!(run.problems(), Vec::<String>::new());
+    assert_eq!(run.found("gpu.xid"), ignored);
+    // An XID ignored by default that the node enables takes the GPU out of service, as in
+    // the watcher.
+    host.write(
+        "kmsg",
+        "[  13.1] NVRM: Xid (PCI:0000:2a:00): 13, pid=4242, name=python, Graphics Exception\n",
+    );
+    let run = doctor_with_env(&node, &host, &[], &[("DP_ENABLE_HEALTHCHECKS", "13")]);
+    assert_eq!(run.problems(), vec!["gpu.xid fail"]);
+    assert!(
+        run.found("gpu.xid").starts_with("GPU 1: XID 13 "),
+        "{}",
+        run.found("gpu.xid")
     );
 }
 

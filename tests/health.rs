@@ -494,3 +494,39 @@ fn once_honours_the_remediation_record() {
         "{text}"
     );
 }
+
+#[test]
+fn a_kernel_log_that_fails_to_read_fails_readiness_naming_it_and_nvml_carries_on() {
+    let node = Node::new("dgx-h100");
+    // A folder opens like a file and fails every read (EISDIR): the reader's first read fails.
+    let kmsg = node.dir.path().join("kmsg.d");
+    std::fs::create_dir(&kmsg).unwrap();
+    let port = http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let gpud = Running::spawn(node.gpud(&[
+        "health",
+        "--json",
+        "--poll-interval",
+        "50ms",
+        "--kmsg",
+        kmsg.to_str().unwrap(),
+        "--health-address",
+        &address,
+    ]));
+    let failed = format!(
+        "health failed: the kernel log source stopped: reading {} failed: Is a directory (os \
+         error 21); XIDs come from NVML events only until gpud restarts\n",
+        kmsg.display()
+    );
+    let answer = http::wait_for(port, "/readyz", 20, |a| a.body.contains("kernel log"));
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(answer.body.starts_with("not ready\n"), "{}", answer.body);
+    assert!(answer.body.contains(&failed), "{}", answer.body);
+    // The other sources carry on: an XID NVML reports still takes the GPU out of service.
+    node.inject("xid 3 79");
+    let line = next(&gpud);
+    assert_eq!(
+        (line["gpu"].as_u64(), line["to"]["state"].as_str()),
+        (Some(3), Some("unhealthy"))
+    );
+}

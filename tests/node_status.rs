@@ -514,6 +514,71 @@ fn the_doctor_verdict_follows_an_injected_failure() {
 }
 
 #[test]
+fn the_doctor_verdict_follows_the_gpu_back_after_an_xid_in_the_kernel_log() {
+    let node = Node::new("dgx-h100");
+    let api = FakeApi::start_with_node(json!({}));
+    let host = Host::healthy(&node);
+    let kmsg = host.path("kmsg");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    // The watcher and the doctor read the same kernel log (a file the watcher follows).
+    let _gpud = Running::spawn(node.gpud(&[
+        "run",
+        "--node-status",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--health-poll-interval",
+        "20ms",
+        "--kmsg",
+        kmsg.to_str().unwrap(),
+        "--node-status-retry-max",
+        "1s",
+        "--node-status-hold",
+        HOLD_FLAG,
+        "--disable",
+        "device-plugin,labeller,exporter",
+        "--doctor-interval",
+        "200ms",
+        "--host-root",
+        host.dir.path().to_str().unwrap(),
+    ]));
+    let passed = condition_when(&api, "GPUStackValidated", |c| c["status"] != "Unknown");
+    assert_eq!(passed["status"], "True", "{passed}");
+    {
+        use std::io::Write;
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&kmsg)
+            .unwrap();
+        log.write_all(
+            b"[  12.5] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n",
+        )
+        .unwrap();
+    }
+    let failed = condition_when(&api, "GPUStackValidated", status_is("False"));
+    let message = failed["message"].as_str().unwrap();
+    assert!(
+        message.contains("gpu.xid: GPU 0: unhealthy (XID 79: GPU has fallen off the bus)"),
+        "{message}"
+    );
+    assert!(message.contains(" 1 fail"), "{message}");
+    // A reset (the GPU drops off the bus and comes back) clears the XID in the watcher.
+    node.inject("lost 0");
+    condition_when(&api, "GPUHealthy", |c| {
+        c["message"].as_str().unwrap().contains("GPU is lost")
+    });
+    node.inject("recover 0");
+    condition_when(&api, "GPUHealthy", status_is("True"));
+    // The XID is still in the kernel log of this boot; the GPU is back all the same.
+    let recovered = condition_when(&api, "GPUStackValidated", status_is("True"));
+    assert_eq!(recovered["reason"], "DoctorPassed", "{recovered}");
+    let changes: Vec<String> = status_changes(&api, "GPUStackValidated")
+        .into_iter()
+        .map(|(_, status)| status)
+        .collect();
+    assert_eq!(changes, ["True", "False", "True"]);
+}
+
+#[test]
 fn node_status_needs_the_node_name() {
     let node = Node::new("dgx-h100");
     let out = node

@@ -132,6 +132,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         mig_state_dir: args.mig_state_dir.clone(),
         mps_workload_uid: args.mps_workload_uid,
         gpus: args.gpu.clone(),
+        watched: None,
     };
     let (report, driver) = runner::run(options.clone(), &selection, None);
     let text = if args.json {

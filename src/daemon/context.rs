@@ -154,6 +154,12 @@ impl ReadyLatch {
         self.board.mark(self.slot, State::NotReady(reason.into()));
     }
 
+    /// The subsystem lost part of its job for good (a thread it cannot restart ended), for
+    /// `reason`: `/readyz` says it failed until gpud restarts, whatever it marks later.
+    pub fn fail(&self, reason: impl Into<String>) {
+        self.board.mark(self.slot, State::Failed(reason.into()));
+    }
+
     /// The spawner of the subsystem's helpers, expected to run until `stop` fires.
     fn helpers(&self, stop: CancellationToken) -> Helpers {
         Helpers::new(self.board.clone(), self.slot, stop)

@@ -93,31 +93,66 @@ impl Helpers {
         // The task runs on its own so that a panic ends it, not the judge below.
         let running = crate::logging::spawn(task);
         crate::logging::spawn(async move {
-            let failure = match running.await {
-                Ok(outcome) => outcome.failure(),
-                Err(join) => Some(format!("panicked: {join}")),
-            };
-            if stop.is_cancelled() {
-                match failure {
-                    Some(why) => {
-                        warn!(helper = %name, error = %why, "Helper failed while stopping")
-                    }
-                    None => debug!(helper = %name, "Helper stopped"),
-                }
-                return;
+            if let Some(reason) = judge(running, &name, &stop).await {
+                // Final: nothing restarts the helper, so nothing may say ready again.
+                board.mark(slot, State::Failed(reason));
             }
-            let reason = match failure {
-                Some(why) => format!("{name}: {why}"),
-                None => format!(
-                    "{name} stopped on its own; the subsystem is not doing its job until gpud \
-                     restarts"
-                ),
-            };
-            error!(helper = %name, reason = %reason, "Helper task stopped; /readyz reports the subsystem failed, the rest keeps serving");
-            // Final: nothing restarts the helper, so nothing may say ready again.
-            board.mark(slot, State::Failed(reason));
         })
     }
+}
+
+/// Spawns `task`, a helper of the daemon itself rather than of a subsystem (the handover
+/// socket's server), judged as [`Helpers::spawn`] judges its helpers: an end before `stop`
+/// fires puts `entry` on `board` as failed, with `name` and the reason. Nothing is on the
+/// board while it runs: `/readyz` names it only once it stopped.
+pub(super) fn spawn_unowned<F>(
+    board: &Readiness,
+    entry: &'static str,
+    stop: CancellationToken,
+    name: impl Into<String>,
+    task: F,
+) -> JoinHandle<()>
+where
+    F: Future + Send + 'static,
+    F::Output: Outcome,
+{
+    let name = name.into();
+    let board = board.clone();
+    let running = crate::logging::spawn(task);
+    crate::logging::spawn(async move {
+        if let Some(reason) = judge(running, &name, &stop).await {
+            let slot = board.register(entry);
+            board.mark(slot, State::Failed(reason));
+        }
+    })
+}
+
+/// Waits for the helper `name` to end and judges its end: the reason to mark its owner failed
+/// with, or `None` when it ended after its stop signal (then any end is expected).
+async fn judge<T: Outcome>(
+    running: JoinHandle<T>,
+    name: &str,
+    stop: &CancellationToken,
+) -> Option<String> {
+    let failure = match running.await {
+        Ok(outcome) => outcome.failure(),
+        Err(join) => Some(format!("panicked: {join}")),
+    };
+    if stop.is_cancelled() {
+        match failure {
+            Some(why) => warn!(helper = %name, error = %why, "Helper failed while stopping"),
+            None => debug!(helper = %name, "Helper stopped"),
+        }
+        return None;
+    }
+    let reason = match failure {
+        Some(why) => format!("{name}: {why}"),
+        None => format!(
+            "{name} stopped on its own; the subsystem is not doing its job until gpud restarts"
+        ),
+    };
+    error!(helper = %name, reason = %reason, "Helper task stopped; /readyz reports the subsystem failed, the rest keeps serving");
+    Some(reason)
 }
 
 #[cfg(test)]
@@ -187,6 +222,47 @@ mod tests {
             "{:?}",
             board.states()
         );
+    }
+
+    #[tokio::test]
+    async fn a_daemon_helper_is_on_the_board_only_once_it_stopped() {
+        let board = Readiness::default();
+        let slot = board.register("health");
+        board.mark(slot, State::Ready);
+        let stop = CancellationToken::new();
+        let (end, ended) = tokio::sync::oneshot::channel::<()>();
+        let serving = spawn_unowned(
+            &board,
+            "handover",
+            stop.clone(),
+            "handover socket server",
+            async move {
+                let _ = ended.await;
+            },
+        );
+        tokio::task::yield_now().await;
+        assert_eq!(board.report(), (true, "ready\nhealth ready\n".to_owned()));
+        end.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), serving)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            board.report(),
+            (
+                false,
+                "not ready\nhealth ready\nhandover failed: handover socket server stopped on \
+                 its own; the subsystem is not doing its job until gpud restarts\n"
+                    .to_owned()
+            )
+        );
+        // After the stop signal its end is expected: nothing is added.
+        let board = Readiness::default();
+        stop.cancel();
+        spawn_unowned(&board, "handover", stop, "handover socket server", async {})
+            .await
+            .unwrap();
+        assert!(board.states().is_empty());
     }
 
     #[tokio::test]

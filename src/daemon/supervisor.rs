@@ -381,7 +381,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                         announced = true;
                         if handover_pending {
                             handover_pending = false;
-                            complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                            complete_handover(handover.as_deref(), takeover.take(), &board, &readiness, &root, &handover_tx, &upgrade, &notifier, started);
                         }
                         notifier.ready();
                         info!("All subsystems ready");
@@ -390,7 +390,7 @@ impl<C: Send + Sync + 'static> Daemon<C> {
                 () = tokio::time::sleep_until(handover_due), if handover_pending => {
                     handover_pending = false;
                     warn!(wait = ?TAKEOVER_READY_WAIT, not_ready = %readiness.report().1.trim(), "Not every subsystem is ready; taking over (or serving the handover socket) anyway");
-                    complete_handover(handover.as_deref(), takeover.take(), &board, &handover_tx, &upgrade, &notifier, started);
+                    complete_handover(handover.as_deref(), takeover.take(), &board, &readiness, &root, &handover_tx, &upgrade, &notifier, started);
                 }
                 changed = abandoned.changed(), if abandoned_open => {
                     if changed.is_err() {
@@ -525,10 +525,13 @@ enum Found {
 /// Every subsystem serves (or [`TAKEOVER_READY_WAIT`] passed): the process taken over from is
 /// told to stop, systemd learns the new main pid, and this process serves the handover socket
 /// for the next one.
+#[allow(clippy::too_many_arguments)]
 fn complete_handover(
     socket: Option<&std::path::Path>,
     found: Option<Found>,
     board: &Board,
+    readiness: &Readiness,
+    stop: &CancellationToken,
     requests: &mpsc::UnboundedSender<offer::Request>,
     upgrade: &offer::Upgrade,
     notifier: &Notifier,
@@ -570,13 +573,21 @@ fn complete_handover(
     }
     match offer::bind(socket) {
         Ok(listener) => {
-            crate::logging::spawn(offer::serve(
-                listener,
-                socket.to_path_buf(),
-                board.clone(),
-                requests.clone(),
-                std::sync::Arc::clone(upgrade),
-            ));
+            // Serves until the process ends: an end before is a next gpud that would start
+            // cold, and shows on /readyz.
+            super::helpers::spawn_unowned(
+                readiness,
+                "handover",
+                stop.clone(),
+                format!("handover socket server ({})", socket.display()),
+                offer::serve(
+                    listener,
+                    socket.to_path_buf(),
+                    board.clone(),
+                    requests.clone(),
+                    std::sync::Arc::clone(upgrade),
+                ),
+            );
         }
         Err(err) => warn!(
             error = %err,

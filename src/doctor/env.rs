@@ -39,6 +39,10 @@ pub struct Options {
     pub mps_workload_uid: Option<u32>,
     /// The GPUs (NVML indices) the per-GPU checks judge; empty: every GPU.
     pub gpus: Vec<u32>,
+    /// The inventory as the health watcher of this process last published it (the doctor
+    /// inside `gpud run`): `gpu.xid` then reports the watcher's verdicts rather than judging
+    /// the kernel log again. `None` in `gpud doctor`, which has no watcher.
+    pub watched: Option<Arc<Snapshot>>,
 }
 
 impl Default for Options {
@@ -55,6 +59,7 @@ impl Default for Options {
             mig_state_dir: PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR),
             mps_workload_uid: None,
             gpus: Vec::new(),
+            watched: None,
         }
     }
 }

@@ -44,7 +44,8 @@ pub fn routes(latest: &LatestReport) -> Router {
     )
 }
 
-/// Runs the doctor every `interval` over the daemon's NVML.
+/// Runs the doctor every `interval` over the daemon's NVML, `gpu.xid` reporting the verdicts
+/// of the health watcher that runs beside it (every daemon that runs the doctor runs one).
 #[derive(Debug)]
 pub struct PeriodicDoctor {
     nvml: Nvml,
@@ -71,13 +72,16 @@ impl Subsystem for PeriodicDoctor {
     type Settings = ();
     crate::subsystem_name!("doctor");
 
-    async fn run(self, ctx: Context<()>, _inventory: Inventory) -> anyhow::Result<()> {
+    async fn run(self, ctx: Context<()>, inventory: Inventory) -> anyhow::Result<()> {
         // Ready at once: the doctor reports on the node, it serves nothing the node needs.
         ctx.set_ready();
         let cancel = ctx.cancel_token();
         loop {
-            let (nvml, options, busy) =
+            let (nvml, mut options, busy) =
                 (self.nvml.clone(), self.options.clone(), self.busy.clone());
+            // The health watcher of this process writes its verdicts into this inventory: the
+            // doctor reports them rather than judging XIDs a second time.
+            options.watched = Some(inventory.current());
             let run = tokio::task::spawn_blocking(move || {
                 runner::run_with(options, &Selection::default(), Some(nvml), &busy).0
             });

@@ -222,21 +222,24 @@ impl Tracker {
     pub fn observe_xid(&mut self, gpu: u32, code: u32, mig: Option<(u32, u32)>, at: SystemTime) {
         let info = xid::lookup(code);
         let history_len = self.config.history_len;
-        let ignored = self.policy.is_ignored(code);
-        let forced = self.policy.is_force_enabled(code);
+        let judged = self.policy.judge(code);
         let state = self.gpus.entry(gpu).or_default();
         let scope = mig.map_or_else(String::new, |(gi, ci)| format!(" (MIG GI {gi} CI {ci})"));
-        let verdict = if ignored { " [ignored by policy]" } else { "" };
+        let verdict = if judged.is_none() {
+            " [ignored by policy]"
+        } else {
+            ""
+        };
         push_history(
             state,
             history_len,
             at,
             format!("{}{scope}{verdict}", info.summary()),
         );
-        if ignored {
+        let Some(judged) = judged else {
             return;
-        }
-        let condition = xid_condition(code, forced, at);
+        };
+        let condition = xid_condition(code, judged, at);
         let set = match mig {
             Some(key) => state.mig_conditions.entry(key).or_default(),
             None => &mut state.conditions,
@@ -285,14 +288,14 @@ impl Tracker {
         let history_len = self.config.history_len;
         let state = self.gpus.entry(gpu).or_default();
         for xid in &kept.xids {
-            if self.policy.is_ignored(xid.code) {
+            let Some(judged) = self.policy.judge(xid.code) else {
                 continue;
-            }
+            };
             let condition = Condition {
                 since: xid.since,
                 last_seen: xid.last_seen,
                 occurrences: xid.occurrences,
-                ..xid_condition(xid.code, self.policy.is_force_enabled(xid.code), xid.since)
+                ..xid_condition(xid.code, judged, xid.since)
             };
             let set = match xid.mig {
                 Some(key) => state.mig_conditions.entry(key).or_default(),
@@ -659,14 +662,10 @@ fn toggle(
     );
 }
 
-/// The condition XID `code` raises (`forced`: named in `DP_ENABLE_HEALTHCHECKS`).
-fn xid_condition(code: u32, forced: bool, at: SystemTime) -> Condition {
+/// The condition XID `code` raises, in the `state` the XID policy judged it
+/// ([`XidPolicy::judge`]).
+fn xid_condition(code: u32, state: HealthState, at: SystemTime) -> Condition {
     let info = xid::lookup(code);
-    let state = match info.severity {
-        _ if forced => HealthState::Unhealthy,
-        Severity::Application | Severity::Warning => HealthState::Degraded,
-        Severity::Critical | Severity::Fatal => HealthState::Unhealthy,
-    };
     Condition {
         state,
         reason: format!("XID {code}: {}", info.description),

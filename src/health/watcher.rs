@@ -1,38 +1,40 @@
-//! The health watcher: runs the three sources and folds them into the inventory.
+//! The health watcher: runs the sources of [`sources::table`] and folds what they see into
+//! the inventory.
 //!
-//! NVML events arrive on their own thread, the kernel log on another; polled signals are read
-//! on a blocking thread every poll interval. One task owns the [`Tracker`] and, after each
-//! batch of inputs, writes its verdicts into the inventory — which publishes only when a
-//! device's health actually changed, so a storm is one publish.
+//! Each source (NVML events, the kernel log, the polled signals) runs on its own thread or
+//! task and hands its observations over one bounded queue that makes it wait rather than drop
+//! when full. One task owns the [`Tracker`] and, after each batch of inputs, writes its
+//! verdicts into the inventory — which publishes only when a device's health actually
+//! changed, so a storm is one publish.
 //!
-//! XIDs are counted exactly: the source threads hand their reports over bounded queues that
-//! make them wait rather than drop when full, and the task records each occurrence (the NVML
-//! event and the kernel-log line of one XID merged by the [`Deduper`]) in the [`XidLedger`]
-//! in the same step that feeds the tracker.
+//! XIDs are counted exactly: the task records each occurrence (the NVML event and the
+//! kernel-log line of one XID merged by the de-duplicator) in the [`XidLedger`] in the same
+//! step that feeds the tracker. A source that ends before the watcher stops it (a kernel log
+//! that cannot be read any more) fails the watcher's readiness, naming the source and why:
+//! the GPUs it fed are no longer fully watched.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info};
 
-use super::dedup::{Deduper, Occurrence, XidSource};
+use super::dedup::Deduper;
 use super::evidence;
 use super::kept::{KeptVerdicts, NodeEvents};
-use super::kmsg_source;
+use super::sources::feed::{Report, Setup};
+use super::sources::observer::{GpuMap, Observer};
+use super::sources::{kmsg, poll, table};
 use super::tracker::{Tracker, TrackerConfig};
 use crate::daemon::ReadyLatch;
 use crate::inventory::transitions;
-use crate::inventory::{Inventory, PciBusId, Snapshot};
-use crate::nvml::events::{EventKind, GpuEvent};
+use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::{Nvml, NvmlError};
 use crate::remediation_state::{GpuRemediation, record};
 use crate::xid::catalog::XidPolicy;
-use crate::xid::counts::DropSource;
-use crate::xid::kmsg::KmsgEvent;
 use crate::xid::ledger::XidLedger;
 
 /// Settings of the watcher.
@@ -64,7 +66,7 @@ impl Default for WatcherConfig {
     fn default() -> Self {
         WatcherConfig {
             poll_interval: DEFAULT_POLL_INTERVAL,
-            kmsg_path: Some(PathBuf::from(kmsg_source::DEFAULT_KMSG_PATH)),
+            kmsg_path: Some(PathBuf::from(kmsg::DEFAULT_KMSG_PATH)),
             policy: XidPolicy::default(),
             tracker: TrackerConfig::default(),
             dedup_window: Duration::from_secs(2),
@@ -88,20 +90,15 @@ impl WatcherConfig {
     /// Flags over gpud's config file over the defaults, with the XID policy from the config
     /// file and NVIDIA's `DP_DISABLE_HEALTHCHECKS` / `DP_ENABLE_HEALTHCHECKS`. Returns the
     /// warnings about malformed XID lists, to be logged once.
-    // Resolution of the watcher's configuration: NVIDIA's DP_* variables are read here.
-    #[allow(clippy::disallowed_methods)]
     pub fn resolve(
         flags: WatcherOverrides<'_>,
         file: &crate::config::HealthSection,
     ) -> (WatcherConfig, Vec<String>) {
-        let disable = std::env::var(crate::xid::catalog::ENV_DISABLE_HEALTHCHECKS).ok();
-        let enable = std::env::var(crate::xid::catalog::ENV_ENABLE_HEALTHCHECKS).ok();
-        let (policy, warnings) =
-            XidPolicy::from_config_and_env(&file.xid, disable.as_deref(), enable.as_deref());
+        let (policy, warnings) = crate::xid::configured::policy(&file.xid);
         let kmsg_path = match (flags.kmsg, &file.kmsg_path) {
             (Some(flag), _) => (!flag.is_empty()).then(|| PathBuf::from(flag)),
             (None, Some(from_file)) => from_file.clone(),
-            (None, None) => Some(PathBuf::from(kmsg_source::DEFAULT_KMSG_PATH)),
+            (None, None) => Some(PathBuf::from(kmsg::DEFAULT_KMSG_PATH)),
         };
         let config = WatcherConfig {
             poll_interval: flags
@@ -123,9 +120,8 @@ impl WatcherConfig {
     }
 }
 
-/// Queue depth between each source thread and the tracker. A full queue makes the source
-/// thread wait (the NVML driver and the kernel keep their own queues meanwhile); nothing is
-/// dropped.
+/// Queue depth between the sources and the tracker. A full queue makes a source wait (the
+/// NVML driver and the kernel keep their own queues meanwhile); nothing is dropped.
 const QUEUE: usize = 1024;
 
 /// Runs until `cancel` fires. Fails only when the NVML event source cannot be set up.
@@ -149,10 +145,11 @@ pub async fn run(
 
 /// [`run`], also recording every XID occurrence (ignored ones included, the NVML and
 /// kernel-log reports of one occurrence merged) in `xids`, which it publishes after each batch.
-/// `ready` is set once the NVML event set is registered and the kernel log followed: from then
-/// on no fault goes unseen, which is what the watcher's readiness means; it is unset, naming
-/// the file and the error, while the kept verdicts cannot be written. `node_events`, when given,
-/// says a damaged kept-verdicts file on the Node.
+/// `ready` is set once every source has started (the NVML event set registered, the kernel log
+/// followed): from then on no fault goes unseen, which is what the watcher's readiness means;
+/// it is unset, naming the file and the error, while the kept verdicts cannot be written, and
+/// failed for good, naming the source and the reason, when a source ends on its own.
+/// `node_events`, when given, says a damaged kept-verdicts file on the Node.
 pub async fn run_with_xids(
     cancel: CancellationToken,
     nvml: Nvml,
@@ -162,14 +159,19 @@ pub async fn run_with_xids(
     ready: ReadyLatch,
     node_events: Option<NodeEvents>,
 ) -> Result<(), NvmlError> {
-    let (event_tx, events) = mpsc::channel(QUEUE);
-    // ECC events count whatever the XID policy says, so the event source always runs.
-    let event_thread = nvml.watch_events(event_tx)?;
-    let (kmsg_tx, kmsg) = mpsc::channel(QUEUE);
-    let kmsg_thread = config
-        .kmsg_path
-        .as_deref()
-        .and_then(|path| kmsg_source::start(path, kmsg_tx));
+    let (feed, reports) = mpsc::channel(QUEUE);
+    let poll_soon = Arc::new(Notify::new());
+    let stop = cancel.child_token();
+    let setup = Setup {
+        nvml: &nvml,
+        kmsg_path: config.kmsg_path.as_deref(),
+        poll_interval: config.poll_interval,
+        poll_soon: Arc::clone(&poll_soon),
+        stop: stop.clone(),
+    };
+    let sources = table::start_all(&setup, &feed)?;
+    // Only the sources hold the sending end: the queue closes when the last one is gone.
+    drop(feed);
     let mut tracker = Tracker::new(config.policy.clone(), config.tracker.clone());
     let mut kept = config.kept_file.clone().map(|path| {
         KeptVerdicts::new(path)
@@ -181,7 +183,9 @@ pub async fn run_with_xids(
         // Before readiness, with a first poll: a GPU that still needs a reset is never offered
         // in between, and one reset while gpud was down is not withdrawn for a poll interval.
         let held = kept.restore(&mut tracker, &inventory.current());
-        poll_into(&nvml, &mut tracker).await;
+        if let Some(polled) = poll::poll_once(&nvml).await {
+            polled.into_tracker(&mut tracker);
+        }
         publish(&inventory, &tracker);
         kept.save_now(&tracker, &inventory.current());
         if !held.is_empty() {
@@ -198,85 +202,68 @@ pub async fn run_with_xids(
         Some(kept) => kept.outcome().registered(),
         None => ready.set(),
     }
-    let mut queues = Queues {
-        events,
-        kmsg,
-        proven,
-    };
+    let mut queues = Queues { reports, proven };
     let mut state = State {
-        tracker,
-        dedup: Deduper::new(config.dedup_window),
-        xids,
-        origin: Instant::now(),
-        forgotten: 0,
+        observer: Observer::new(tracker, Deduper::new(config.dedup_window), xids),
         kept,
         resets_seen: BTreeMap::new(),
         record: config.remediation_record.clone().map(record::Follower::new),
+        ready,
+        poll_soon,
     };
-    watch(&cancel, &nvml, &inventory, &config, &mut queues, &mut state).await;
-    // The event thread may be waiting to hand over an event: closing its queue first lets it
-    // see that nobody listens any more, so joining it (dropping the watcher) cannot hang.
+    watch(&cancel, &inventory, &config, &mut queues, &mut state).await;
+    // Every end from here on is expected. A source may be waiting to hand over an
+    // observation: closing the queue first lets it see that nobody listens any more, so
+    // stopping the sources (joining NVML's event thread) cannot hang.
+    stop.cancel();
     drop(queues);
-    drop(event_thread);
-    drop(kmsg_thread);
+    drop(sources);
     Ok(())
 }
 
-/// The receiving ends of the source threads' queues.
+/// The receiving ends of the watcher's queues.
 struct Queues {
-    events: mpsc::Receiver<GpuEvent>,
-    kmsg: mpsc::Receiver<KmsgEvent>,
+    reports: mpsc::Receiver<Report>,
     /// The GPUs held for want of fresh evidence whose doctor's checks passed, by UUID.
     proven: Option<mpsc::UnboundedReceiver<String>>,
 }
 
 /// What the watcher keeps between batches.
 struct State {
-    tracker: Tracker,
-    dedup: Deduper,
-    xids: Option<XidLedger>,
-    /// Zero of the de-duplicator's clock.
-    origin: Instant,
-    /// The de-duplicator's forgotten count already passed to the ledger.
-    forgotten: u64,
+    /// The tracker, the de-duplicator and the XID ledger the sources feed.
+    observer: Observer,
     /// Where the verdicts only an event proves are kept, if anywhere.
     kept: Option<KeptVerdicts>,
     /// When the last reset gpud's remediation reported for each GPU (by UUID) finished.
     resets_seen: BTreeMap<String, u64>,
     /// The remediation record file, when there is a state directory.
     record: Option<record::Follower>,
+    /// The watcher's readiness, failed when a source ends.
+    ready: ReadyLatch,
+    /// Asks the poll source for a poll now.
+    poll_soon: Arc<Notify>,
 }
 
 async fn watch(
     cancel: &CancellationToken,
-    nvml: &Nvml,
     inventory: &Inventory,
     config: &WatcherConfig,
     queues: &mut Queues,
     state: &mut State,
 ) {
     let mut changes = inventory.subscribe();
-    let mut poll = tokio::time::interval(config.poll_interval);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick fires at once: an initial poll before anything else.
+    // The remediation record is read as often as the signals are polled.
+    let mut record = tokio::time::interval(config.poll_interval);
+    record.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            Some(event) = queues.events.recv() => {
-                state.batch(inventory, event, &mut queues.events, State::on_event);
-                // The driver says what a fault needs (the recovery action) right after it:
-                // polling then, after this batch's verdict is published, lets a reset that
-                // follows within one poll interval be seen.
-                poll.reset_immediately();
+            Some(report) = queues.reports.recv() => {
+                if state.batch(inventory, report, &mut queues.reports) {
+                    state.poll_soon.notify_one();
+                }
             }
-            Some(line) = queues.kmsg.recv() => {
-                state.batch(inventory, line, &mut queues.kmsg, State::on_kmsg);
-                poll.reset_immediately();
-            }
-            _ = poll.tick() => {
-                state.follow_record(inventory);
-                poll_into(nvml, &mut state.tracker).await;
-            }
+            _ = record.tick() => state.follow_record(inventory),
             Some(uuid) = next_proven(&mut queues.proven) => state.on_proven(inventory, &uuid),
             Ok(()) = changes.changed() => {
                 let snapshot = changes.borrow_and_update().clone();
@@ -284,10 +271,10 @@ async fn watch(
                 state.on_resets(reported);
             }
         }
-        state.tracker.tick(SystemTime::now());
-        publish(inventory, &state.tracker);
+        state.observer.tracker.tick(SystemTime::now());
+        publish(inventory, &state.observer.tracker);
         if let Some(kept) = &mut state.kept {
-            kept.save(&state.tracker, &inventory.current());
+            kept.save(&state.observer.tracker, &inventory.current());
         }
     }
 }
@@ -297,20 +284,6 @@ async fn next_proven(queue: &mut Option<mpsc::UnboundedReceiver<String>>) -> Opt
     match queue {
         Some(queue) => queue.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Polls every GPU's signals (on a blocking thread) into the tracker.
-async fn poll_into(nvml: &Nvml, tracker: &mut Tracker) {
-    let poller = nvml.clone();
-    match tokio::task::spawn_blocking(move || poller.poll_signals()).await {
-        Ok(signals) => {
-            let now = SystemTime::now();
-            for gpu in &signals {
-                tracker.observe_signals(gpu, now);
-            }
-        }
-        Err(err) => warn!(error = %crate::logging::error_chain(&err), "Signal poll failed"),
     }
 }
 
@@ -328,63 +301,43 @@ fn log_transitions(before: &Snapshot, after: &Snapshot) {
     }
 }
 
-/// The GPUs of one snapshot by bus id, for one batch of reports.
-struct GpuMap {
-    snapshot: Arc<Snapshot>,
-    by_bus: HashMap<PciBusId, u32>,
-}
-
-impl GpuMap {
-    fn new(snapshot: Arc<Snapshot>) -> Self {
-        let by_bus = snapshot
-            .gpus
-            .iter()
-            .filter(|gpu| gpu.pci.bus_id.address().is_some())
-            .map(|gpu| (gpu.pci.bus_id.clone(), gpu.index))
-            .collect();
-        GpuMap { snapshot, by_bus }
-    }
-
-    fn bus_id(&self, gpu: u32) -> Option<&PciBusId> {
-        self.snapshot.gpu(gpu).map(|g| &g.pci.bus_id)
-    }
-
-    /// The GPU instance an XID is counted against: the one the driver named, when the GPU has
-    /// an instance with that id; the whole GPU otherwise.
-    fn gpu_instance(&self, gpu: u32, mig: Option<(u32, u32)>) -> Option<u32> {
-        let (gi, _) = mig?;
-        self.snapshot
-            .gpu(gpu)
-            .is_some_and(|g| g.mig.devices.iter().any(|m| m.gpu_instance_id == gi))
-            .then_some(gi)
-    }
-}
-
 impl State {
     /// Handles `first` and everything already queued behind it as one batch, against one
-    /// snapshot, and publishes the XIDs once for all of them.
-    fn batch<T>(
+    /// snapshot, and publishes the XIDs once for all of them. Returns whether an observation
+    /// of the batch asks for a poll right after it.
+    fn batch(
         &mut self,
         inventory: &Inventory,
-        first: T,
-        queue: &mut mpsc::Receiver<T>,
-        handle: fn(&mut State, &GpuMap, T),
-    ) {
+        first: Report,
+        queue: &mut mpsc::Receiver<Report>,
+    ) -> bool {
         let gpus = GpuMap::new(inventory.current());
-        handle(self, &gpus, first);
-        while let Ok(item) = queue.try_recv() {
-            handle(self, &gpus, item);
+        let mut poll = self.handle(&gpus, first);
+        while let Ok(report) = queue.try_recv() {
+            poll |= self.handle(&gpus, report);
         }
-        self.publish_xids();
+        self.observer.publish_xids();
+        poll
     }
 
-    /// Microseconds since the watcher started, on the monotonic clock: the de-duplicator's
-    /// time, which a wall-clock step cannot disturb.
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    /// One report: an observation into the tracker, or a source's end into readiness.
+    fn handle(&mut self, gpus: &GpuMap, report: Report) -> bool {
+        match report {
+            Report::Seen(observation) => {
+                let poll = observation.polls_after();
+                observation.observe(&mut self.observer, gpus);
+                poll
+            }
+            Report::Ended { source, reason } => {
+                let why = format!("the {source} source stopped: {reason}");
+                error!(source, reason = %reason, "Health source stopped; /readyz reports the health watcher failed, the other sources carry on");
+                // Final: nothing restarts the source, so nothing may say ready again.
+                self.ready.fail(why);
+                false
+            }
+        }
     }
 
-    /// One XID occurrence, after de-duplication: counted, then judged.
     /// Clears what a reset clears on each GPU gpud's remediation reports reset since this
     /// watcher last looked (at start: any reset it reports), as of when that reset finished,
     /// and holds out of service the GPUs it holds for a peer's reset.
@@ -395,8 +348,11 @@ impl State {
         reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
     ) {
         for (index, uuid, remediation) in reported {
-            self.tracker
-                .observe_hold(index, remediation.held_for.as_deref(), SystemTime::now());
+            self.observer.tracker.observe_hold(
+                index,
+                remediation.held_for.as_deref(),
+                SystemTime::now(),
+            );
             let Some(reset_ms) = remediation.last_reset_ms else {
                 continue;
             };
@@ -404,7 +360,9 @@ impl State {
             if reset_ms > *seen {
                 *seen = reset_ms;
                 let reset = SystemTime::UNIX_EPOCH + Duration::from_millis(reset_ms);
-                self.tracker.observe_reset(index, reset, SystemTime::now());
+                self.observer
+                    .tracker
+                    .observe_reset(index, reset, SystemTime::now());
             }
         }
     }
@@ -419,7 +377,7 @@ impl State {
         ) else {
             return;
         };
-        kept.proven(&mut self.tracker, gpu.index, uuid);
+        kept.proven(&mut self.observer.tracker, gpu.index, uuid);
     }
 
     /// Reads the remediation record when it changed and takes the resets it reports.
@@ -442,74 +400,5 @@ impl State {
                 }
             }
         });
-    }
-
-    fn on_xid(&mut self, gpus: &GpuMap, gpu: u32, code: u32, mig: Option<(u32, u32)>) {
-        let now = SystemTime::now();
-        if let Some(ledger) = &self.xids {
-            ledger.record(gpu, gpus.gpu_instance(gpu, mig), code, now);
-        }
-        self.tracker.observe_xid(gpu, code, mig, now);
-    }
-
-    fn on_event(&mut self, gpus: &GpuMap, event: GpuEvent) {
-        match event.kind {
-            EventKind::Xid(code) => {
-                let at_us = self.now_us();
-                if let Some(bus_id) = gpus.bus_id(event.gpu)
-                    && self.dedup.observe(XidSource::Nvml, bus_id, code, at_us)
-                        == Occurrence::Duplicate
-                {
-                    return;
-                }
-                self.on_xid(gpus, event.gpu, code, event.mig);
-            }
-            EventKind::DoubleBitEcc => self.tracker.observe_dbe_event(event.gpu, SystemTime::now()),
-            EventKind::SingleBitEcc => self.tracker.observe_sbe_event(event.gpu, SystemTime::now()),
-        }
-    }
-
-    fn on_kmsg(&mut self, gpus: &GpuMap, event: KmsgEvent) {
-        let Some(&gpu) = gpus.by_bus.get(event.pci_bus_id()) else {
-            return; // a GPU this node's NVML does not know (or not a GPU at all)
-        };
-        match event {
-            KmsgEvent::Xid {
-                ref pci_bus_id,
-                code,
-                gpu_instance_id,
-                compute_instance_id,
-                ..
-            } => {
-                let at_us = self.now_us();
-                if self.dedup.observe(XidSource::Kmsg, pci_bus_id, code, at_us)
-                    == Occurrence::Duplicate
-                {
-                    return;
-                }
-                self.on_xid(gpus, gpu, code, gpu_instance_id.zip(compute_instance_id));
-            }
-            // Not an XID report of its own (the driver prints XID 79 next to it, counted from
-            // that line), but proof the GPU is gone even when that line was lost: health only.
-            KmsgEvent::FallenOffBus { .. } => {
-                self.tracker.observe_xid(gpu, 79, None, SystemTime::now());
-            }
-            KmsgEvent::GpuIdentified { .. } => {}
-        }
-    }
-
-    /// Passes what the de-duplicator had to forget to the ledger, and wakes its readers.
-    fn publish_xids(&mut self) {
-        let Some(ledger) = &self.xids else {
-            return;
-        };
-        let forgotten = self.dedup.forgotten();
-        ledger.record_dropped(
-            DropSource::Dedup,
-            forgotten - self.forgotten,
-            SystemTime::now(),
-        );
-        self.forgotten = forgotten;
-        ledger.publish();
     }
 }

@@ -26,6 +26,8 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use crate::inventory::health::HealthState;
+
 // === Severity and Action ===
 
 /// How bad an XID is for the GPU that reported it, least severe first.
@@ -444,6 +446,21 @@ impl XidPolicy {
         self.enable_all || self.enabled.contains(&code)
     }
 
+    /// What this policy makes of XID `code` on a device: `None` when it is ignored, else the
+    /// state it puts the device in — unhealthy for a critical or fatal XID and for one named in
+    /// an enable list, degraded for a warning or application-level one. The one judgement of an
+    /// XID: the health watcher's verdicts and the doctor's `gpu.xid` both come from it.
+    pub fn judge(&self, code: u32) -> Option<HealthState> {
+        if self.is_ignored(code) {
+            return None;
+        }
+        Some(match lookup(code).severity {
+            _ if self.is_force_enabled(code) => HealthState::Unhealthy,
+            Severity::Application | Severity::Warning => HealthState::Degraded,
+            Severity::Critical | Severity::Fatal => HealthState::Unhealthy,
+        })
+    }
+
     /// Whether any XID can mark a device unhealthy; when `false` the caller
     /// can skip XID monitoring entirely.
     pub fn checks_enabled(&self) -> bool {
@@ -510,6 +527,25 @@ fn parse_xid(entry: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_judges_an_xid_as_the_watcher_and_the_doctor_take_it() {
+        let (policy, _) = XidPolicy::from_env_values(Some("79"), Some("13"));
+        assert_eq!(policy.judge(79), None, "ignored by the disable list");
+        assert_eq!(
+            policy.judge(13),
+            Some(HealthState::Unhealthy),
+            "enabled: forced"
+        );
+        assert_eq!(policy.judge(31), None, "ignored by default");
+        assert_eq!(policy.judge(48), Some(HealthState::Unhealthy));
+        assert_eq!(
+            policy.judge(94),
+            Some(HealthState::Degraded),
+            "application-level"
+        );
+        assert_eq!(policy.judge(92), Some(HealthState::Degraded), "warning");
+    }
 
     #[test]
     fn catalog_is_sorted_unique_and_described() {

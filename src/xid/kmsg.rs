@@ -2,7 +2,7 @@
 //!
 //! This module owns the pure half of the kernel-log watcher: turning one
 //! line of text into at most one event. Reading `/dev/kmsg` is
-//! `kmsg_source.rs`'s job, merging an XID seen here with NVML's report of
+//! `health/sources/kmsg.rs`'s job, merging an XID seen here with NVML's report of
 //! it `dedup.rs`'s, and the bus ids it finds are [`PciBusId`]s.
 //!
 //! Accepted input, one line at a time:

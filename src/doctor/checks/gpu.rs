@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
 use crate::doctor_report::{Status, Verdict};
+use crate::inventory::Snapshot;
+use crate::inventory::health::HealthState;
 use crate::nvml::GpuPreflight;
-use crate::xid::catalog::{self as xid, Severity};
+use crate::xid::catalog as xid;
 use crate::xid::kmsg::{self, KmsgEvent};
 
 /// Fewer degrees than this below the slowdown threshold is a warning.
@@ -417,18 +419,62 @@ pub fn read_kernel_log(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
-/// `gpu.xid`
+/// `gpu.xid`: inside `gpud run`, the health watcher's verdicts (the XIDs of the boot listed
+/// as information); standalone, the kernel log's XIDs judged by the node's XID policy.
 pub fn xid(env: &Env) -> Verdict {
     let path = kmsg_path(env);
-    let text = match read_kernel_log(&path) {
-        Ok(text) => text,
-        Err(err) => {
-            return Verdict::skip(format!(
-                "cannot read the kernel log {}: {err}",
-                path.display()
-            ));
+    let logged = read_kernel_log(&path)
+        .map_err(|err| format!("cannot read the kernel log {}: {err}", path.display()));
+    match &env.options.watched {
+        Some(watched) => {
+            let (policy, _) = node_policy(env);
+            let listed = logged
+                .as_deref()
+                .map(|text| logged_xids(env, text, Some(&policy)));
+            from_watcher(watched, listed)
         }
-    };
+        None => match logged {
+            Ok(text) => from_kernel_log(env, &text),
+            Err(why) => Verdict::skip(why),
+        },
+    }
+}
+
+/// One kernel-log XID on one GPU, as counted for the report.
+struct Logged {
+    gpu: String,
+    code: u32,
+    count: u64,
+    /// The policy's judgement (`None`: ignored), when it was asked.
+    judged: Option<Option<HealthState>>,
+}
+
+impl Logged {
+    /// The state the policy gives this XID; `None` when ignored or not judged.
+    fn state(&self) -> Option<HealthState> {
+        self.judged.flatten()
+    }
+
+    fn line(&self) -> String {
+        let info = xid::lookup(self.code);
+        let ignored = match self.judged {
+            Some(None) => "(ignored by policy) ",
+            _ => "",
+        };
+        let times = if self.count == 1 {
+            String::new()
+        } else {
+            format!(" ({} times)", self.count)
+        };
+        format!(
+            "{}: XID {} {ignored}{}{times}",
+            self.gpu, self.code, info.description
+        )
+    }
+}
+
+/// The kernel log's XIDs per GPU and code, judged by `policy` when one is given.
+fn logged_xids(env: &Env, text: &str, policy: Option<&xid::XidPolicy>) -> Vec<Logged> {
     let gpu_of = |event: &KmsgEvent| {
         env.snapshot()
             .and_then(|s| {
@@ -445,47 +491,127 @@ pub fn xid(env: &Env) -> Verdict {
             )
     };
     let mut seen: BTreeMap<(String, u32), u64> = BTreeMap::new();
-    for event in kmsg::parse_text(&text) {
+    for event in kmsg::parse_text(text) {
         if let KmsgEvent::Xid { code, .. } = &event {
             *seen.entry((gpu_of(&event), *code)).or_default() += 1;
         }
     }
-    if seen.is_empty() {
+    seen.into_iter()
+        .map(|((gpu, code), count)| Logged {
+            gpu,
+            code,
+            count,
+            judged: policy.map(|p| p.judge(code)),
+        })
+        .collect()
+}
+
+/// The XID policy `gpud run` would apply: its config file's `health.xid` (when the run was
+/// given one and it reads) with the `DP_*` variables. A file that does not read is
+/// `config.gpud`'s finding; here the variables alone apply, and the note says so.
+fn node_policy(env: &Env) -> (xid::XidPolicy, Option<String>) {
+    let (section, note) = match crate::config::load_optional(env.options.gpud_config.as_deref()) {
+        Ok(config) => (config.health.xid, None),
+        Err(_) => (
+            xid::XidPolicyConfig::default(),
+            Some(
+                "gpud's config file does not read (see config.gpud): judged without its health.xid"
+                    .to_owned(),
+            ),
+        ),
+    };
+    (crate::xid::configured::policy(&section).0, note)
+}
+
+/// The standalone verdict: every XID of the boot judged as the health watcher would judge it.
+fn from_kernel_log(env: &Env, text: &str) -> Verdict {
+    let (policy, note) = node_policy(env);
+    let logged = logged_xids(env, text, Some(&policy));
+    if logged.is_empty() {
         return Verdict::ok("no XIDs in the kernel log since boot");
     }
-    let mut worst: Option<xid::XidInfo> = None;
-    let found: Vec<String> = seen
+    // The worst by the state the policy gives, then by the catalog's severity.
+    let worst = logged
         .iter()
-        .map(|((gpu, code), count)| {
-            let info = xid::lookup(*code);
-            if worst.is_none_or(|w| info.severity > w.severity) {
-                worst = Some(info);
-            }
-            let times = if *count == 1 {
-                String::new()
-            } else {
-                format!(" ({count} times)")
-            };
-            format!("{gpu}: XID {code} {}{times}", info.description)
-        })
-        .collect();
-    let Some(worst) = worst else {
-        return Verdict::ok("no XIDs in the kernel log since boot");
-    };
-    let status = match worst.severity {
-        Severity::Fatal | Severity::Critical => Status::Fail,
-        Severity::Warning => Status::Warn,
-        Severity::Application => Status::Ok,
+        .filter(|l| l.state().is_some())
+        .max_by_key(|l| (l.state(), xid::lookup(l.code).severity));
+    let mut found: Vec<String> = logged.iter().map(Logged::line).collect();
+    found.extend(note);
+    let status = match worst.and_then(Logged::state) {
+        None | Some(HealthState::Healthy) => Status::Ok,
+        Some(HealthState::Degraded) => Status::Warn,
+        Some(HealthState::Unhealthy) => Status::Fail,
     };
     Verdict {
         status,
         found: joined(&found),
-        fix: (status != Status::Ok).then(|| {
+        fix: worst.filter(|_| status != Status::Ok).map(|w| {
+            let info = xid::lookup(w.code);
             format!(
                 "{} (XID {}, the most severe)",
-                worst.action.phrase(),
-                worst.code
+                info.action.phrase(),
+                info.code
             )
         }),
+    }
+}
+
+/// Inside `gpud run`: the GPUs (and MIG devices) the health watcher holds out of service, or
+/// degraded, for an XID. A GPU the watcher saw recover passes, whatever the kernel log still
+/// holds.
+fn from_watcher(watched: &Snapshot, logged: Result<Vec<Logged>, &String>) -> Verdict {
+    let mut worst = HealthState::Healthy;
+    let mut action = None;
+    let mut held = Vec::new();
+    let devices = watched.gpus.iter().flat_map(|gpu| {
+        std::iter::once((format!("GPU {}", gpu.index), &gpu.health)).chain(
+            gpu.mig
+                .devices
+                .iter()
+                .map(move |m| (format!("GPU {} MIG {}", gpu.index, m.index), &m.health)),
+        )
+    });
+    for (name, health) in devices {
+        let Some(code) = health.xid.filter(|_| !health.is_healthy()) else {
+            continue;
+        };
+        held.push(format!(
+            "{name}: {} ({})",
+            health.state.word(),
+            health
+                .reason
+                .clone()
+                .unwrap_or_else(|| format!("XID {code}"))
+        ));
+        if health.state > worst {
+            worst = health.state;
+            action = health.action.clone();
+        }
+    }
+    let since_boot = match logged {
+        Ok(logged) if logged.is_empty() => "no XIDs in the kernel log since boot".to_owned(),
+        Ok(logged) => format!(
+            "in the kernel log since boot: {}",
+            logged
+                .iter()
+                .map(Logged::line)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(why) => why.clone(),
+    };
+    if held.is_empty() {
+        return Verdict::ok(format!(
+            "the health watcher holds no GPU out of service for an XID; {since_boot}"
+        ));
+    }
+    held.push(since_boot);
+    Verdict {
+        status: match worst {
+            HealthState::Unhealthy => Status::Fail,
+            _ => Status::Warn,
+        },
+        found: joined(&held),
+        fix: Some(action.unwrap_or_else(|| "drain the GPU and reset it".to_owned())),
     }
 }
