@@ -25,7 +25,7 @@ use tokio::sync::watch;
 pub use health::{Health, HealthState};
 pub use model::Snapshot;
 pub use pci_bus_id::PciBusId;
-pub use remedy::Remedy;
+pub use remedy::{RecoveryAction, Remedy};
 
 /// The node's inventory: the current snapshot, shared by every subsystem of the process.
 #[derive(Debug, Clone)]

@@ -77,6 +77,58 @@ impl Remedy {
     }
 }
 
+/// NVML's recovery action (field 230, R550+): what the driver itself asks for after a fault,
+/// read from its number once, here. gpud's remediation decides by [`RecoveryAction::remedy`];
+/// the doctor shows [`RecoveryAction::phrase`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryAction {
+    /// 1: reset the GPU.
+    Reset,
+    /// 2: reboot the node.
+    Reboot,
+    /// 3: drain peer-to-peer traffic (the GPU is usable once its peers stop sending).
+    DrainPeerToPeer,
+    /// 4: drain the GPU and reset it.
+    DrainAndReset,
+    /// A number this gpud does not know (a newer driver).
+    Unknown(u64),
+}
+
+impl RecoveryAction {
+    /// The driver's number, `None` for 0 (no action).
+    pub const fn from_nvml(code: u64) -> Option<Self> {
+        match code {
+            0 => None,
+            1 => Some(Self::Reset),
+            2 => Some(Self::Reboot),
+            3 => Some(Self::DrainPeerToPeer),
+            4 => Some(Self::DrainAndReset),
+            other => Some(Self::Unknown(other)),
+        }
+    }
+
+    /// What the device needs for it. Draining peer-to-peer traffic is met by the drain before
+    /// a reset, so it asks for a reset too; an unknown number asks for nothing gpud can do.
+    pub const fn remedy(self) -> Remedy {
+        match self {
+            Self::Reset | Self::DrainPeerToPeer | Self::DrainAndReset => Remedy::ResetGpu,
+            Self::Reboot => Remedy::RebootNode,
+            Self::Unknown(_) => Remedy::ConsultDocs,
+        }
+    }
+
+    /// What the driver asks for, for people.
+    pub const fn phrase(self) -> &'static str {
+        match self {
+            Self::Reset => "a GPU reset",
+            Self::Reboot => "a node reboot",
+            Self::DrainPeerToPeer => "draining peer-to-peer traffic",
+            Self::DrainAndReset => "a drain and GPU reset",
+            Self::Unknown(_) => "an action this gpud does not know",
+        }
+    }
+}
+
 impl std::fmt::Display for Remedy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.phrase())
@@ -114,5 +166,20 @@ mod tests {
             Remedy::RebootNode
         );
         assert_eq!(Remedy::from_legacy_phrase("something new"), Remedy::None);
+    }
+
+    #[test]
+    fn nvmls_recovery_action_is_read_from_its_number_once() {
+        let read = |code| RecoveryAction::from_nvml(code).map(RecoveryAction::remedy);
+        assert_eq!(read(0), None);
+        assert_eq!(read(1), Some(Remedy::ResetGpu));
+        assert_eq!(read(2), Some(Remedy::RebootNode));
+        assert_eq!(read(3), Some(Remedy::ResetGpu));
+        assert_eq!(read(4), Some(Remedy::ResetGpu));
+        assert_eq!(read(9), Some(Remedy::ConsultDocs));
+        assert_eq!(
+            RecoveryAction::from_nvml(3).map(RecoveryAction::phrase),
+            Some("draining peer-to-peer traffic")
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! replaced. The verdict's action text is for people and never read here: rewording it cannot
 //! turn a reset into a wait.
 
-use crate::inventory::{Health, Remedy};
+use crate::inventory::{Health, RecoveryAction, Remedy};
 
 /// What a GPU needs to be fit for work again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,12 +25,12 @@ pub enum Need {
     Wait,
 }
 
-/// What NVML's recovery action asks for, when it asks for anything.
+/// What NVML's recovery action asks for, when it asks for anything gpud can do.
 pub fn from_recovery_action(action: Option<u64>) -> Option<Need> {
-    match action? {
-        // Drain peer-to-peer traffic: the GPU is drained before any reset, which does that.
-        1 | 3 | 4 => Some(Need::Reset),
-        2 => Some(Need::Reboot),
+    match RecoveryAction::from_nvml(action?)?.remedy() {
+        Remedy::ResetGpu => Some(Need::Reset),
+        Remedy::RebootNode => Some(Need::Reboot),
+        // An action this gpud does not know: the verdict decides.
         _ => None,
     }
 }

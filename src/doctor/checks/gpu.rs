@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::{gpu_list, joined};
 use crate::doctor::env::Env;
 use crate::doctor_report::{Status, Verdict};
-use crate::inventory::Snapshot;
+use crate::inventory::{RecoveryAction, Snapshot};
 use crate::inventory::health::HealthState;
 use crate::nvml::GpuPreflight;
 use crate::xid::catalog as xid;
@@ -181,14 +181,17 @@ pub fn recovery(env: &Env) -> Verdict {
     let mut worst: Option<(Status, &str)> = None;
     let mut asks = Vec::new();
     for g in &gpus {
-        let (status, action) = match g.recovery_action {
-            None | Some(0) => continue,
-            Some(1) => (Status::Fail, "a GPU reset"),
-            Some(2) => (Status::Fail, "a node reboot"),
-            Some(3) => (Status::Warn, "draining peer-to-peer traffic"),
-            Some(4) => (Status::Fail, "a drain and GPU reset"),
-            Some(_) => (Status::Warn, "an action this gpud does not know"),
+        let Some(asked) = g.recovery_action.and_then(RecoveryAction::from_nvml) else {
+            continue;
         };
+        // Draining peer-to-peer traffic leaves the GPU usable; an unknown action is unproved.
+        let status = match asked {
+            RecoveryAction::DrainPeerToPeer | RecoveryAction::Unknown(_) => Status::Warn,
+            RecoveryAction::Reset | RecoveryAction::Reboot | RecoveryAction::DrainAndReset => {
+                Status::Fail
+            }
+        };
+        let action = asked.phrase();
         asks.push(format!("GPU {}: NVML asks for {action}", g.signals.gpu));
         if worst.is_none_or(|(s, _)| status > s) {
             worst = Some((status, action));
