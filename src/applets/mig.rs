@@ -168,9 +168,9 @@ struct ReconcileCommand {
     #[command(flatten)]
     reconcile: ReconcileArgs,
 
-    /// The Node to follow (the Kubernetes node name).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: Option<String>,
+    /// The Node to follow.
+    #[command(flatten)]
+    node: cli::NodeNameArgs,
 
     #[command(flatten)]
     api: ApiArgs,
@@ -360,25 +360,26 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
 }
 
 fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
-    if args.reconcile.mig_config_file.is_none() {
+    if args.reconcile.config.mig_config_file.is_none() {
         return Err(Error::Usage(
             "gpud mig reconcile needs --mig-config-file (or GPUD_MIG_CONFIG_FILE)".into(),
         ));
     }
-    args.reconcile.validate(args.node_name.as_deref())?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    args.reconcile.validate(args.node.node_name.as_deref())?;
+    super::set_pace(&args.api.client);
     let nvml = args.common.start()?;
     let facts = NodeFacts {
-        node_name: args.node_name.clone(),
+        node_name: args.node.node_name.clone(),
         machine_type_file: None,
     };
     // The rescanner only feeds this process's inventory; it is not run on a timer here.
     let rescanner = Rescanner::new(nvml.clone(), facts, Duration::from_secs(3600));
     let inventory = rescanner.discover()?;
     let Some(reconciler) = args.reconcile.reconciler(
-        args.node_name.as_deref(),
-        args.api.kubeconfig(),
+        args.node.node_name.as_deref(),
+        args.api.client.kubeconfig(),
         args.api.api_unready_after,
+        &args.state,
         &nvml,
         rescanner,
     )?
@@ -392,4 +393,30 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     daemon.add_fixed(reconciler);
     daemon.serve_admin(&args.admin.address(super::admin_port("mig reconcile")));
     daemon.run(inventory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconcile_takes_the_shared_node_name_and_state_dir() {
+        let args = Args::try_parse_from([
+            "gpud mig",
+            "reconcile",
+            "--node-name",
+            "n1",
+            "--state-dir",
+            "/srv/gpud",
+        ])
+        .unwrap();
+        let Command::Reconcile(reconcile) = args.command else {
+            panic!("not reconcile: {:?}", args.command);
+        };
+        assert_eq!(reconcile.node.get(), Some("n1"));
+        assert_eq!(
+            reconcile.reconcile.state_dir(&reconcile.state),
+            std::path::Path::new("/srv/gpud/mig")
+        );
+    }
 }

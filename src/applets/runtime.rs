@@ -132,10 +132,10 @@ struct ConfigureArgs {
     #[arg(long, value_name = "PATH", default_value = "/proc", hide = true)]
     proc_root: PathBuf,
 
-    /// Where this process sees the host's root (a container with the host's / at /host):
+    /// Where this process sees the host's root: config paths resolve inside it, and
     /// --restart-mode=systemd enters it (chroot) to run the host's systemctl.
-    #[arg(long, value_name = "PATH", default_value = "/")]
-    host_root: PathBuf,
+    #[command(flatten)]
+    host: cli::HostRootArgs,
 
     /// Check the command line, then exit 0 without reading or writing anything.
     #[arg(long)]
@@ -209,7 +209,7 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
     restart::check(runtime, args.restart_mode, &unit).map_err(|e| Error::Usage(e.to_string()))?;
     let given = target(args)?;
     stop_if_checking(args.check_config)?;
-    let file = resolve::resolve(&given, &args.host_root).map_err(failure)?;
+    let file = resolve::resolve(&given, &args.host.host_root).map_err(failure)?;
     if file.is_link() {
         eprintln!(
             "gpud: {} is a symlink: editing the file it points to, {}",
@@ -253,7 +253,7 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         );
     }
     let host = Host {
-        root: &args.host_root,
+        root: &args.host.host_root,
         proc_root: &args.proc_root,
     };
     // Opened before the restart, which may enter the host's root.
