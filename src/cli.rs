@@ -22,10 +22,30 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "GPUD_LOG_FORMAT")]
     pub log_format: LogFormat,
 
+    #[command(flatten)]
+    pub check: CheckArgs,
+}
+
+/// `--check-config`, for every applet: the NVML ones through [`CommonArgs`], the others (the
+/// container runtime's tools) on their own.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CheckArgs {
     /// Check the command line, the environment and the config files it names, then exit: 0
-    /// when they are valid, 64 or 65 with the reason otherwise. Loads no NVML, binds nothing.
+    /// when they are valid, 64 or 65 with the reason otherwise. Loads no NVML, binds and
+    /// writes nothing.
     #[arg(long)]
     pub check_config: bool,
+}
+
+impl CheckArgs {
+    /// With `--check-config`, ends the applet here with exit 0, saying `what` is valid.
+    pub fn stop_if_checking(&self, what: &str) -> Result<(), Error> {
+        if self.check_config {
+            eprintln!("gpud: {what} valid");
+            return Err(Error::Reported(0));
+        }
+        Ok(())
+    }
 }
 
 impl CommonArgs {
@@ -41,11 +61,8 @@ impl CommonArgs {
     /// environment and config files before it opens NVML, so reaching this point means they
     /// are valid, and nothing has been bound, written or loaded yet.
     pub fn stop_if_checking(&self) -> Result<(), Error> {
-        if self.check_config {
-            eprintln!("gpud: the command line, environment and config files are valid");
-            return Err(Error::Reported(0));
-        }
-        Ok(())
+        self.check
+            .stop_if_checking("the command line, environment and config files are")
     }
 }
 
