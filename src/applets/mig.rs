@@ -87,9 +87,8 @@ struct ApplyArgs {
     #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET")]
     skip_reset: bool,
 
-    /// Only apply the MIG mode, not the instances.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
-    mode_only: bool,
+    #[command(flatten)]
+    mode: ModeOnly,
 
     /// Change GPUs even while compute processes use them.
     #[arg(long, env = "GPUD_MIG_FORCE")]
@@ -114,13 +113,28 @@ struct AssertArgs {
     #[command(flatten)]
     config: ConfigArgs,
 
-    /// Only check the MIG mode.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
-    mode_only: bool,
+    #[command(flatten)]
+    mode: ModeOnly,
 
     /// Only check that the file is valid and has the selected config (no GPU access).
     #[arg(short = 'a', long, env = "MIG_PARTED_VALID_CONFIG")]
     valid_config: bool,
+}
+
+/// mig-parted's `--mode-only`, for `apply` and `assert`.
+#[derive(Debug, ClapArgs)]
+struct ModeOnly {
+    /// Only the MIG mode, not the instances: apply sets it alone, assert checks it alone.
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    mode_only: bool,
+}
+
+/// mig-parted's `--output-format`, for `export` and `generate-config`.
+#[derive(Debug, ClapArgs)]
+struct SpecFormat {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
+    output_format: Format,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -135,9 +149,8 @@ struct ExportArgs {
     )]
     config_label: String,
 
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
-    output_format: Format,
+    #[command(flatten)]
+    format: SpecFormat,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -145,9 +158,8 @@ struct ExportArgs {
 
 #[derive(Debug, ClapArgs)]
 struct GenerateArgs {
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
-    output_format: Format,
+    #[command(flatten)]
+    format: SpecFormat,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -241,7 +253,7 @@ fn run_assert(args: AssertArgs) -> Result<ExitCode, Error> {
     let admin = start(&args.config)?;
     let gpus = read_gpus(&admin)?;
     let targets = select::targets(entries(&spec, &label), &gpus);
-    let scope = if args.mode_only {
+    let scope = if args.mode.mode_only {
         assert::Scope::Mode
     } else {
         assert::Scope::Full
@@ -262,14 +274,14 @@ fn run_export(args: ExportArgs) -> Result<ExitCode, Error> {
     let gpus = read_gpus(&admin)?;
     print_spec(
         &export::export(&gpus, &args.config_label),
-        args.output_format,
+        args.format.output_format,
     )
 }
 
 fn run_generate(args: GenerateArgs) -> Result<ExitCode, Error> {
     let admin = args.common.start()?.mig_admin();
     let gpus = read_gpus(&admin)?;
-    print_spec(&generate::generate(&gpus), args.output_format)
+    print_spec(&generate::generate(&gpus), args.format.output_format)
 }
 
 /// Prints a config in mig-parted's YAML or JSON shape.
@@ -316,7 +328,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
     let admin = start(&args.config)?;
     let opts = Options {
         skip_reset: args.skip_reset,
-        mode_only: args.mode_only,
+        mode_only: args.mode.mode_only,
         force: args.force,
         reset_command: args
             .reset_command
@@ -329,7 +341,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             selected_config: &label,
             hooks_file: args.hooks_file.as_deref(),
             skip_reset: args.skip_reset,
-            mode_only: args.mode_only,
+            mode_only: args.mode.mode_only,
             debug: args.config.debug,
         }
         .vars(),
@@ -341,7 +353,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
                 "MIG mode change pending on GPU {} until a GPU reset (--skip-reset)",
                 list.join(", ")
             );
-            if args.mode_only {
+            if args.mode.mode_only {
                 Ok(ExitCode::SUCCESS)
             } else {
                 Err(Error::Failure(
