@@ -22,10 +22,30 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "GPUD_LOG_FORMAT")]
     pub log_format: LogFormat,
 
+    #[command(flatten)]
+    pub check: CheckArgs,
+}
+
+/// `--check-config`, for every applet: the NVML ones through [`CommonArgs`], the others (the
+/// container runtime's tools) on their own.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CheckArgs {
     /// Check the command line, the environment and the config files it names, then exit: 0
-    /// when they are valid, 64 or 65 with the reason otherwise. Loads no NVML, binds nothing.
+    /// when they are valid, 64 or 65 with the reason otherwise. Loads no NVML, binds and
+    /// writes nothing.
     #[arg(long)]
     pub check_config: bool,
+}
+
+impl CheckArgs {
+    /// With `--check-config`, ends the applet here with exit 0, saying `what` is valid.
+    pub fn stop_if_checking(&self, what: &str) -> Result<(), Error> {
+        if self.check_config {
+            eprintln!("gpud: {what} valid");
+            return Err(Error::Reported(0));
+        }
+        Ok(())
+    }
 }
 
 impl CommonArgs {
@@ -41,11 +61,8 @@ impl CommonArgs {
     /// environment and config files before it opens NVML, so reaching this point means they
     /// are valid, and nothing has been bound, written or loaded yet.
     pub fn stop_if_checking(&self) -> Result<(), Error> {
-        if self.check_config {
-            eprintln!("gpud: the command line, environment and config files are valid");
-            return Err(Error::Reported(0));
-        }
-        Ok(())
+        self.check
+            .stop_if_checking("the command line, environment and config files are")
     }
 }
 
@@ -66,6 +83,72 @@ pub struct StateArgs {
     /// through (`<dir>/handover/<applet>.sock`); "" keeps nothing and always starts cold.
     #[arg(long, value_name = "DIR", env = "GPUD_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: String,
+}
+
+impl StateArgs {
+    /// The MIG reconciler's directory when `--mig-state-dir` is not given: `<state-dir>/mig`,
+    /// which is [`crate::mig_state::DEFAULT_STATE_DIR`] with the default state directory. With
+    /// `--state-dir ""` (keep nothing) it stays at that default all the same: the reboot-once
+    /// marker in it is what stops a node that needs a reboot for a MIG mode from rebooting in
+    /// a loop.
+    pub fn mig_state_dir(&self) -> PathBuf {
+        if self.state_dir.is_empty() {
+            PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR)
+        } else {
+            Path::new(&self.state_dir).join("mig")
+        }
+    }
+}
+
+/// The MIG reconciler's state directory, for the reconciler (`gpud mig reconcile`, `gpud run`)
+/// and the doctor, which reads the reconciler's last state from it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct MigStateArgs {
+    /// Directory of the MIG reconciler's on-disk state (the reboot-once marker and its last
+    /// state, which `gpud doctor` reads); must survive a reboot [default: <state-dir>/mig].
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_STATE_DIR")]
+    pub mig_state_dir: Option<PathBuf>,
+}
+
+impl MigStateArgs {
+    /// The directory given, else the one `state` implies ([`StateArgs::mig_state_dir`]).
+    pub fn resolve(&self, state: &StateArgs) -> PathBuf {
+        self.mig_state_dir
+            .clone()
+            .unwrap_or_else(|| state.mig_state_dir())
+    }
+}
+
+/// gpud's own config file, for the applets that run the health watcher (its `health`
+/// section) and for `gpud doctor`, which validates it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct GpudConfigArgs {
+    /// gpud's config file (YAML or JSON): its `health` section applies to the health
+    /// watcher; `gpud doctor` checks that it loads.
+    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
+    pub config: Option<PathBuf>,
+}
+
+/// The mig-parted config file the node's GPUs follow, for the MIG reconciler (`gpud mig
+/// reconcile`, `gpud run`) and for `gpud doctor`, which checks that its config is in effect.
+#[derive(Debug, Clone, Default, Args)]
+pub struct MigConfigArgs {
+    /// mig-parted config file with the configs the Node's nvidia.com/mig.config label may
+    /// name: the MIG reconciler re-reads it at every attempt (in `gpud run` it turns the
+    /// reconciler on), and `gpud doctor`'s mig.config checks that the selected one is in
+    /// effect.
+    #[arg(long, value_name = "PATH", env = "GPUD_MIG_CONFIG_FILE")]
+    pub mig_config_file: Option<PathBuf>,
+}
+
+/// Where the host's root is seen, for the applets that read the host's files from inside a
+/// container.
+#[derive(Debug, Clone, Args)]
+pub struct HostRootArgs {
+    /// Where the host's root is mounted (inside a container, e.g. /host); every host path
+    /// read (/dev, /proc, /sys, /etc, /var/lib/kubelet, /run) is taken under it.
+    #[arg(long, value_name = "PATH", env = "GPUD_HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
 }
 
 /// The rescan interval when none is given (`--rescan-interval`, `GPUD_RESCAN_INTERVAL`).
@@ -89,18 +172,13 @@ impl RescanArgs {
     }
 }
 
-/// Access to the Kubernetes API server, for every applet that reads or writes API objects.
+/// A client of the Kubernetes API server: where to find it and how fast to talk to it, for
+/// every applet that reads or writes API objects.
 #[derive(Debug, Clone, Default, Args)]
-pub struct ApiArgs {
+pub struct KubeClientArgs {
     /// kubeconfig for the API server; without it the in-cluster service account is used.
     #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-
-    /// How long the API server may leave calls unanswered before a subsystem that needs it is
-    /// not ready (/readyz says why); until its first answer it is not ready either.
-    #[arg(long, value_name = "DURATION", env = "GPUD_API_UNREADY_AFTER", default_value = "2m",
-          value_parser = crate::values::positive_duration)]
-    pub api_unready_after: std::time::Duration,
 
     /// Requests per second this gpud sends the API server at most, all its parts together (a
     /// client-side token bucket); past it requests wait their turn, none is dropped.
@@ -114,11 +192,25 @@ pub struct ApiArgs {
     pub api_burst: u32,
 }
 
-impl ApiArgs {
+impl KubeClientArgs {
     /// The kubeconfig given (`None`: the in-cluster service account).
     pub fn kubeconfig(&self) -> Option<&Path> {
         self.kubeconfig.as_deref()
     }
+}
+
+/// Access to the Kubernetes API server for a subsystem whose readiness depends on it: the
+/// client's flags, and how long the API server may fail it before it is not ready.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub client: KubeClientArgs,
+
+    /// How long the API server may leave calls unanswered before a subsystem that needs it is
+    /// not ready (/readyz says why); until its first answer it is not ready either.
+    #[arg(long, value_name = "DURATION", env = "GPUD_API_UNREADY_AFTER", default_value = "2m",
+          value_parser = crate::values::positive_duration)]
+    pub api_unready_after: std::time::Duration,
 }
 
 /// Where a daemon answers `/healthz` and `/readyz` when it runs no exporter.
@@ -154,12 +246,29 @@ impl AdminArgs {
     }
 }
 
+/// The Kubernetes node name, for every applet that reports it, labels or follows its Node, or
+/// publishes for it (declared here once, so `NODE_NAME` means the same in each of them).
+#[derive(Debug, Clone, Default, Args)]
+pub struct NodeNameArgs {
+    /// The Kubernetes node name: the Node this gpud labels, reports on, follows or publishes
+    /// for, and the host name it reports (the kernel host name when unset, where an applet can
+    /// do without it).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+impl NodeNameArgs {
+    /// The node name given, if any.
+    pub fn get(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+}
+
 /// Where node facts outside NVML come from (shared by applets that discover the node).
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
-    /// Node name to report (the Kubernetes node name); the kernel host name when unset.
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    pub node_name: Option<String>,
+    #[command(flatten)]
+    pub name: NodeNameArgs,
 
     /// File holding the machine type (DMI product name).
     #[arg(long, value_name = "PATH", env = "GFD_MACHINE_TYPE_FILE",
@@ -171,7 +280,7 @@ impl NodeArgs {
     /// The facts discovery needs.
     pub fn facts(&self) -> nvml::NodeFacts {
         nvml::NodeFacts {
-            node_name: self.node_name.clone(),
+            node_name: self.name.node_name.clone(),
             machine_type_file: Some(self.machine_type_file.clone()),
         }
     }
@@ -221,5 +330,39 @@ pub fn print_stdout(text: &str, what: &str) -> Result<(), Error> {
         Err(err) => Err(Error::Failure(format!(
             "cannot write {what} to stdout: {err}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(dir: &str) -> StateArgs {
+        StateArgs {
+            state_dir: dir.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_mig_state_dir_follows_the_state_dir() {
+        let none = MigStateArgs::default();
+        assert_eq!(
+            none.resolve(&state(DEFAULT_STATE_DIR)),
+            PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR),
+            "existing nodes keep their reboot marker where it was"
+        );
+        assert_eq!(
+            none.resolve(&state("/srv/gpud")),
+            Path::new("/srv/gpud/mig")
+        );
+        assert_eq!(
+            none.resolve(&state("")),
+            PathBuf::from(crate::mig_state::DEFAULT_STATE_DIR),
+            "the reboot-once marker is kept even when nothing else is"
+        );
+        let given = MigStateArgs {
+            mig_state_dir: Some(PathBuf::from("/mnt/mig")),
+        };
+        assert_eq!(given.resolve(&state("/srv/gpud")), Path::new("/mnt/mig"));
     }
 }

@@ -441,9 +441,29 @@ fn a_shared_library() -> PathBuf {
     common::mock_lib()
 }
 
-/// The bytes of the host's linker cache (empty when it has none).
-fn host_cache() -> Vec<u8> {
-    fs::read("/etc/ld.so.cache").unwrap_or_default()
+/// A library folder that exists only inside this test's containers, named after this test
+/// process so that nothing else on the host names it.
+fn container_only_folder() -> String {
+    format!("/opt/gpud-test-{}/lib", std::process::id())
+}
+
+/// Asserts the host's linker cache was not written from the container: it names no library
+/// in `folder` (a [`container_only_folder`]).
+///
+/// Not a comparison of the host's cache before and after the hook: whoever runs ldconfig on
+/// the host (a package's trigger, another test binary running ldconfig at the same moment)
+/// rewrites it whenever it likes, and a before/after comparison would fail for that — nor a
+/// lock, which only this suite's tests would take. What the hook must never do is write the
+/// container's cache over the host's, and a cache built from the container's linker config
+/// names the folder only the container has; no other writer of the host's cache can put that
+/// path in it.
+fn assert_host_cache_never_names(folder: &str) {
+    let cache = fs::read("/etc/ld.so.cache").unwrap_or_default();
+    let needle = format!("{folder}/");
+    assert!(
+        !cache.windows(needle.len()).any(|w| w == needle.as_bytes()),
+        "the host's /etc/ld.so.cache names {folder}: the container's cache was written over it"
+    );
 }
 
 #[test]
@@ -459,8 +479,10 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
     let root = container.root();
     let lib = a_shared_library();
     let name = lib.file_name().unwrap().to_str().unwrap().to_owned();
-    fs::create_dir_all(root.join("opt/gpu/lib")).unwrap();
-    fs::copy(&lib, root.join("opt/gpu/lib").join(&name)).unwrap();
+    let folder = container_only_folder();
+    let inside = root.join(folder.trim_start_matches('/'));
+    fs::create_dir_all(&inside).unwrap();
+    fs::copy(&lib, inside.join(&name)).unwrap();
     linker_config(&root);
     // The image's cache is a link to a host file: ldconfig replaces the link inside the root.
     symlink(
@@ -468,11 +490,10 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
         root.join("etc/ld.so.cache"),
     )
     .unwrap();
-    let before = host_cache();
 
-    ok(&container.hook(&["update-ldcache", "--folder", "/opt/gpu/lib"]));
+    ok(&container.hook(&["update-ldcache", "--folder", &folder]));
 
-    assert_eq!(host_cache(), before, "the host's /etc/ld.so.cache changed");
+    assert_host_cache_never_names(&folder);
     let cache = root.join("etc/ld.so.cache");
     assert!(!cache.is_symlink());
     let listed = Command::new("/sbin/ldconfig")
@@ -481,11 +502,7 @@ fn update_ldcache_with_the_real_ldconfig_writes_only_the_containers_cache() {
         .arg(&cache)
         .output()
         .unwrap();
-    assert_cached(
-        &String::from_utf8_lossy(&listed.stdout),
-        &name,
-        "/opt/gpu/lib",
-    );
+    assert_cached(&String::from_utf8_lossy(&listed.stdout), &name, &folder);
     container.host_unchanged();
 }
 
@@ -665,6 +682,7 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
 
     let kind = format!("gpud-test-{}.example.com/gpu", std::process::id());
     let hook_entry = |path: &Path, args: &[&str]| serde_json::json!({"hookName": "createContainer", "path": path, "args": args});
+    let folder = container_only_folder();
     let link = format!("{name}::/opt/gpud-test/links/libtest.so");
     let spec = serde_json::json!({
         "cdiVersion": "0.5.0",
@@ -674,7 +692,7 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
             "containerEdits": {
                 "mounts": [{
                     "hostPath": libdir,
-                    "containerPath": "/opt/gpud-test/lib",
+                    "containerPath": folder,
                     "options": ["ro", "nosuid", "nodev", "bind"],
                 }],
                 "hooks": [
@@ -684,7 +702,7 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
                     ),
                     hook_entry(
                         &gpud_bin(),
-                        &["nvidia-cdi-hook", "update-ldcache", "--folder", "/opt/gpud-test/lib"],
+                        &["nvidia-cdi-hook", "update-ldcache", "--folder", &folder],
                     ),
                 ],
             },
@@ -697,7 +715,6 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
     ));
     let _guard = SpecGuard(spec_path.clone());
     fs::write(&spec_path, spec.to_string()).unwrap();
-    let before = host_cache();
 
     let output = Command::new("podman")
         .args([
@@ -719,14 +736,10 @@ fn podman_runs_the_hooks_of_a_cdi_spec() {
         .output()
         .unwrap();
     ok(&output);
-    assert_cached(
-        &String::from_utf8_lossy(&output.stdout),
-        &name,
-        "/opt/gpud-test/lib",
-    );
+    assert_cached(&String::from_utf8_lossy(&output.stdout), &name, &folder);
     assert_eq!(
         fs::read_link(rootfs.join("opt/gpud-test/links/libtest.so")).unwrap(),
         PathBuf::from(&name)
     );
-    assert_eq!(host_cache(), before, "the host's /etc/ld.so.cache changed");
+    assert_host_cache_never_names(&folder);
 }

@@ -140,6 +140,40 @@ fn every_rescanning_applet_reads_gpud_rescan_interval() {
     }
 }
 
+/// The applets that talk to the API server, which all take its client's flags, from one
+/// declaration: the exporter (per-pod usage) paces its requests as the others do.
+const API_CLIENTS: &[&[&str]] = &[
+    &["run"],
+    &["dra"],
+    &["exporter"],
+    &["labeller"],
+    &["node-status"],
+    &["mps-control-daemon"],
+    &["mig", "reconcile"],
+];
+
+#[test]
+fn every_api_client_reads_the_api_pace() {
+    for applet in API_CLIENTS {
+        let out = check_with(applet, &[("GPUD_API_QPS", "0")]);
+        assert_eq!(out.status.code(), Some(64), "{applet:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("invalid value '0' for '--api-qps <QPS>'"),
+            "{applet:?}: {}",
+            stderr(&out)
+        );
+        let mut args = applet.to_vec();
+        args.extend(["--api-burst", "0"]);
+        let out = check_with(&args, &[]);
+        assert_eq!(out.status.code(), Some(64), "{applet:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("for '--api-burst <N>'"),
+            "{applet:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
 #[test]
 fn the_labellers_former_rescan_variable_is_read_after_the_shared_one() {
     let bad_legacy = [("GPUD_LABELLER_RESCAN_INTERVAL", "0s")];

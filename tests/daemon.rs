@@ -310,7 +310,17 @@ fn run_under_too_small_an_address_space_limit_exits_with_one_line() {
     let node = Node::new("dgx-h100");
     let limit = exec_floor_kib(&node) + 2 * 1024;
     let mut command = with_address_space_kib(
-        node.gpud(&["run", "--kmsg", "", "--kubelet-socket", ""]),
+        // Not the exporter's default port: should it get as far as binding, tests in
+        // parallel would collide on :9400.
+        node.gpud(&[
+            "run",
+            "--kmsg",
+            "",
+            "--kubelet-socket",
+            "",
+            "-a",
+            "127.0.0.1:0",
+        ]),
         limit,
     );
     let out = command.env("RUST_BACKTRACE", "1").output().unwrap();

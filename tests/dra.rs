@@ -2553,3 +2553,142 @@ async fn claims_sharing_a_gpu_by_capacity_get_mps_limits_that_add_up_and_never_m
         json!({"id": "share-t", "memory": 8u64 << 30})
     );
 }
+
+/// The slice writes a fault refused, with when they came.
+fn refused_writes(dra: &Dra, since: Instant) -> Vec<Instant> {
+    dra.api
+        .log()
+        .into_iter()
+        .filter(|r| r.at >= since && r.refused && r.method == "PUT" && r.path.starts_with(SLICES))
+        .map(|r| r.at)
+        .collect()
+}
+
+/// Slice writes the API server refuses — 429 with and without `Retry-After`, 403, 500 — are
+/// retried paced (no tight loop), `/readyz` names the slices and the answer (ready at first,
+/// not ready once publishing has failed for --api-unready-after), and the slices converge
+/// once the API server takes them again: nothing the inventory said meanwhile is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_slice_writes_are_retried_paced_said_on_readyz_and_converge() {
+    let mut dra = Dra::new("dgx-h100");
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    dra.applet = [
+        "dra",
+        "--health-address",
+        &address,
+        "--api-unready-after",
+        "3s",
+    ]
+    .map(String::from)
+    .to_vec();
+    dra.start();
+    dra.register().await;
+    dra.slices_when("slices", |_| true);
+    common::http::wait_for(port, "/readyz", 15, |a| a.status == 200);
+    let what = "cannot publish the ResourceSlices of node test-node (driver gpu.nvidia.com)";
+    // (fault, what /readyz says of the API server's answer, the most writes while it lasts)
+    let cases = [
+        (
+            Fault::TooManyRequests(2),
+            "429 TooManyRequests: Too many requests, please try again later. (the API server \
+             asks to wait 2s before the next call)",
+            4,
+        ),
+        (
+            Fault::Failure(429),
+            "429 TooManyRequests: Too many requests, please try again later.",
+            7,
+        ),
+        (Fault::Forbidden, "403 Forbidden: ", 7),
+        (
+            Fault::Failure(500),
+            "500 InternalError: an error on the server has prevented the request",
+            7,
+        ),
+    ];
+    for (gpu, (fault, answer, most)) in cases.into_iter().enumerate() {
+        let label = format!("{fault:?}");
+        let rule = dra
+            .api
+            .refuse(Rule::prefix("PUT", &format!("{SLICES}/"), fault));
+        let since = Instant::now();
+        // An XID changes what the slices must say: the update is refused.
+        dra.node.inject(&format!("xid {gpu} 79"));
+        let degraded = common::http::wait_for(port, "/readyz", 15, |a| {
+            a.status == 200 && a.body.contains(what)
+        });
+        assert!(
+            degraded.body.contains(&format!(
+                "dra ready: {what} now: writing ResourceSlice test-node-"
+            )),
+            "{label}: {}",
+            degraded.body
+        );
+        assert!(degraded.body.contains(answer), "{label}: {}", degraded.body);
+        let unready = common::http::wait_for(port, "/readyz", 15, |a| a.status == 503);
+        assert!(
+            unready
+                .body
+                .contains(&format!("dra not ready: {what} for ")),
+            "{label}: {}",
+            unready.body
+        );
+        assert!(unready.body.contains(answer), "{label}: {}", unready.body);
+        if label == "Forbidden" {
+            assert!(
+                unready.body.contains("forbidden by RBAC"),
+                "{label}: {}",
+                unready.body
+            );
+        }
+        // Paced: a handful of writes in the 3 s and more it took to be not ready, not a loop.
+        let writes = refused_writes(&dra, since);
+        let failing = since.elapsed();
+        eprintln!("{label}: {} refused writes in {failing:?}", writes.len());
+        assert!(
+            writes.len() >= 2 && writes.len() <= most,
+            "{label}: {} refused writes in {failing:?}",
+            writes.len()
+        );
+        if label.starts_with("TooManyRequests") {
+            for pair in writes.windows(2) {
+                assert!(
+                    pair[1] - pair[0] >= Duration::from_millis(1900),
+                    "{label}: written again {:?} after a 429 asking for 2 s",
+                    pair[1] - pair[0]
+                );
+            }
+        }
+        assert_eq!(dra.api.refused_by(rule) as usize, writes.len());
+
+        dra.api.allow_all();
+        let device_name = format!("gpu-{gpu}");
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let slices: Vec<Value> = dra.api.slices().into_values().collect();
+            if !slices.is_empty() && device(&slices, &device_name).get("taints").is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{label}: {device_name}'s taint never published:\n{}",
+                dra.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ready = common::http::wait_for(port, "/readyz", 15, |a| a.status == 200);
+        assert!(!ready.body.contains(what), "{label}: {}", ready.body);
+        assert!(
+            ready.body.lines().any(|l| l == "dra ready"),
+            "{label}: {}",
+            ready.body
+        );
+    }
+    let log = dra.log();
+    assert!(
+        log.contains("Cannot publish the node's ResourceSlices"),
+        "{log}"
+    );
+    assert!(log.contains("ResourceSlices published again"), "{log}");
+}

@@ -730,3 +730,136 @@ async fn a_plugin_socket_replaced_before_an_abandoned_takeover_is_served_again()
     );
     old.log_when("not the one this process bound", 5);
 }
+
+/// `gpud upgrade`'s exit code and stderr.
+fn upgrade(node: &Node, args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["upgrade"];
+    all.extend_from_slice(args);
+    let output = node.gpud(&all).output().unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn gpud_upgrade_with_no_gpud_running_says_so_and_exits_69() {
+    let node = Node::new("dgx-h100");
+    let (code, stderr) = upgrade(&node, &["--timeout", "5s"]);
+    let socket = node.dir.path().join("state/handover/run.sock");
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no running gpud answers on {}", socket.display()))
+            && stderr.contains("is it running, with this --state-dir?"),
+        "{stderr}"
+    );
+    let (code, stderr) = upgrade(&node, &["--state-dir", ""]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("--state-dir is empty"), "{stderr}");
+}
+
+/// A `gpud run` started from a copy of the binary at `installed`, with `env` more.
+async fn installed_gpud(
+    node: &Node,
+    kubelet: &mut FakeKubelet,
+    installed: &Path,
+    port: u16,
+    env: &[(&str, &str)],
+) -> Gpud {
+    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
+    std::fs::copy(common::gpud_bin(), installed).unwrap();
+    let mut command = Command::new(installed);
+    command.args(run_args(node, kubelet, port));
+    node.wire(&mut command);
+    command.envs(env.iter().copied());
+    let old = Gpud::spawn(command, node.dir.path().join("old.log"));
+    kubelet.next_registration(10).await;
+    old.log_when("All subsystems ready", 10);
+    old
+}
+
+/// Replaces the installed binary by rename, as package managers do.
+fn install(installed: &Path, contents: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let staged = installed.with_extension("new");
+    std::fs::write(&staged, contents).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, installed).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpud_upgrade_to_a_binary_that_fails_to_start_leaves_the_running_gpud_serving() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let installed = node.dir.path().join("bin/gpud");
+    let port = free_port();
+    let mut old = installed_gpud(&node, &mut kubelet, &installed, port, &[]).await;
+    let old_pid = old.child.id();
+    // A new binary that cannot run: it exits at once.
+    install(&installed, b"#!/bin/sh\necho 'broken build' >&2\nexit 3\n");
+
+    let started = Instant::now();
+    let (code, stderr) = tokio::task::block_in_place(|| upgrade(&node, &["--timeout", "30s"]));
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("exited before it took over")
+            && stderr.contains(&format!("the running gpud (pid {old_pid}) keeps serving")),
+        "{stderr}"
+    );
+    // Seen at once, not after --timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the running gpud exited"
+    );
+    old.log_when(
+        "The gpud started to take over exited; this one keeps serving",
+        10,
+    );
+    http::get(port, "/metrics").expect("the running gpud still serves its port");
+    assert_eq!(old.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpud_upgrade_stops_a_newcomer_that_never_takes_over_and_the_running_gpud_serves_on() {
+    let node = Node::new("dgx-h100");
+    let mut kubelet = FakeKubelet::start(node.dir.path()).await;
+    let installed = node.dir.path().join("bin/gpud");
+    let port = free_port();
+    // The newcomer inherits the running gpud's environment: it stops at its last step, with
+    // every subsystem serving, and never tells the old one to stop.
+    let pause = [("GPUD_TEST_HANDOVER_PAUSE", "before-stop")];
+    let mut old = installed_gpud(&node, &mut kubelet, &installed, port, &pause).await;
+    let old_pid = old.child.id();
+    install(&installed, &std::fs::read(common::gpud_bin()).unwrap());
+
+    let (code, stderr) = tokio::task::block_in_place(|| upgrade(&node, &["--timeout", "10s"]));
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("did not take over from the running gpud")
+            && stderr.contains(&format!("(pid {old_pid}) within 10s, so it was stopped"))
+            && stderr.contains("--timeout"),
+        "{stderr}"
+    );
+    // The newcomer (its log goes where the running gpud's does) got to its last step.
+    old.log_when("Paused at handover step before-stop", 1);
+    // It had switched the kubelet to its socket; stopped, it hands the node back.
+    let text = old.log_when("serving again in full", 15);
+    assert!(!text.contains("Handed over"), "{text}");
+    assert!(
+        old.child.try_wait().unwrap().is_none(),
+        "the running gpud exited"
+    );
+    let mut endpoints = Vec::new();
+    while endpoints.last().map(String::as_str) != Some("nvidia-gpu.sock") {
+        assert!(endpoints.len() < 4, "{endpoints:?}");
+        endpoints.push(kubelet.next_registration(10).await.endpoint);
+    }
+    assert!(endpoints[0].starts_with("nvidia-gpu-"), "{endpoints:?}");
+    http::wait_for(port, "/metrics", 10, |a| a.status == 200);
+    assert_eq!(old.stop(), Some(0));
+}

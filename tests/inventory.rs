@@ -40,6 +40,18 @@ fn table_matches_golden() {
 }
 
 #[test]
+fn goldens_are_blessed_only_outside_ci() {
+    use std::ffi::OsStr;
+    let on = Some(OsStr::new("1"));
+    assert_eq!(common::blessing(None, None), Ok(false));
+    assert_eq!(common::blessing(on, None), Ok(true));
+    assert_eq!(common::blessing(None, Some(OsStr::new("true"))), Ok(false));
+    assert_eq!(common::blessing(on, Some(OsStr::new("false"))), Ok(true));
+    let refused = common::blessing(on, Some(OsStr::new("true"))).unwrap_err();
+    assert!(refused.contains("unset GPUD_BLESS"), "{refused}");
+}
+
+#[test]
 fn empty_node_has_no_gpus_and_succeeds() {
     let node = Node::new("empty");
     let json: Value = serde_json::from_str(&stdout_ok(&node.run(&["inventory"]))).unwrap();

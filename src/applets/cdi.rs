@@ -83,10 +83,10 @@ struct GenerateArgs {
     #[arg(long, value_name = "PATH", default_value = "/")]
     driver_root: PathBuf,
 
-    /// Where this process sees the host's root (a container with the host's / mounted at
-    /// /host): files are read under it, the spec names them as the host sees them.
-    #[arg(long, value_name = "PATH", default_value = "/")]
-    host_root: PathBuf,
+    /// Where this process sees the host's root: files are read under it, the spec names
+    /// them as the host sees them.
+    #[command(flatten)]
+    host: cli::HostRootArgs,
 
     /// Root under which /dev is found [default: the driver root].
     #[arg(long, value_name = "PATH")]
@@ -235,7 +235,7 @@ fn same_driver(args: &GenerateArgs, snapshot: &Snapshot) -> Result<(), Error> {
 /// The host's files the spec is made of, as the flags say.
 fn host_paths(args: &GenerateArgs) -> HostPaths {
     HostPaths {
-        host_root: args.host_root.clone(),
+        host_root: args.host.host_root.clone(),
         driver_root: args.driver_root.clone(),
         dev_root: args
             .dev_root

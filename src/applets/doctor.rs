@@ -14,7 +14,7 @@ use crate::daemon::Error;
 use crate::doctor::host::HostRoot;
 use crate::doctor::select::Selection;
 use crate::doctor::{bundle, checks, render, runner, validations};
-use crate::logging::{self, LogFormat};
+use crate::logging;
 
 /// Check the node: driver, device nodes, every GPU, MIG, NVSwitch fabric, container runtime,
 /// CDI, kubelet, GPUDirect, SELinux and gpud's config; say what is wrong and what to do.
@@ -23,35 +23,27 @@ use crate::logging::{self, LogFormat};
 #[derive(Debug, Parser)]
 #[command(name = "gpud doctor", version)]
 struct Args {
-    /// NVML library to load instead of searching the usual places.
-    #[arg(long, value_name = "PATH", env = crate::nvml::LIB_ENV)]
-    nvml_lib: Option<PathBuf>,
+    #[command(flatten)]
+    common: cli::CommonArgs,
 
-    /// Log line format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "GPUD_LOG_FORMAT")]
-    log_format: LogFormat,
-
-    /// Where the host's root is mounted (inside a container, e.g. /host); every host path
-    /// read (/dev, /proc, /sys, /etc, /var/lib/kubelet, /run) is taken under it.
-    #[arg(long, value_name = "PATH", env = "GPUD_HOST_ROOT", default_value = "/")]
-    host_root: PathBuf,
+    #[command(flatten)]
+    host: cli::HostRootArgs,
 
     /// Kernel log to read XIDs from [default: <host-root>/dev/kmsg].
     #[arg(long, value_name = "PATH")]
     kmsg: Option<PathBuf>,
 
-    /// gpud config file to validate.
-    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
-    config: Option<PathBuf>,
+    /// gpud's config file to validate.
+    #[command(flatten)]
+    gpud_config: cli::GpudConfigArgs,
 
     /// NVIDIA device plugin / GFD config file to validate.
     #[arg(long, value_name = "PATH", env = "CONFIG_FILE")]
     nvidia_config: Option<PathBuf>,
 
-    /// mig-parted config file the node follows; mig.config checks that its selected config
-    /// is in effect.
-    #[arg(long, value_name = "PATH", env = "GPUD_MIG_CONFIG_FILE")]
-    mig_config_file: Option<PathBuf>,
+    /// The mig-parted config file the node follows.
+    #[command(flatten)]
+    mig_config: cli::MigConfigArgs,
 
     /// The config of --mig-config-file to check [default: the one the reconciler last
     /// followed, else the file's only one].
@@ -64,9 +56,13 @@ struct Args {
     mps_workload_uid: Option<u32>,
 
     /// The MIG reconciler's state directory, where it records its last state and reason.
-    #[arg(long, value_name = "PATH", env = "GPUD_MIG_STATE_DIR",
-          default_value = crate::mig_state::DEFAULT_STATE_DIR)]
-    mig_state_dir: PathBuf,
+    #[command(flatten)]
+    mig_state: cli::MigStateArgs,
+
+    /// The state directory of the gpud whose MIG reconciler is checked (where its
+    /// `--mig-state-dir` defaults to).
+    #[command(flatten)]
+    state: cli::StateArgs,
 
     /// Print the report as JSON (schema gpud.doctor/v1, see docs/doctor.md).
     #[arg(long)]
@@ -107,7 +103,8 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    logging::init(args.log_format);
+    args.common.stop_if_checking()?;
+    logging::init(args.common.log_format);
     if args.list {
         let text: String = checks::CATALOG
             .iter()
@@ -121,15 +118,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         Error::Reported(crate::exit::USAGE)
     })?;
     let options = crate::doctor::Options {
-        host_root: args.host_root.clone(),
-        nvml_lib: args.nvml_lib.clone(),
+        host_root: args.host.host_root.clone(),
+        nvml_lib: args.common.nvml_lib.clone(),
         kmsg: args.kmsg.clone(),
-        gpud_config: args.config.clone(),
+        gpud_config: args.gpud_config.config.clone(),
         nvidia_config: args.nvidia_config.clone(),
         timeout: args.timeout,
-        mig_config: args.mig_config_file.clone(),
+        mig_config: args.mig_config.mig_config_file.clone(),
         mig_selected: args.mig_selected_config.clone(),
-        mig_state_dir: args.mig_state_dir.clone(),
+        mig_state_dir: args.mig_state.resolve(&args.state),
         mps_workload_uid: args.mps_workload_uid,
         gpus: args.gpu.clone(),
         watched: None,
@@ -151,9 +148,9 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         eprintln!("gpud doctor: support bundle written to {}", path.display());
     }
     if let Some(dir) = &args.write_validations {
-        let host = HostRoot::new(args.host_root.clone());
+        let host = HostRoot::new(args.host.host_root.clone());
         let peermem = host.modules().is_some_and(|m| m.contains("nvidia_peermem"));
-        let variables = validations::driver_variables(&driver, &args.host_root);
+        let variables = validations::driver_variables(&driver, &args.host.host_root);
         let outcome = validations::write(dir, &report, &variables, peermem).map_err(|err| {
             Error::Failure(format!(
                 "cannot write the status files in {}: {err}",
@@ -191,4 +188,23 @@ fn judge_health(
         crate::health::watcher::WatcherConfig::default(),
     );
     (report::table(snapshot), report::json_lines(snapshot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doctor_reads_the_mig_state_where_the_state_dir_puts_it() {
+        let args = Args::try_parse_from(["gpud doctor", "--state-dir", "/srv/gpud"]).unwrap();
+        assert_eq!(
+            args.mig_state.resolve(&args.state),
+            std::path::Path::new("/srv/gpud/mig")
+        );
+        let args = Args::try_parse_from(["gpud doctor"]).unwrap();
+        assert_eq!(
+            args.mig_state.resolve(&args.state),
+            std::path::Path::new(crate::mig_state::DEFAULT_STATE_DIR)
+        );
+    }
 }

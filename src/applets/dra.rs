@@ -58,12 +58,16 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    super::set_pace(&args.api.client);
     let (health, _) = args.health.resolve("dra")?;
-    let node = super::node_status::node_name(args.node.node_name.as_deref(), "the DRA plugin")?;
-    let mut config = args
-        .dra
-        .config(node, args.api.kubeconfig.clone(), args.mps.launch())?;
+    let node =
+        super::node_status::node_name(args.node.name.node_name.as_deref(), "the DRA plugin")?;
+    let mut config = args.dra.config(
+        node,
+        args.api.client.kubeconfig.clone(),
+        args.api.api_unready_after,
+        args.mps.launch(),
+    )?;
     let nvml = args.common.start()?;
     if config.dynamic_mig {
         let gpus = nvml.mig_admin().gpus()?;

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{self, CommonArgs, NodeArgs, RescanArgs};
+use crate::cli::{self, CommonArgs, KubeClientArgs, NodeArgs, RescanArgs};
 use crate::daemon::{Daemon, Error};
 use crate::exporter::ExporterConfig;
 use crate::exporter::args::ExporterArgs;
@@ -38,10 +38,10 @@ struct Args {
     #[command(flatten)]
     exporter: ExporterArgs,
 
-    /// kubeconfig for the API server, where --pod-usage reads this node's pods; without it the
-    /// in-cluster service account is used.
-    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
-    kubeconfig: Option<std::path::PathBuf>,
+    /// API access, where --pod-usage reads this node's pods: the same kubeconfig and pace as
+    /// every other applet's.
+    #[command(flatten)]
+    api: KubeClientArgs,
 
     #[command(flatten)]
     rescan: RescanArgs,
@@ -53,11 +53,13 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
+    super::set_pace(&args.api);
     let (watcher, _) = args.health.resolve("exporter")?;
     let counters = args.exporter.counters()?;
-    let usage = args
-        .exporter
-        .usage(args.node.node_name.as_deref(), args.kubeconfig.clone())?;
+    let usage = args.exporter.usage(
+        args.node.name.node_name.as_deref(),
+        args.api.kubeconfig.clone(),
+    )?;
     let nvml = args.common.start()?;
     let mut config = args.exporter.config(&counters, &nvml)?;
     config.usage = usage;
@@ -88,4 +90,31 @@ pub(super) fn with_health(
         HealthWatcher::optional(nvml.clone(), watcher).with_xids(xids.clone()),
         Exporter::new(nvml, config, xids, admin),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exporter_takes_the_shared_node_name_kubeconfig_and_api_pace() {
+        let args = Args::try_parse_from([
+            "gpud exporter",
+            "--node-name",
+            "n1",
+            "--kubeconfig",
+            "/etc/kubeconfig",
+            "--api-qps",
+            "2",
+            "--api-burst",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(args.node.name.get(), Some("n1"));
+        assert_eq!(
+            args.api.kubeconfig(),
+            Some(std::path::Path::new("/etc/kubeconfig"))
+        );
+        assert_eq!((args.api.api_qps, args.api.api_burst), (2.0, 3));
+    }
 }

@@ -44,9 +44,9 @@ struct Args {
     #[command(flatten)]
     shared: SharedFlags,
 
-    /// Node to label (the Kubernetes node name).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: Option<String>,
+    /// The Node to label.
+    #[command(flatten)]
+    node: cli::NodeNameArgs,
 
     #[command(flatten)]
     labeller: LabellerArgs,
@@ -68,18 +68,18 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    super::set_pace(&args.api.client);
     crate::logging::init(args.common.log_format);
     let (health, _) = args.health.resolve("labeller")?;
     let rescan_interval = rescan_interval(&args.rescan)?;
     let (config, sink, settings) = args.labeller.resolve_at_start(
         args.config_file.as_deref(),
         &args.shared,
-        args.node_name.as_deref(),
+        args.node.node_name.as_deref(),
     )?;
     args.common.stop_if_checking()?;
     let facts = NodeFacts {
-        node_name: args.node_name.clone(),
+        node_name: args.node.node_name.clone(),
         machine_type_file: config.flags.gfd.machine_type_file.clone(),
     };
     // With failOnInitError false a node without a driver gets the timestamp label only, as
@@ -118,8 +118,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         }
     }
     daemon.add(
-        args.labeller
-            .subsystem(sink, args.node_name.clone(), args.api.kubeconfig.clone()),
+        args.labeller.subsystem(
+            sink,
+            args.node.node_name.clone(),
+            args.api.client.kubeconfig.clone(),
+        ),
         Arc::clone,
     );
     if !oneshot {
@@ -147,5 +150,16 @@ fn rescan_interval(given: &RescanArgs) -> Result<Duration, Error> {
             ))
         }),
         Err(_) => Ok(given.interval()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_name_is_the_shared_flag() {
+        let args = Args::try_parse_from(["gpud labeller", "--node-name", "n1"]).unwrap();
+        assert_eq!(args.node.get(), Some("n1"));
     }
 }

@@ -88,9 +88,8 @@ struct ApplyArgs {
     #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET")]
     skip_reset: bool,
 
-    /// Only apply the MIG mode, not the instances.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
-    mode_only: bool,
+    #[command(flatten)]
+    mode: ModeOnly,
 
     /// Change GPUs even while compute processes use them.
     #[arg(long, env = "GPUD_MIG_FORCE")]
@@ -115,13 +114,28 @@ struct AssertArgs {
     #[command(flatten)]
     config: ConfigArgs,
 
-    /// Only check the MIG mode.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
-    mode_only: bool,
+    #[command(flatten)]
+    mode: ModeOnly,
 
     /// Only check that the file is valid and has the selected config (no GPU access).
     #[arg(short = 'a', long, env = "MIG_PARTED_VALID_CONFIG")]
     valid_config: bool,
+}
+
+/// mig-parted's `--mode-only`, for `apply` and `assert`.
+#[derive(Debug, ClapArgs)]
+struct ModeOnly {
+    /// Only the MIG mode, not the instances: apply sets it alone, assert checks it alone.
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    mode_only: bool,
+}
+
+/// mig-parted's `--output-format`, for `export` and `generate-config`.
+#[derive(Debug, ClapArgs)]
+struct SpecFormat {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
+    output_format: Format,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -136,9 +150,8 @@ struct ExportArgs {
     )]
     config_label: String,
 
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
-    output_format: Format,
+    #[command(flatten)]
+    format: SpecFormat,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -146,9 +159,8 @@ struct ExportArgs {
 
 #[derive(Debug, ClapArgs)]
 struct GenerateArgs {
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml, env = "MIG_PARTED_OUTPUT_FORMAT")]
-    output_format: Format,
+    #[command(flatten)]
+    format: SpecFormat,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -169,9 +181,9 @@ struct ReconcileCommand {
     #[command(flatten)]
     reconcile: ReconcileArgs,
 
-    /// The Node to follow (the Kubernetes node name).
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: Option<String>,
+    /// The Node to follow.
+    #[command(flatten)]
+    node: cli::NodeNameArgs,
 
     #[command(flatten)]
     api: ApiArgs,
@@ -242,7 +254,7 @@ fn run_assert(args: AssertArgs) -> Result<ExitCode, Error> {
     let admin = start(&args.config)?;
     let gpus = read_gpus(&admin)?;
     let targets = select::targets(entries(&spec, &label), &gpus);
-    let scope = if args.mode_only {
+    let scope = if args.mode.mode_only {
         assert::Scope::Mode
     } else {
         assert::Scope::Full
@@ -263,14 +275,14 @@ fn run_export(args: ExportArgs) -> Result<ExitCode, Error> {
     let gpus = read_gpus(&admin)?;
     print_spec(
         &export::export(&gpus, &args.config_label),
-        args.output_format,
+        args.format.output_format,
     )
 }
 
 fn run_generate(args: GenerateArgs) -> Result<ExitCode, Error> {
     let admin = args.common.start()?.mig_admin();
     let gpus = read_gpus(&admin)?;
-    print_spec(&generate::generate(&gpus), args.output_format)
+    print_spec(&generate::generate(&gpus), args.format.output_format)
 }
 
 /// Prints a config in mig-parted's YAML or JSON shape.
@@ -317,7 +329,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
     let admin = start(&args.config)?;
     let opts = Options {
         skip_reset: args.skip_reset,
-        mode_only: args.mode_only,
+        mode_only: args.mode.mode_only,
         force: args.force,
         reset_command: args
             .reset_command
@@ -330,7 +342,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             selected_config: &label,
             hooks_file: args.hooks_file.as_deref(),
             skip_reset: args.skip_reset,
-            mode_only: args.mode_only,
+            mode_only: args.mode.mode_only,
             debug: args.config.debug,
         }
         .vars(),
@@ -342,7 +354,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
                 "MIG mode change pending on GPU {} until a GPU reset (--skip-reset)",
                 list.join(", ")
             );
-            if args.mode_only {
+            if args.mode.mode_only {
                 Ok(ExitCode::SUCCESS)
             } else {
                 Err(Error::Failure(
@@ -361,32 +373,33 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
 }
 
 fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
-    if args.reconcile.mig_config_file.is_none() {
+    if args.reconcile.config.mig_config_file.is_none() {
         return Err(Error::Usage(
             "gpud mig reconcile needs --mig-config-file (or GPUD_MIG_CONFIG_FILE)".into(),
         ));
     }
-    args.reconcile.validate(args.node_name.as_deref())?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    args.reconcile.validate(args.node.node_name.as_deref())?;
+    super::set_pace(&args.api.client);
     let nvml = args.common.start()?;
     let facts = NodeFacts {
-        node_name: args.node_name.clone(),
+        node_name: args.node.node_name.clone(),
         machine_type_file: None,
     };
     // The rescanner only feeds this process's inventory; it is not run on a timer here.
     let rescanner = Rescanner::new(nvml.clone(), facts, Duration::from_secs(3600));
     let inventory = rescanner.discover()?;
     let Some(mut reconciler) = args.reconcile.reconciler(
-        args.node_name.as_deref(),
-        args.api.kubeconfig(),
+        args.node.node_name.as_deref(),
+        args.api.client.kubeconfig(),
         args.api.api_unready_after,
+        &args.state,
         &nvml,
         rescanner,
     )?
     else {
         return Ok(ExitCode::SUCCESS);
     };
-    if let Some(config_file) = &args.reconcile.mig_config_file {
+    if let Some(config_file) = &args.reconcile.config.mig_config_file {
         let gpus = read_gpus(&nvml.mig_admin())?;
         reconciler.layout_dir = take_layouts(&args.state.state_dir, config_file, &gpus)?;
     }
@@ -416,4 +429,30 @@ pub(super) fn take_layouts(
     let covered = select::covered(&spec, gpus);
     layout::take(&dir, Owner::MigManager, &covered, None).map_err(TakeError::into_error)?;
     Ok(Some(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconcile_takes_the_shared_node_name_and_state_dir() {
+        let args = Args::try_parse_from([
+            "gpud mig",
+            "reconcile",
+            "--node-name",
+            "n1",
+            "--state-dir",
+            "/srv/gpud",
+        ])
+        .unwrap();
+        let Command::Reconcile(reconcile) = args.command else {
+            panic!("not reconcile: {:?}", args.command);
+        };
+        assert_eq!(reconcile.node.get(), Some("n1"));
+        assert_eq!(
+            reconcile.reconcile.state_dir(&reconcile.state),
+            std::path::Path::new("/srv/gpud/mig")
+        );
+    }
 }

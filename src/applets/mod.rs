@@ -44,6 +44,13 @@ fn admin_port(applet: &str) -> u16 {
         .map_or(crate::daemon::DEFAULT_HEALTH_PORT, |(_, port)| *port)
 }
 
+/// Sets this process's pace towards the API server from `--api-qps` and `--api-burst`: every
+/// applet that takes them calls this once its flags are read, before its first API client is
+/// made (the exporter too, for per-pod usage).
+fn set_pace(client: &crate::cli::KubeClientArgs) {
+    crate::kube::pace::set_limits(client.api_qps, client.api_burst);
+}
+
 /// One applet: a name for `gpud <name>` / `gpud-<name>` and its entry point.
 #[derive(Debug)]
 pub struct Applet {

@@ -54,7 +54,7 @@ struct Args {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    super::set_pace(&args.api.client);
     let settings = settings_source::load_at_start(&args.plugin)?;
     if settings.mps_root.is_none() {
         return Err(Error::config(
@@ -63,9 +63,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     let events = args
         .node_events
-        .then(|| super::node_status::node_name(args.node.node_name.as_deref(), "--node-events"))
+        .then(|| {
+            super::node_status::node_name(args.node.name.node_name.as_deref(), "--node-events")
+        })
         .transpose()?
-        .map(|node| (node, args.api.kubeconfig.clone()));
+        .map(|node| (node, args.api.client.kubeconfig.clone()));
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml.clone(), args.node.facts(), args.rescan.interval());
     let inventory = rescanner.discover()?;

@@ -62,12 +62,12 @@ pub fn node_name(name: Option<&str>, what: &str) -> Result<String, Error> {
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    super::set_pace(&args.api.client);
     let (health, _) = args.health.resolve("node-status")?;
-    let node = node_name(args.node.node_name.as_deref(), "the node status")?;
+    let node = node_name(args.node.name.node_name.as_deref(), "the node status")?;
     let remediation = args.remediation.resolve(
         Some(&node),
-        args.api.kubeconfig(),
+        args.api.client.kubeconfig(),
         &args.health.state.state_dir,
     )?;
     let nvml = args.common.start()?;
@@ -80,8 +80,12 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     daemon.add_support(HealthWatcher::required(nvml, health));
     daemon.add_fixed(
-        NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())
-            .with_unready_after(args.api.api_unready_after),
+        NodeStatus::new(
+            node,
+            args.api.client.kubeconfig.clone(),
+            args.status.settings(),
+        )
+        .with_unready_after(args.api.api_unready_after),
     );
     daemon.serve_admin(&args.admin.address(super::admin_port("node-status")));
     daemon.hand_over(&args.health.state.state_dir);

@@ -51,9 +51,9 @@ struct Args {
     common: CommonArgs,
 
     /// The Kubernetes node name (labels, the Node and NodeFeature sinks, the Hostname
-    /// label); the kernel host name when unset.
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
-    node_name: Option<String>,
+    /// label, the node status, DRA, the MIG reconciler).
+    #[command(flatten)]
+    node: cli::NodeNameArgs,
 
     /// Subsystems not to start (comma-separated); the health watcher always runs.
     #[arg(
@@ -82,9 +82,9 @@ struct Args {
           value_parser = humantime::parse_duration)]
     doctor_interval: Duration,
 
-    /// Where the host's root is mounted, for the doctor's checks (e.g. /host in a container).
-    #[arg(long, value_name = "PATH", env = "GPUD_HOST_ROOT", default_value = "/")]
-    host_root: std::path::PathBuf,
+    /// Where the host's root is mounted, for the doctor's checks.
+    #[command(flatten)]
+    host: cli::HostRootArgs,
 
     #[command(flatten)]
     plugin: PluginArgs,
@@ -166,13 +166,13 @@ fn take_layouts(
     }
     let gpus = nvml.mig_admin().gpus()?;
     let state_dir = &args.health.state.state_dir;
-    if let (Some(config_file), Some(_)) = (&args.mig.mig_config_file, &dra) {
+    if let (Some(config_file), Some(_)) = (&args.mig.config.mig_config_file, &dra) {
         let spec = crate::mig_config::load(config_file).map_err(Error::config)?;
         let covered = crate::mig_config::select::covered(&spec, &gpus);
         layout::check_flags(&covered, &layout::mig_capable(&gpus))
             .map_err(|conflict| Error::Usage(conflict.to_string()))?;
     }
-    if let (Some(reconciler), Some(config_file)) = (reconciler, &args.mig.mig_config_file) {
+    if let (Some(reconciler), Some(config_file)) = (reconciler, &args.mig.config.mig_config_file) {
         reconciler.layout_dir = super::mig::take_layouts(state_dir, config_file, &gpus)?;
     }
     if let Some(dra) = dra {
@@ -184,7 +184,7 @@ fn take_layouts(
 /// Entry point.
 pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let args: Args = cli::parse(argv)?;
-    crate::kube::pace::set_limits(args.api.api_qps, args.api.api_burst);
+    super::set_pace(&args.api.client);
     let enabled = |subsystem| !args.disable.contains(&subsystem);
     // Everything that reads a file or a flag is checked before NVML is opened, so a bad
     // config exits with its reason and nothing half-started.
@@ -195,7 +195,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         args.labeller.resolve_at_start(
             config_file,
             &args.plugin.shared,
-            args.node_name.as_deref(),
+            args.node.node_name.as_deref(),
         )?
     } else {
         let config = args
@@ -208,24 +208,29 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     };
     let node_status = args
         .node_status
-        .then(|| super::node_status::node_name(args.node_name.as_deref(), "--node-status"))
+        .then(|| super::node_status::node_name(args.node.node_name.as_deref(), "--node-status"))
         .transpose()?;
     let mut dra = match args.dra {
         true => {
-            let node = super::node_status::node_name(args.node_name.as_deref(), "--dra")?;
-            let kubeconfig = args.api.kubeconfig.clone();
-            Some(args.dra_args.config(node, kubeconfig, args.mps.launch())?)
+            let node = super::node_status::node_name(args.node.node_name.as_deref(), "--dra")?;
+            let kubeconfig = args.api.client.kubeconfig.clone();
+            let unready_after = args.api.api_unready_after;
+            Some(
+                args.dra_args
+                    .config(node, kubeconfig, unready_after, args.mps.launch())?,
+            )
         }
         false => None,
     };
     let counters = args.exporter.counters()?;
-    let usage = args
-        .exporter
-        .usage(args.node_name.as_deref(), args.api.kubeconfig.clone())?;
-    args.mig.validate(args.node_name.as_deref())?;
+    let usage = args.exporter.usage(
+        args.node.node_name.as_deref(),
+        args.api.client.kubeconfig.clone(),
+    )?;
+    args.mig.validate(args.node.node_name.as_deref())?;
     let remediation = args.remediation.resolve(
-        args.node_name.as_deref(),
-        args.api.kubeconfig(),
+        args.node.node_name.as_deref(),
+        args.api.client.kubeconfig(),
         &args.health.state.state_dir,
     )?;
     let nvml = args.common.start()?;
@@ -236,7 +241,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         pods.resources.dra_driver = dra.driver.clone();
     }
     let facts = NodeFacts {
-        node_name: args.node_name.clone(),
+        node_name: args.node.node_name.clone(),
         machine_type_file: gfd.flags.gfd.machine_type_file.clone(),
     };
     let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan.interval());
@@ -244,7 +249,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     mps::check_at_start(&plugin, &inventory.current())?;
     let mps_events = node_status
         .clone()
-        .map(|node| (node, args.api.kubeconfig.clone()));
+        .map(|node| (node, args.api.client.kubeconfig.clone()));
     // A damaged kept-verdicts file is said on the Node when gpud run has one.
     let health_events = mps_events.clone();
     let mps = plugin
@@ -252,9 +257,10 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         .is_some()
         .then(|| MpsControl::new(nvml.clone(), args.mps.options(mps_events)));
     let mut reconciler = args.mig.reconciler(
-        args.node_name.as_deref(),
-        args.api.kubeconfig(),
+        args.node.node_name.as_deref(),
+        args.api.client.kubeconfig(),
         args.api.api_unready_after,
+        &args.health.state,
         &nvml,
         rescanner.clone(),
     )?;
@@ -285,25 +291,29 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     daemon.reload_on_change(args.admin.watched(&[args.plugin.config_file.as_deref()]));
     daemon.add_support(rescanner.clone());
     let mut status = node_status.map(|node| {
-        NodeStatus::new(node, args.api.kubeconfig.clone(), args.status.settings())
-            .with_unready_after(args.api.api_unready_after)
+        NodeStatus::new(
+            node,
+            args.api.client.kubeconfig.clone(),
+            args.status.settings(),
+        )
+        .with_unready_after(args.api.api_unready_after)
     });
     if !args.doctor_interval.is_zero() {
         let latest = LatestReport::default();
         status = status.map(|s| s.with_doctor(latest.clone()));
         daemon.add_admin_routes(doctor_service::routes(&latest));
         let options = crate::doctor::Options {
-            host_root: args.host_root.clone(),
+            host_root: args.host.host_root.clone(),
             kmsg: args
                 .health
                 .kmsg
                 .as_deref()
                 .filter(|k| !k.is_empty())
                 .map(Into::into),
-            gpud_config: args.health.config.clone(),
+            gpud_config: args.health.gpud_config.config.clone(),
             nvidia_config: args.plugin.config_file.clone(),
-            mig_config: args.mig.mig_config_file.clone(),
-            mig_state_dir: args.mig.mig_state_dir.clone(),
+            mig_config: args.mig.config.mig_config_file.clone(),
+            mig_state_dir: args.mig.state_dir(&args.health.state),
             ..crate::doctor::Options::default()
         };
         daemon.add_support(PeriodicDoctor::new(
@@ -339,8 +349,11 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     if enabled(Optional::Labeller) {
         daemon.add(
-            args.labeller
-                .subsystem(sink, args.node_name.clone(), args.api.kubeconfig.clone()),
+            args.labeller.subsystem(
+                sink,
+                args.node.node_name.clone(),
+                args.api.client.kubeconfig.clone(),
+            ),
             |config: &Arc<Reloadable>| Arc::clone(&config.labeller),
         );
     }
@@ -358,4 +371,29 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     }
     daemon.hand_over(&args.health.state.state_dir);
     daemon.run(inventory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_takes_the_shared_node_name_and_keeps_mig_state_under_its_state_dir() {
+        let args = Args::try_parse_from([
+            "gpud run",
+            "--node-name",
+            "n1",
+            "--state-dir",
+            "/srv/gpud",
+            "--host-root",
+            "/host",
+        ])
+        .unwrap();
+        assert_eq!(args.node.get(), Some("n1"));
+        assert_eq!(
+            args.mig.state_dir(&args.health.state),
+            std::path::Path::new("/srv/gpud/mig")
+        );
+        assert_eq!(args.host.host_root, std::path::Path::new("/host"));
+    }
 }

@@ -56,9 +56,8 @@ struct ToolkitArgs {
     #[arg(long, value_name = "DIR", default_value = install::DEFAULT_TOOLKIT_DIR)]
     toolkit_dir: PathBuf,
 
-    /// Check the command line, then exit 0 without writing anything.
-    #[arg(long)]
-    check_config: bool,
+    #[command(flatten)]
+    check: cli::CheckArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -132,14 +131,13 @@ struct ConfigureArgs {
     #[arg(long, value_name = "PATH", default_value = "/proc", hide = true)]
     proc_root: PathBuf,
 
-    /// Where this process sees the host's root (a container with the host's / at /host):
+    /// Where this process sees the host's root: config paths resolve inside it, and
     /// --restart-mode=systemd enters it (chroot) to run the host's systemctl.
-    #[arg(long, value_name = "PATH", default_value = "/")]
-    host_root: PathBuf,
+    #[command(flatten)]
+    host: cli::HostRootArgs,
 
-    /// Check the command line, then exit 0 without reading or writing anything.
-    #[arg(long)]
-    check_config: bool,
+    #[command(flatten)]
+    check: cli::CheckArgs,
 }
 
 /// Entry point.
@@ -154,16 +152,12 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
 }
 
 /// With `--check-config`, ends here with exit 0: the flags parsed, nothing was touched.
-fn stop_if_checking(check_config: bool) -> Result<(), Error> {
-    if check_config {
-        eprintln!("gpud: the command line is valid");
-        return Err(Error::Reported(0));
-    }
-    Ok(())
+fn stop_if_checking(check: &cli::CheckArgs) -> Result<(), Error> {
+    check.stop_if_checking("the command line is")
 }
 
 fn run_install(args: &ToolkitArgs) -> Result<(), Error> {
-    stop_if_checking(args.check_config)?;
+    stop_if_checking(&args.check)?;
     let source = std::env::current_exe()
         .map_err(|err| Error::Failure(format!("cannot find this gpud's own binary: {err}")))?;
     let installed = install::install(&source, &args.toolkit_dir)
@@ -185,7 +179,7 @@ fn run_install(args: &ToolkitArgs) -> Result<(), Error> {
 }
 
 fn run_uninstall(args: &ToolkitArgs) -> Result<(), Error> {
-    stop_if_checking(args.check_config)?;
+    stop_if_checking(&args.check)?;
     let removed =
         install::uninstall(&args.toolkit_dir).map_err(|err| Error::CantCreate(err.to_string()))?;
     if removed.is_empty() {
@@ -208,8 +202,8 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         .unwrap_or_else(|| restart::default_unit(runtime).to_owned());
     restart::check(runtime, args.restart_mode, &unit).map_err(|e| Error::Usage(e.to_string()))?;
     let given = target(args)?;
-    stop_if_checking(args.check_config)?;
-    let file = resolve::resolve(&given, &args.host_root).map_err(failure)?;
+    stop_if_checking(&args.check)?;
+    let file = resolve::resolve(&given, &args.host.host_root).map_err(failure)?;
     if file.is_link() {
         eprintln!(
             "gpud: {} is a symlink: editing the file it points to, {}",
@@ -253,7 +247,7 @@ fn run_configure(args: &ConfigureArgs) -> Result<(), Error> {
         );
     }
     let host = Host {
-        root: &args.host_root,
+        root: &args.host.host_root,
         proc_root: &args.proc_root,
     };
     // Opened before the restart, which may enter the host's root.

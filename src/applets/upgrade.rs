@@ -15,6 +15,11 @@ use crate::handover;
 /// Replace the running gpud with the binary now installed at its path: the new process takes
 /// over the sockets, state and MPS daemons, then the old one stops. `systemctl reload` still
 /// only re-reads the configuration.
+///
+/// Exit status: 0 the new gpud took over; 64 bad arguments; 69 no upgrade happened and the
+/// running gpud (if any) serves on: none answers on the state directory's socket, it could
+/// not start the installed binary, the new gpud exited before taking over, or it did not
+/// take over within --timeout (it is stopped then).
 #[derive(Debug, Parser)]
 #[command(name = "gpud upgrade", version)]
 struct Args {
@@ -26,7 +31,8 @@ struct Args {
     #[arg(long, value_name = "APPLET", default_value = "run")]
     applet: String,
 
-    /// How long to wait for the old process to be gone.
+    /// How long the new gpud has to take over (the old process gone); one still taking over
+    /// then is stopped, and the old one serves on.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::values::positive_duration)]
     timeout: Duration,
 }

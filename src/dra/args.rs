@@ -138,6 +138,9 @@ pub struct DraConfig {
     pub host: HostPaths,
     pub pod_resources: Option<PathBuf>,
     pub kubeconfig: Option<PathBuf>,
+    /// How long the node's ResourceSlices may fail to publish before the plugin is not ready
+    /// (`--api-unready-after`); until then `/readyz` names the failure and stays ready.
+    pub unready_after: std::time::Duration,
     /// The nvidia-smi that sets time-slice intervals.
     pub nvidia_smi: PathBuf,
     /// How claims' MPS control daemons run (the `--mps-*` flags).
@@ -157,6 +160,7 @@ impl DraArgs {
         &self,
         node: String,
         kubeconfig: Option<PathBuf>,
+        unready_after: std::time::Duration,
         mps: Launch,
     ) -> Result<DraConfig, crate::daemon::Error> {
         if !is_driver_name(&self.dra_driver_name) {
@@ -187,6 +191,7 @@ impl DraArgs {
             pod_resources: (!self.dra_pod_resources_socket.is_empty())
                 .then(|| PathBuf::from(&self.dra_pod_resources_socket)),
             kubeconfig,
+            unready_after,
             nvidia_smi: self.nvidia_smi(),
             mps,
             dynamic_mig: self.dra_dynamic_mig,

@@ -28,6 +28,7 @@ pub mod prepare;
 pub mod publish;
 pub mod quantity;
 pub mod read_back;
+pub mod readiness;
 pub mod registration;
 pub mod service;
 pub mod shares;

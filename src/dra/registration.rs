@@ -9,13 +9,12 @@
 //! register again on its own, and serving it anew would only restart that schedule.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use crate::daemon::ReadyLatch;
+use super::readiness::{Cause, DraReadiness};
 use crate::proto::pluginregistration::registration_server::Registration;
 use crate::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -39,11 +38,10 @@ pub const SERVICES: [&str; 4] = [
 pub struct Outcome {
     /// Woken whenever the kubelet accepts the plugin.
     pub registered: Arc<Notify>,
-    /// The subsystem's readiness, unset while the kubelet refuses the plugin.
-    pub ready: ReadyLatch,
-    /// Whether the kubelet's last answer was a refusal (shared by every registration socket
-    /// served in this run, so one served again still clears it).
-    pub refused: Arc<AtomicBool>,
+    /// The subsystem's readiness, not ready while the kubelet's last answer was a refusal
+    /// (shared by every registration socket served in this run, so one served again still
+    /// clears it).
+    pub ready: DraReadiness,
 }
 
 /// The registration service.
@@ -85,19 +83,19 @@ impl Registration for RegistrationService {
         let outcome = &self.outcome;
         if status.plugin_registered {
             info!(driver = %self.driver, "The kubelet registered the DRA plugin");
-            if outcome.refused.swap(false, Ordering::SeqCst) {
-                outcome.ready.set();
-            }
+            outcome.ready.clear(Cause::Registration);
             outcome.registered.notify_one();
             Ok(Response::new(RegistrationStatusResponse {}))
         } else {
             warn!(driver = %self.driver, error = %status.error, "The kubelet refused the DRA plugin; claims cannot reach gpud until it registers it (the kubelet tries again on its own)");
-            outcome.refused.store(true, Ordering::SeqCst);
-            outcome.ready.unset(format!(
-                "the kubelet refused to register the DRA plugin {}: {}; fix what the kubelet \
+            outcome.ready.not_ready(
+                Cause::Registration,
+                format!(
+                    "the kubelet refused to register the DRA plugin {}: {}; fix what the kubelet \
                  names (its log has more), it tries again on its own",
-                self.driver, status.error
-            ));
+                    self.driver, status.error
+                ),
+            );
             Err(Status::internal(format!(
                 "the kubelet refused the DRA plugin: {}",
                 status.error

@@ -28,6 +28,7 @@ use super::dynamic_mig::DynamicMig;
 use super::partitions::{self, DynamicGpus};
 use super::prepare::Preparer;
 use super::publish::Publisher;
+use super::readiness::{Cause, DraReadiness};
 use super::shares;
 use super::sockets::Sockets;
 use super::topology::{self, Topology};
@@ -168,12 +169,13 @@ impl Subsystem for Dra {
         );
         let cancel = ctx.cancel_token();
         let registered = Arc::new(Notify::new());
+        let ready = DraReadiness::new(ctx.ready_latch());
         let sockets = Sockets::serve(
             Arc::clone(&config),
             preparer,
             inventory.clone(),
             Arc::clone(&registered),
-            ctx.ready_latch(),
+            ready.clone(),
             cancel.clone(),
             ctx.helpers(),
             ctx.predecessor_gone(),
@@ -200,13 +202,12 @@ impl Subsystem for Dra {
         );
         publish_loop(
             publisher,
-            &config.driver,
-            &config.sysfs_root,
+            &config,
             (&partitioned, config.shared_capacity),
             seed,
             &inventory,
-            &registered,
-            &slice_events,
+            (&registered, &slice_events),
+            SliceFailures::new(ready, &config),
             &cancel,
         )
         .await;
@@ -322,18 +323,73 @@ async fn publish(
     }
 }
 
+/// Publishing failures onto the plugin's readiness: from the first failure `/readyz` names
+/// the slices and the API server's answer (ready still: a refusal or two is an API server
+/// restarting or throttling, and the slices published before still serve the scheduler);
+/// once publishing has failed for `--api-unready-after`, the plugin is not ready. A
+/// publication clears it.
+struct SliceFailures {
+    ready: DraReadiness,
+    limit: Duration,
+    what: String,
+    since: Option<tokio::time::Instant>,
+}
+
+impl SliceFailures {
+    fn new(ready: DraReadiness, config: &DraConfig) -> Self {
+        SliceFailures {
+            ready,
+            limit: config.unready_after,
+            what: format!(
+                "the ResourceSlices of node {} (driver {})",
+                config.node, config.driver
+            ),
+            since: None,
+        }
+    }
+
+    fn published(&mut self) {
+        self.since = None;
+        self.ready.clear(Cause::Slices);
+    }
+
+    fn failed(&mut self, error: &str) {
+        let now = tokio::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let failing = now.saturating_duration_since(since);
+        if failing >= self.limit {
+            self.ready.not_ready(
+                Cause::Slices,
+                format!(
+                    "cannot publish {} for {}: {error}; retrying with backoff",
+                    self.what,
+                    humantime::format_duration(Duration::from_secs(failing.as_secs()))
+                ),
+            );
+        } else {
+            self.ready.degraded(
+                Cause::Slices,
+                format!(
+                    "cannot publish {} now: {error}; retrying with backoff",
+                    self.what
+                ),
+            );
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn publish_loop(
     mut publisher: Publisher,
-    driver: &str,
-    sysfs_root: &std::path::Path,
+    config: &DraConfig,
     (partitioned, shared_capacity): (&DynamicGpus, bool),
     seed: u64,
     inventory: &Inventory,
-    registered: &Notify,
-    slice_events: &Notify,
+    (registered, slice_events): (&Notify, &Notify),
+    mut failures: SliceFailures,
     cancel: &CancellationToken,
 ) {
+    let (driver, sysfs_root) = (config.driver.as_str(), config.sysfs_root.as_path());
     let mut snapshots = inventory.subscribe();
     let mut backoff = Backoff::capped(seed, RETRY_MAX);
     let mut last_error: Option<String> = None;
@@ -356,6 +412,7 @@ async fn publish_loop(
                 if last_error.take().is_some() {
                     warn!("ResourceSlices published again");
                 }
+                failures.published();
                 backoff.reset();
                 (crate::backoff::period(RESYNC), true)
             }
@@ -363,11 +420,14 @@ async fn publish_loop(
             // would come back with every other node whose resync fell in the same outage. A
             // slice changed meanwhile reaches the slice watch when it resumes.
             Err(ResourceApiError::Call(err)) if resync && crate::kube::pace::unreachable() => {
-                info!(error = %logging::error_chain(&err), after = ?RESYNC, "Cannot check the node's ResourceSlices; checking again on the next turn");
+                let text = logging::error_chain(&err);
+                info!(error = %text, after = ?RESYNC, "Cannot check the node's ResourceSlices; checking again on the next turn");
+                failures.failed(&text);
                 (crate::backoff::period(RESYNC), true)
             }
             Err(err) => {
                 let text = logging::error_chain(&err);
+                failures.failed(&text);
                 if last_error.as_deref() != Some(text.as_str()) {
                     warn!(error = %text, "Cannot publish the node's ResourceSlices; retrying with backoff");
                     last_error = Some(text);
@@ -381,12 +441,23 @@ async fn publish_loop(
             }
         };
         resync = false;
+        let retry_at = (!turn).then(|| tokio::time::Instant::now() + wait);
         tokio::select! {
             () = cancel.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
             () = registered.notified() => {}
             () = slice_events.notified() => {}
             () = tokio::time::sleep(wait) => resync = turn,
+        }
+        // A failed publication is not tried again before its pause is over, whatever woke the
+        // loop meanwhile (the inventory, the kubelet, a slice event): the retry publishes what
+        // they changed, and neither a burst of them nor an API server's Retry-After is
+        // answered with a burst of writes.
+        if let Some(at) = retry_at {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep_until(at) => {}
+            }
         }
     }
 }

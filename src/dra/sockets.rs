@@ -25,9 +25,10 @@ use super::args::DraConfig;
 use super::health_stream::HealthService;
 use super::plugin::DraService;
 use super::prepare::Preparer;
+use super::readiness::{Cause, DraReadiness};
 use super::registration::{Outcome, RegistrationService};
+use crate::daemon::Helpers;
 use crate::daemon::file_watch::{self, Change};
-use crate::daemon::{Helpers, ReadyLatch};
 use crate::grpc::{self, BindError};
 use crate::inventory::Inventory;
 use crate::proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
@@ -69,7 +70,7 @@ impl Sockets {
         preparer: Arc<Preparer>,
         inventory: Inventory,
         registered: Arc<Notify>,
-        ready: ReadyLatch,
+        ready: DraReadiness,
         cancel: CancellationToken,
         helpers: Helpers,
         predecessor_gone: tokio::sync::watch::Receiver<bool>,
@@ -78,11 +79,7 @@ impl Sockets {
             config,
             preparer,
             inventory,
-            outcome: Outcome {
-                registered,
-                ready,
-                refused: Arc::default(),
-            },
+            outcome: Outcome { registered, ready },
             cancel,
             helpers,
             plugin: None,
@@ -165,7 +162,6 @@ impl Sockets {
             .filter_map(|p| p.parent().map(PathBuf::from))
             .collect();
         let mut changes = watch(&folders);
-        let mut failing = false;
         loop {
             let mut rewatch = false;
             tokio::select! {
@@ -175,16 +171,9 @@ impl Sockets {
             }
             match self.serve_missing(&paths) {
                 Ok(()) => {
-                    // A registration the kubelet refused keeps the subsystem unready until
-                    // one is accepted, sockets or not.
-                    if std::mem::take(&mut failing)
-                        && !self
-                            .outcome
-                            .refused
-                            .load(std::sync::atomic::Ordering::SeqCst)
-                    {
-                        ready.set();
-                    }
+                    // Only this cause: a registration the kubelet refused keeps the subsystem
+                    // unready until one is accepted, sockets or not.
+                    ready.clear(Cause::Sockets);
                     // A folder removed took its watch along; the one made again needs one.
                     if rewatch || changes.is_none() {
                         changes = watch(&folders);
@@ -192,8 +181,10 @@ impl Sockets {
                 }
                 Err(why) => {
                     warn!(error = %why, "Cannot serve a removed DRA socket again; retrying");
-                    ready.unset(format!("{why}; retrying on every change in its folder"));
-                    failing = true;
+                    ready.not_ready(
+                        Cause::Sockets,
+                        format!("{why}; retrying on every change in its folder"),
+                    );
                 }
             }
         }

@@ -143,6 +143,8 @@ pub async fn run(
         sample_tx,
     )?;
     let (directory_tx, directory_rx) = watch::channel(Arc::new(PodDirectory::default()));
+    // What keeps the pod directory from the API server, if anything (none for the runtime's).
+    let (trouble_tx, trouble_rx) = watch::channel(None);
     let directory = match config.usage.as_ref().map(|u| &u.names) {
         Some(usage::PodNames::Api { node, kubeconfig }) => {
             let client = crate::kube::connect(kubeconfig.as_deref())
@@ -150,7 +152,13 @@ pub async fn run(
                 .map_err(ExporterError::Api)?;
             Some(helpers.spawn(
                 "pod directory",
-                crate::kube::pods::follow(client, node.clone(), directory_tx, cancel.clone()),
+                crate::kube::pods::follow(
+                    client,
+                    node.clone(),
+                    directory_tx,
+                    trouble_tx,
+                    cancel.clone(),
+                ),
             ))
         }
         Some(usage::PodNames::Runtime { socket, interval }) => Some(helpers.spawn(
@@ -183,6 +191,7 @@ pub async fn run(
                 samples: sample_rx,
                 pods: pods_rx,
                 directory: directory_rx,
+                trouble: trouble_rx,
             },
             xids,
             Publisher {
@@ -210,6 +219,8 @@ struct Sources {
     pods: watch::Receiver<Arc<PodsState>>,
     /// This node's pods, for per-pod usage (empty without it).
     directory: watch::Receiver<Arc<PodDirectory>>,
+    /// What keeps the pod directory from the API server now, if anything.
+    trouble: watch::Receiver<Option<String>>,
 }
 
 /// Where the render loop publishes bodies.
@@ -217,7 +228,9 @@ struct Publisher {
     shared: Shared,
     /// The HTTP server's counters, rendered into each body.
     http_stats: Arc<http::Stats>,
-    /// The exporter's readiness: set after the first body, unset while samples are stale.
+    /// The exporter's readiness: set after the first body, unset while samples are stale,
+    /// and naming (ready still: the metrics flow) what keeps per-pod usage from the pods'
+    /// names.
     ready: ReadyLatch,
     /// No body published yet.
     first: bool,
@@ -226,8 +239,15 @@ struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes a body rendered from a sample `age` old, moving readiness with its freshness.
-    fn publish(&mut self, published: Published, age: Duration, interval: Duration) {
+    /// Publishes a body rendered from a sample `age` old, moving readiness with its freshness
+    /// and with `trouble`, what keeps per-pod usage from the pods' names.
+    fn publish(
+        &mut self,
+        published: Published,
+        age: Duration,
+        interval: Duration,
+        trouble: Option<&str>,
+    ) {
         self.shared.send_replace(published);
         let stale = age > interval * STALE_INTERVALS;
         if stale && (!self.stale || self.first) {
@@ -236,8 +256,9 @@ impl Publisher {
                 age.as_secs_f64(),
                 humantime::format_duration(interval)
             ));
-        } else if !stale && (self.stale || self.first) {
-            self.ready.set();
+        } else if !stale {
+            // Marking the same state again changes nothing: no need to remember the last.
+            self.ready.busy(trouble.map(str::to_owned));
         }
         self.stale = stale;
         self.first = false;
@@ -262,7 +283,10 @@ async fn render_loop(
         mut samples,
         mut pods,
         directory,
+        mut trouble,
     } = sources;
+    // Once the follower that sends it is gone, stop watching it.
+    let mut trouble_live = true;
     let mut snapshots = inventory.subscribe();
     let ledger = xids.unwrap_or_else(|| XidLedger::new(config.xid_window));
     let mut xid_changes = ledger.subscribe();
@@ -283,6 +307,7 @@ async fn render_loop(
             () = cancel.cancelled() => return,
             changed = samples.changed() => if changed.is_err() { return },
             changed = pods.changed(), if pods_live => if changed.is_err() { pods_live = false },
+            changed = trouble.changed(), if trouble_live => if changed.is_err() { trouble_live = false },
             changed = snapshots.changed() => if changed.is_err() { return },
             changed = xid_changes.changed() => if changed.is_err() { return },
             _ = freshness.tick() => {
@@ -353,6 +378,7 @@ async fn render_loop(
             ready: true,
             nvml_up: sample.telemetry.nvml_up,
         };
-        publisher.publish(published, age, config.collect_interval);
+        let trouble = trouble.borrow_and_update().clone();
+        publisher.publish(published, age, config.collect_interval, trouble.as_deref());
     }
 }

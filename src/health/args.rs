@@ -11,9 +11,8 @@ use crate::values::positive_duration;
 /// `device-plugin`, `exporter`, `run`): flags over gpud's config file over the defaults.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HealthArgs {
-    /// gpud config file (YAML or JSON); its `health` section applies.
-    #[arg(long, value_name = "PATH", env = crate::config::CONFIG_ENV)]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub gpud_config: crate::cli::GpudConfigArgs,
 
     /// How often counters, temperatures, NVLinks and reachability are polled [default: 5s].
     #[arg(long = "health-poll-interval", visible_alias = "poll-interval", value_name = "DURATION",
@@ -37,7 +36,8 @@ impl HealthArgs {
     /// for `applet` (whose kept verdicts are its own), printing the warnings about malformed
     /// XID lists once. Also returns the config file for the applet's other sections.
     pub fn resolve(&self, applet: &str) -> Result<(WatcherConfig, crate::config::Config), Error> {
-        let file = crate::config::load_optional(self.config.as_deref()).map_err(Error::config)?;
+        let file = crate::config::load_optional(self.gpud_config.config.as_deref())
+            .map_err(Error::config)?;
         let (watcher, warnings) = WatcherConfig::resolve(
             WatcherOverrides {
                 poll_interval: self.poll_interval,

@@ -65,11 +65,14 @@ fn entry(pod: &Pod) -> Option<(String, PodEntry)> {
 }
 
 /// Follows the pods of `node` into `directory` until `cancel` fires. Failures are retried
-/// with backoff and logged; the last directory stays meanwhile.
+/// with backoff and logged; the last directory stays meanwhile, and `trouble` holds what
+/// failed (the API server's answer, with the RBAC hint on a 403) until a list is answered or
+/// a watch opens again: the exporter says it on `/readyz` and serves its metrics on.
 pub async fn follow(
     client: ::kube::Client,
     node: String,
     directory: watch::Sender<Arc<PodDirectory>>,
+    trouble: watch::Sender<Option<String>>,
     cancel: CancellationToken,
 ) {
     let pods: Api<Pod> = Api::all(client);
@@ -86,7 +89,7 @@ pub async fn follow(
                     directory.send_replace(Arc::new(listed));
                     Ok(Some(at))
                 }
-                Some(from) => watch_once(&pods, &selector, from, &directory)
+                Some(from) => watch_once(&pods, &selector, from, &directory, &trouble)
                     .await
                     .map(Some),
             }
@@ -99,6 +102,7 @@ pub async fn follow(
             Ok(next) => {
                 version = next;
                 backoff.reset();
+                resolved(&trouble);
             }
             Err(err) => {
                 // 410: the version is gone from the API server's window; list again.
@@ -106,7 +110,11 @@ pub async fn follow(
                     version = None;
                 }
                 let delay = err.paced(backoff.next_delay());
-                warn!(error = %crate::logging::error_chain(&err), retry_in = ?delay, "Cannot follow this node's pods; retrying");
+                let text = crate::logging::error_chain(&err);
+                warn!(error = %text, retry_in = ?delay, "Cannot follow this node's pods; retrying");
+                trouble.send_replace(Some(format!(
+                    "per-pod usage cannot name this node's pods: {text}; retrying with backoff"
+                )));
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
@@ -114,6 +122,11 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// Clears `trouble`: the API server answered.
+fn resolved(trouble: &watch::Sender<Option<String>>) {
+    trouble.send_if_modified(|trouble| trouble.take().is_some());
 }
 
 async fn list(pods: &Api<Pod>, selector: &str) -> Result<(PodDirectory, String), ApiError> {
@@ -135,6 +148,7 @@ async fn watch_once(
     selector: &str,
     from: &str,
     directory: &watch::Sender<Arc<PodDirectory>>,
+    trouble: &watch::Sender<Option<String>>,
 ) -> Result<String, ApiError> {
     // Bookmarks are asked for by default: a quiet node's version stays fresh.
     let params = WatchParams::default()
@@ -142,6 +156,7 @@ async fn watch_once(
         .timeout(WATCH_SECONDS);
     let what = || "watching this node's pods".to_owned();
     let stream = bounded(what, pods.watch(&params, from)).await?;
+    resolved(trouble);
     let mut stream = std::pin::pin!(stream);
     let mut version = from.to_owned();
     let limit = Duration::from_secs(u64::from(WATCH_SECONDS) + 30);

@@ -23,7 +23,7 @@
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
 //! optionally the Nth matching request) answer with a [`Fault`] (409, 410 or a watch ERROR
 //! event carrying 410, 429 with `Retry-After` in seconds or as an HTTP date, a 429 or 5xx
-//! with `Retry-After` and no `retryAfterSeconds` in its body, 403, 422, a stall,
+//! with `Retry-After` and no `retryAfterSeconds` in its body, a 429 or 5xx with neither, 403, 422, a stall,
 //! a dropped connection, a 200 whose body never ends), every refusal a real `metav1.Status`
 //! body (but the plain-text 429s of priority and fairness and of a proxy). Server-side apply without a field manager is refused
 //! with 422, writes to a Node that does not exist with 404, and every request is recorded
@@ -220,6 +220,9 @@ pub enum Fault {
     /// `Retry-After` when over 0 (the API server asks for 10 s while the budget is still
     /// being processed, and for nothing when it allows no disruption).
     DisruptionBudget(u64),
+    /// A 429 or 5xx (the code given) with a `Status` body and no `Retry-After` at all: a 500
+    /// InternalError, or a 429 that gives no hint when to come back.
+    Failure(u16),
     /// 404 NotFound, as for an object that does not exist.
     NotFound,
     /// 403 Forbidden, as RBAC refuses.
@@ -569,6 +572,24 @@ fn refusal(fault: &Fault, method: &str, uri: &axum::http::Uri) -> axum::response
                 axum::http::HeaderValue::from_str(&seconds.to_string()).unwrap(),
             );
             response
+        }
+        Fault::Failure(code) => {
+            let code = StatusCode::from_u16(*code).unwrap();
+            let (reason, message) = match code {
+                StatusCode::TOO_MANY_REQUESTS => (
+                    "TooManyRequests",
+                    "Too many requests, please try again later.",
+                ),
+                StatusCode::SERVICE_UNAVAILABLE => (
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request",
+                ),
+                _ => (
+                    "InternalError",
+                    "an error on the server has prevented the request",
+                ),
+            };
+            failure(code, reason, message, details)
         }
         Fault::TooManyRequestsPlain(seconds) => plain_429(&seconds.to_string()),
         Fault::TooManyRequestsDate(seconds) => plain_429(&httpdate::fmt_http_date(

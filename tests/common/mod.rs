@@ -203,14 +203,38 @@ impl Node {
     }
 }
 
+/// Whether goldens are rewritten: `GPUD_BLESS` set (`bless`), and never in CI (`ci`: the
+/// `CI` variable every CI system sets), where a run that rewrote its goldens would compare
+/// gpud's output with itself and pass whatever it printed. Both set is an error, so the run
+/// fails instead of passing vacuously.
+pub fn blessing(
+    bless: Option<&std::ffi::OsStr>,
+    ci: Option<&std::ffi::OsStr>,
+) -> Result<bool, String> {
+    let in_ci = ci.is_some_and(|v| !v.is_empty() && v != "false" && v != "0");
+    match (bless.is_some(), in_ci) {
+        (true, true) => Err(
+            "GPUD_BLESS is set while CI is set: goldens are never rewritten in CI (that would \
+             compare gpud's output with itself); unset GPUD_BLESS, or bless locally and commit \
+             the reviewed goldens"
+                .to_owned(),
+        ),
+        (bless, _) => Ok(bless),
+    }
+}
+
 /// Compares `actual` with the golden file at `tests/fixtures/golden/<name>`; with
-/// `GPUD_BLESS=1` it rewrites the file instead (review the diff before committing).
-#[allow(clippy::disallowed_methods)] // GPUD_BLESS is the harness's own switch
+/// `GPUD_BLESS=1` it rewrites the file instead (review the diff before committing). In CI
+/// (`CI` set) `GPUD_BLESS` fails the test instead ([`blessing`]).
+#[allow(clippy::disallowed_methods)] // GPUD_BLESS and CI are the harness's own switches
 pub fn assert_golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/golden")
         .join(name);
-    if std::env::var_os("GPUD_BLESS").is_some() {
+    let bless = std::env::var_os("GPUD_BLESS");
+    let ci = std::env::var_os("CI");
+    let bless = blessing(bless.as_deref(), ci.as_deref()).unwrap_or_else(|why| panic!("{why}"));
+    if bless {
         std::fs::create_dir_all(path.parent().expect("golden dir")).expect("create golden dir");
         std::fs::write(&path, actual).expect("write golden");
         return;

@@ -345,3 +345,106 @@ fn a_pod_watch_ended_by_410_gone_lists_again_and_names_the_new_pod() {
         "one list at start, one after the 410: {reads:?}"
     );
 }
+
+/// The pod list refused with 403 (gpud's ClusterRole without `list pods`): `/readyz` and the
+/// log say so with the RBAC hint, the exporter stays ready and keeps serving its metrics
+/// (usage without pod names meanwhile), and the pods are named once the list is allowed.
+#[test]
+fn a_pod_list_refused_with_403_is_said_with_the_rbac_hint_and_metrics_are_served() {
+    use crate::fake_api::{Fault, Rule};
+    let setup = setup("dgx-h100");
+    let forbidden = setup
+        .api
+        .refuse(Rule::exact("GET", "/api/v1/pods", Fault::Forbidden));
+    setup.node.inject("process 0 101 2048 35");
+    let mut exporter = start(&setup);
+    let said = crate::common::http::wait_for(exporter.port, "/readyz", 20, |a| {
+        a.status == 200 && a.body.contains("per-pod usage")
+    });
+    assert!(
+        said.body.contains(
+            "exporter ready: per-pod usage cannot name this node's pods: listing this node's \
+             pods: 403 Forbidden: "
+        ) && said.body.contains("forbidden by RBAC")
+            && said.body.contains("retrying with backoff"),
+        "{}",
+        said.body
+    );
+    // The metrics flow meanwhile: the GPUs' own, and the process's usage with no pod name.
+    let body = exporter.metrics_after(2);
+    assert_eq!(family(&body, "DCGM_FI_DEV_GPU_UTIL").len(), 8, "{body}");
+    assert_eq!(value(&body, MEMORY, &[("pod", "train-a")]), None);
+    exporter.drain_log();
+    let log = exporter.log.join("\n");
+    assert!(
+        log.contains("Cannot follow this node's pods; retrying")
+            && log.contains("forbidden by RBAC"),
+        "{log}"
+    );
+    assert!(setup.api.refused_by(forbidden) >= 1);
+
+    setup.api.allow_all();
+    exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "train-a")]).is_some());
+    let ready = exporter.get("/readyz");
+    assert_eq!(ready.status, 200);
+    assert!(!ready.body.contains("per-pod usage"), "{}", ready.body);
+}
+
+/// A pod watch whose connection drops resumes from the last version it saw (no new list): a
+/// pod added while it was down is named.
+#[test]
+fn a_dropped_pod_watch_resumes_and_names_a_pod_added_meanwhile() {
+    use crate::fake_api::{Fault, Rule};
+    let setup = setup("dgx-h100");
+    // The first two watches after the start's list lose their connections.
+    let dropped = setup.api.refuse(
+        Rule::exact("GET", "/api/v1/pods", Fault::Drop)
+            .query("watch=true")
+            .times(2),
+    );
+    setup.node.inject("process 0 101 2048 35");
+    let exporter = start(&setup);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while setup.api.refused_by(dropped) < 1 {
+        assert!(std::time::Instant::now() < deadline, "no watch dropped");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Meanwhile a pod starts on the node.
+    let uid = "eeeeeeee-5555-4555-8555-000000000005";
+    let id = "e5".repeat(32);
+    setup
+        .api
+        .put_pod(pod("web", "meanwhile", uid, "test-node", &[("enc", &id)]));
+    process(
+        setup.proc.path(),
+        105,
+        5000,
+        &format!("0::/kubepods/besteffort/pod{uid}/{id}\n"),
+    );
+    setup.node.inject("process 2 105 256 5");
+    let body = exporter.metrics_until(30, |b| value(b, MEMORY, &[("pod", "meanwhile")]).is_some());
+    assert_eq!(
+        value(&body, MEMORY, &[("pod", "meanwhile"), ("gpu", "2")]).as_deref(),
+        Some("268435456")
+    );
+    assert!(
+        value(&body, MEMORY, &[("pod", "train-a")]).is_some(),
+        "{body}"
+    );
+    assert_eq!(setup.api.refused_by(dropped), 2);
+    let reads = setup.api.state.lock().unwrap().pod_reads.clone();
+    assert_eq!(
+        reads.iter().filter(|(watch, _)| !watch).count(),
+        1,
+        "resumed from the version, not listed again: {reads:?}"
+    );
+    // Once a watch is open again, /readyz no longer names the dropped connection.
+    let ready = crate::common::http::wait_for(exporter.port, "/readyz", 10, |a| {
+        a.status == 200 && !a.body.contains("per-pod usage")
+    });
+    assert!(
+        ready.body.lines().any(|l| l == "exporter ready"),
+        "{}",
+        ready.body
+    );
+}

@@ -22,7 +22,25 @@ if [[ ! -x "$gpud" ]]; then
     (cd "$root" && cargo build --release --bin gpud) || exit 1
 fi
 has() { "$gpud" --list | grep -qx "$1"; }
+# No daemon here binds its fixed default admin port (9410-9417): the machine may run gpud
+# itself. The exporter and `gpud run` serve /readyz on the free port each is given.
+export GPUD_HEALTH_ADDRESS=""
 
+# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
+# where an outgoing connection could take it before the server binds (as tests/e2e does): the
+# machine may run another gpud, or this script twice.
+free_port() {
+  local port
+  for _ in $(seq 100); do
+    port=$((20000 + RANDOM % 12000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+  echo "no free port" >&2
+  exit 1
+}
 step() { echo; echo "== $*"; }
 run() { # name, command…: runs with a time limit, keeps stdout and stderr, prints the wall time
     local name=$1; shift
@@ -97,22 +115,23 @@ fi
 
 if has exporter; then
     step "gpud exporter: /metrics scrapes (1 s sampling)"
-    "$gpud" exporter --address 127.0.0.1:19400 --collect-interval 1000 \
+    port=$(free_port)
+    "$gpud" exporter --address "127.0.0.1:$port" --collect-interval 1000 \
         >"$out/exporter.out" 2>"$out/exporter.err" &
     pid=$!
     for _ in $(seq 1 50); do
-        curl -fsS http://127.0.0.1:19400/readyz >/dev/null 2>&1 && break
+        curl -fsS http://127.0.0.1:$port/readyz >/dev/null 2>&1 && break
         sleep 0.2
     done
-    curl -fsS http://127.0.0.1:19400/metrics >"$out/metrics.prom" 2>&1
+    curl -fsS http://127.0.0.1:$port/metrics >"$out/metrics.prom" 2>&1
     echo "exit $?"; head -c 16000 "$out/metrics.prom"
     sleep 3
-    curl -fsS http://127.0.0.1:19400/metrics >"$out/metrics-later.prom" 2>&1
+    curl -fsS http://127.0.0.1:$port/metrics >"$out/metrics-later.prom" 2>&1
     echo "-- gpud's own series after 3 s more:"
     grep -E '^gpud_(sample_duration|nvml_up|gpu_health)' "$out/metrics-later.prom"
     echo "-- scrape timings (20 scrapes):"
     for _ in $(seq 1 20); do
-        curl -o /dev/null -sS -w '%{time_total}\n' http://127.0.0.1:19400/metrics
+        curl -o /dev/null -sS -w '%{time_total}\n' http://127.0.0.1:$port/metrics
     done | sort -n | awk '{t[NR]=$1} END {print "min " t[1] " s, median " t[int((NR+1)/2)] " s, max " t[NR] " s"}'
     echo "-- exporter RSS: $(awk '/VmRSS/ {print $2, $3}' /proc/$pid/status 2>/dev/null)"
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
@@ -128,19 +147,20 @@ pid=$!; sleep 3; echo "gpud health RSS: $(rss $pid)"; kill "$pid"; wait "$pid" 2
 if has run && [[ -x "$kubelet_sim" ]]; then
     step "gpud run: every subsystem in one process (simulated kubelet, labels to a temp file)"
     dir=$(mktemp -d)
+    port=$(free_port)
     start=$(date +%s%N)
     "$gpud" run --kubelet-socket "$dir/kubelet.sock" --kmsg "" -o "$dir/gfd" --no-timestamp \
-        -a 127.0.0.1:19401 -c 1000 >"$out/run.out" 2>"$out/run.err" &
+        -a "127.0.0.1:$port" -c 1000 >"$out/run.out" 2>"$out/run.err" &
     pid=$!
     run kubelet-sim-run "$kubelet_sim" "$dir"
     for _ in $(seq 1 50); do
-        curl -fsS http://127.0.0.1:19401/readyz >/dev/null 2>&1 && break
+        curl -fsS http://127.0.0.1:$port/readyz >/dev/null 2>&1 && break
         sleep 0.1
     done
     echo "start to metrics ready: $(( ($(date +%s%N) - start) / 1000000 )) ms"
     echo "-- labels written by gpud run:"; cat "$dir/gfd"
     sleep 3
-    curl -fsS http://127.0.0.1:19401/metrics >"$out/run-metrics.prom"
+    curl -fsS http://127.0.0.1:$port/metrics >"$out/run-metrics.prom"
     echo "-- gpud run's own series:"; grep -E '^gpud_(sample_duration|nvml_up|gpu_health)' "$out/run-metrics.prom"
     echo "-- gpud run RSS after 3 s: $(rss $pid)"
     kill "$pid"; wait "$pid"; echo "exit $? on SIGTERM; features file left: $(ls "$dir" | grep -c '^gfd$')"

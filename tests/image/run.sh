@@ -73,6 +73,21 @@ in_image() {
   fi
 }
 
+# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
+# where an outgoing connection could take it before the server binds (as tests/e2e does).
+free_port() {
+  local port
+  for _ in $(seq 100); do
+    port=$((20000 + RANDOM % 12000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+  echo "no free port" >&2
+  exit 1
+}
+
 # The chroot equivalent: a scratch copy of the root filesystem with each mount bind-mounted
 # into it, the environment given explicitly. A TERM (the test stopping a daemon) is passed on.
 in_chroot() {
@@ -178,11 +193,14 @@ if [[ $mode == docker ]]; then
       --entrypoint /scrape "$image" "$name:9400" "$1"
   }
 else
+  # The chroot shares the host's network: no fixed port (another test, or a second run of
+  # this one, may hold it).
+  port=$(free_port)
   in_image "$mock:$driver:ro" "$work/state-exporter:/var/lib/gpud" \
     NVML_MOCK_FIXTURE=$fixture NODE_NAME=gpu-node-1 GPUD_KMSG_PATH= -- \
-    /usr/bin/gpud-exporter --collect-interval 500 -a 127.0.0.1:19400 &
+    /usr/bin/gpud-exporter --collect-interval 500 -a "127.0.0.1:$port" &
   exporter=$!
-  scrape_from_peer() { in_image "$scrape:/scrape" -- /scrape 127.0.0.1:19400 "$1"; }
+  scrape_from_peer() { in_image "$scrape:/scrape" -- /scrape "127.0.0.1:$port" "$1"; }
 fi
 deadline=$((SECONDS + 30))
 until scrape_from_peer /readyz >/dev/null 2>&1; do

@@ -13,15 +13,13 @@ use super::service::Reconciler;
 use crate::daemon::Error;
 use crate::nvml::{Nvml, Rescanner};
 
-use crate::mig_state::DEFAULT_STATE_DIR;
+use crate::cli::{MigConfigArgs, MigStateArgs, StateArgs};
 
 /// The reconciler's flags.
 #[derive(Debug, Clone, Args)]
 pub struct ReconcileArgs {
-    /// mig-parted config file with the configs the Node's nvidia.com/mig.config label may
-    /// name; re-read at every attempt. In `gpud run` it turns the MIG reconciler on.
-    #[arg(long, value_name = "PATH", env = "GPUD_MIG_CONFIG_FILE")]
-    pub mig_config_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: MigConfigArgs,
 
     /// mig-parted hooks file run around every apply.
     #[arg(long, value_name = "PATH", env = "GPUD_MIG_HOOKS_FILE")]
@@ -58,11 +56,8 @@ pub struct ReconcileArgs {
     )]
     pub mig_reboot_command: String,
 
-    /// Directory of the reconciler's on-disk state (the reboot-once marker); must survive a
-    /// reboot.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_STATE_DIR,
-          env = "GPUD_MIG_STATE_DIR")]
-    pub mig_state_dir: PathBuf,
+    #[command(flatten)]
+    pub state: MigStateArgs,
 
     /// First delay before a failed config is retried; it doubles on every failure, up to
     /// 10 minutes.
@@ -76,9 +71,14 @@ fn words(command: &str) -> Vec<String> {
 }
 
 impl ReconcileArgs {
+    /// The reconciler's state directory: `--mig-state-dir`, else `<state-dir>/mig`.
+    pub fn state_dir(&self, state: &StateArgs) -> PathBuf {
+        self.state.resolve(state)
+    }
+
     /// Whether the reconciler is asked for.
     pub fn enabled(&self) -> bool {
-        self.mig_config_file.is_some()
+        self.config.mig_config_file.is_some()
     }
 
     /// The reconciler, checked at start: a node name is needed (64) and the config file and
@@ -89,7 +89,7 @@ impl ReconcileArgs {
         &'a self,
         node_name: Option<&'a str>,
     ) -> Result<Option<(&'a PathBuf, &'a str)>, Error> {
-        let Some(config_file) = &self.mig_config_file else {
+        let Some(config_file) = &self.config.mig_config_file else {
             return Ok(None);
         };
         let node = node_name.filter(|n| !n.is_empty()).ok_or_else(|| {
@@ -107,12 +107,14 @@ impl ReconcileArgs {
         node_name: Option<&str>,
         kubeconfig: Option<&Path>,
         unready_after: Duration,
+        state: &StateArgs,
         nvml: &Nvml,
         rescanner: Rescanner,
     ) -> Result<Option<Reconciler>, Error> {
         let Some((config_file, node)) = self.validate(node_name)? else {
             return Ok(None);
         };
+        let state_dir = self.state_dir(state);
         Ok(Some(Reconciler {
             job: Job {
                 config_file: config_file.clone(),
@@ -123,8 +125,8 @@ impl ReconcileArgs {
             },
             node: node.to_owned(),
             kubeconfig: kubeconfig.map(Path::to_path_buf),
-            marker: Marker::new(&self.mig_state_dir),
-            state_dir: self.mig_state_dir.clone(),
+            marker: Marker::new(&state_dir),
+            state_dir,
             reboot_command: words(&self.mig_reboot_command),
             retry: self.mig_retry_interval,
             admin: nvml.mig_admin(),
