@@ -15,6 +15,7 @@ use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 use crate::cli::{self, AdminArgs, ApiArgs, CommonArgs};
 use crate::daemon::{Daemon, Error};
 use crate::holdings::layout::{self, Owner, TakeError};
+use crate::holdings::layout_lock::{self, LayoutLock};
 use crate::mig::apply::{self, ApplyError, Options, Outcome};
 use crate::mig::hooks::{FlagEnv, Hooks};
 use crate::mig::reconcile::args::ReconcileArgs;
@@ -107,6 +108,11 @@ struct ApplyArgs {
     /// How long a reset may take to bring a pending mode into effect.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
     reset_wait: Duration,
+
+    /// Where the layout owners' record and lock are (`--state-dir`): an apply never changes a
+    /// GPU DRA dynamic MIG owns, and never runs while another layout change is under way.
+    #[command(flatten)]
+    state: cli::StateArgs,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -327,6 +333,7 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         None => Hooks::default(),
     };
     let admin = start(&args.config)?;
+    let layouts = LayoutGuard::take(&args.state.state_dir, &spec, &read_gpus(&admin)?)?;
     let opts = Options {
         skip_reset: args.skip_reset,
         mode_only: args.mode.mode_only,
@@ -347,7 +354,11 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         }
         .vars(),
     };
-    match apply::apply(&admin, entries(&spec, &label), &hooks, &opts) {
+    let applied = apply::apply(&admin, entries(&spec, &label), &hooks, &opts);
+    if matches!(applied, Ok(Outcome::AlreadyApplied | Outcome::Applied)) {
+        layouts.record(&admin);
+    }
+    match applied {
         Ok(Outcome::ResetPending(gpus)) => {
             let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
             eprintln!(
@@ -416,6 +427,45 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
 /// layout owners' record of `state_dir` (refused, exit 64, while DRA dynamic MIG runs with
 /// one of them); the folder the reconciler then records its layouts and locks changes in,
 /// `None` when gpud keeps no state.
+/// A one-shot apply's place among the layout owners: checked as the MIG manager's against the
+/// record (a GPU a running DRA dynamic MIG owns is refused, exit 64) and the node's layout lock
+/// held until dropped. Without a state directory it locks this process only.
+struct LayoutGuard {
+    dir: Option<PathBuf>,
+    _lock: LayoutLock,
+}
+
+impl LayoutGuard {
+    fn take(state_dir: &str, spec: &Spec, gpus: &[MigGpu]) -> Result<Self, Error> {
+        let dir = (!state_dir.is_empty()).then(|| PathBuf::from(state_dir));
+        if let Some(dir) = &dir {
+            layout::check(dir, Owner::MigManager, &select::covered(spec, gpus))
+                .map_err(TakeError::into_error)?;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Failure(format!("cannot wait for the MIG layout lock: {e}")))?;
+        let lock = runtime
+            .block_on(layout_lock::lock(dir.as_deref(), "gpud mig apply"))
+            .map_err(Error::Failure)?;
+        Ok(LayoutGuard { dir, _lock: lock })
+    }
+
+    /// Records the layouts of the GPUs the MIG manager owns as they are now, for remediation
+    /// to remake after a reset (still under the lock).
+    fn record(&self, admin: &MigAdmin) {
+        let Some(dir) = &self.dir else { return };
+        let recorded = admin
+            .gpus()
+            .map_err(|e| crate::logging::error_chain(&e))
+            .and_then(|gpus| layout::record_layouts(dir, &gpus));
+        if let Err(err) = recorded {
+            tracing::warn!(error = %err, "Cannot record the MIG layout for remediation");
+        }
+    }
+}
+
 pub(super) fn take_layouts(
     state_dir: &str,
     config_file: &Path,

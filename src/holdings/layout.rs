@@ -211,21 +211,7 @@ pub fn take(
         .write(true)
         .open(&alive)
         .map_err(|e| TakeError::Io(format!("{}: {e}", alive.display())))?;
-    let mut record = read(dir).map_err(TakeError::Damaged)?;
-    for (index, uuid) in gpus {
-        let Some(entry) = record.gpus.get(uuid) else {
-            continue;
-        };
-        if entry.owner != owner && running(dir, entry.owner) {
-            return Err(TakeError::Conflict(Conflict {
-                index: *index,
-                uuid: uuid.clone(),
-                ours: owner,
-                theirs: entry.owner,
-                source: format!("recorded in {}", path(dir).display()),
-            }));
-        }
-    }
+    let mut record = check(dir, owner, gpus)?;
     flock(&file, FlockOperation::NonBlockingLockShared)
         .map_err(|e| TakeError::Io(format!("{}: {e}", alive.display())))?;
     HELD.lock()
@@ -254,6 +240,28 @@ pub fn take(
         write(dir, &record).map_err(TakeError::Io)?;
     }
     Ok(())
+}
+
+/// Whether `owner` may change the layouts of `gpus` (index, UUID) without taking them: refused
+/// with the first GPU another running owner has (a one-shot `gpud mig apply` beside a running
+/// DRA plugin). Returns the record as read.
+pub fn check(dir: &Path, owner: Owner, gpus: &[(u32, String)]) -> Result<Record, TakeError> {
+    let record = read(dir).map_err(TakeError::Damaged)?;
+    for (index, uuid) in gpus {
+        let Some(entry) = record.gpus.get(uuid) else {
+            continue;
+        };
+        if entry.owner != owner && running(dir, entry.owner) {
+            return Err(TakeError::Conflict(Conflict {
+                index: *index,
+                uuid: uuid.clone(),
+                ours: owner,
+                theirs: entry.owner,
+                source: format!("recorded in {}", path(dir).display()),
+            }));
+        }
+    }
+    Ok(record)
 }
 
 /// Why [`take`] failed.

@@ -673,3 +673,76 @@ async fn a_mig_manager_started_beside_dynamic_mig_is_a_usage_error_naming_the_gp
     .unwrap();
     assert_eq!(owners["gpus"][dra.uuid(0)]["owner"], "dra-dynamic-mig");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_mig_apply_beside_dynamic_mig_is_refused_and_changes_nothing() {
+    let mut dra = Dra::dynamic("dgx-h100");
+    dra.start();
+    dra.register().await;
+    dra.slices_when("counter sets", partitioned);
+    let config =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let out = dra.node.run(&[
+        "mig",
+        "apply",
+        "-f",
+        config.to_str().unwrap(),
+        "-c",
+        "all-1g.10gb",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "GPU 0 ({}): its MIG layout would have two owners, the MIG manager (gpud mig \
+             reconcile, --mig-config-file) and DRA dynamic MIG (--dra-dynamic-mig)",
+            dra.uuid(0)
+        )),
+        "{stderr}"
+    );
+    assert_eq!(dra.mig_devices(), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_mig_apply_waits_for_another_layout_change_to_finish() {
+    let node = common::Node::new("dgx-h100");
+    let state = node.dir.path().join("state");
+    let held = gpud::holdings::layout_lock::lock(Some(&state), "the test")
+        .await
+        .unwrap();
+    let config =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let mut apply = node
+        .gpud(&[
+            "mig",
+            "apply",
+            "-f",
+            config.to_str().unwrap(),
+            "-c",
+            "all-1g.10gb",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The apply says it waits; it has changed nothing until the lock is let go.
+    let mut stderr = std::io::BufReader::new(apply.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("Waiting for another MIG layout change to finish") {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
+            "apply ended without waiting: {seen}"
+        );
+        seen.push_str(&line);
+    }
+    assert!(apply.try_wait().unwrap().is_none(), "{seen}");
+    drop(held);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = apply.wait().unwrap();
+    assert!(status.success(), "{seen}{rest}");
+    assert!(
+        rest.contains("MIG configuration applied successfully"),
+        "{rest}"
+    );
+}
