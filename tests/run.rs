@@ -553,6 +553,48 @@ async fn a_configmap_update_reloads_with_watch_config() {
     );
 }
 
+/// With `--watch-config`, a config folder removed and made again (a hostPath replaced, a
+/// volume remounted) ends the folder's inotify watch: gpud says so and polls the file from
+/// then on, so the next change still reloads instead of going unseen until a SIGHUP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_folder_made_again_is_polled_and_its_next_change_reloads() {
+    let node = Node::new("pcie-4gpu");
+    let folder = node.dir.path().join("nvidia-config");
+    std::fs::create_dir_all(&folder).unwrap();
+    let config = folder.join("config.yaml");
+    std::fs::write(&config, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
+    let kubelet = FakeKubelet::start(node.dir.path()).await;
+    let log_path = node.dir.path().join("stderr.log");
+    let child = command(
+        &node,
+        &kubelet,
+        free_port(),
+        &["--config-file", config.to_str().unwrap(), "--watch-config"],
+    )
+    .env("GPUD_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log_path).unwrap())
+    .spawn()
+    .unwrap();
+    let _daemon = Daemon { child, port: 0 };
+    logged(&log_path, "All subsystems ready", 1);
+
+    std::fs::remove_dir_all(&folder).unwrap();
+    logged(&log_path, "Cannot watch the config folders any more", 1);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        &config,
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n",
+    )
+    .unwrap();
+    let log = logged(&log_path, "Configuration reloaded", 1);
+    assert!(
+        log.contains("a config folder was removed or moved"),
+        "{log}"
+    );
+    labels_when(&node, |l| l.contains("nvidia.com/gpu.replicas=2"));
+}
+
 /// The GPUs a device list withdraws, by index in `ids` (the first list's order).
 fn unhealthy(list: &gpud::proto::deviceplugin::ListAndWatchResponse, ids: &[String]) -> Vec<usize> {
     let mut sick: Vec<usize> = list

@@ -355,9 +355,9 @@ fn run_apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         .vars(),
     };
     let applied = apply::apply(&admin, entries(&spec, &label), &hooks, &opts);
-    if matches!(applied, Ok(Outcome::AlreadyApplied | Outcome::Applied)) {
-        layouts.record(&admin);
-    }
+    // Recording the layout is the running MIG manager's (its config's layout is what a reset
+    // remakes); a one-shot apply only keeps out of the other writers' way.
+    drop(layouts);
     match applied {
         Ok(Outcome::ResetPending(gpus)) => {
             let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
@@ -423,15 +423,10 @@ fn run_reconcile(args: ReconcileCommand) -> Result<ExitCode, Error> {
     daemon.run(inventory)
 }
 
-/// Takes the GPUs of `gpus` that the MIG config file covers as the MIG manager's in the
-/// layout owners' record of `state_dir` (refused, exit 64, while DRA dynamic MIG runs with
-/// one of them); the folder the reconciler then records its layouts and locks changes in,
-/// `None` when gpud keeps no state.
 /// A one-shot apply's place among the layout owners: checked as the MIG manager's against the
 /// record (a GPU a running DRA dynamic MIG owns is refused, exit 64) and the node's layout lock
 /// held until dropped. Without a state directory it locks this process only.
 struct LayoutGuard {
-    dir: Option<PathBuf>,
     _lock: LayoutLock,
 }
 
@@ -449,23 +444,14 @@ impl LayoutGuard {
         let lock = runtime
             .block_on(layout_lock::lock(dir.as_deref(), "gpud mig apply"))
             .map_err(Error::Failure)?;
-        Ok(LayoutGuard { dir, _lock: lock })
-    }
-
-    /// Records the layouts of the GPUs the MIG manager owns as they are now, for remediation
-    /// to remake after a reset (still under the lock).
-    fn record(&self, admin: &MigAdmin) {
-        let Some(dir) = &self.dir else { return };
-        let recorded = admin
-            .gpus()
-            .map_err(|e| crate::logging::error_chain(&e))
-            .and_then(|gpus| layout::record_layouts(dir, &gpus));
-        if let Err(err) = recorded {
-            tracing::warn!(error = %err, "Cannot record the MIG layout for remediation");
-        }
+        Ok(LayoutGuard { _lock: lock })
     }
 }
 
+/// Takes the GPUs of `gpus` that the MIG config file covers as the MIG manager's in the
+/// layout owners' record of `state_dir` (refused, exit 64, while DRA dynamic MIG runs with
+/// one of them); the folder the reconciler then records its layouts and locks changes in,
+/// `None` when gpud keeps no state.
 pub(super) fn take_layouts(
     state_dir: &str,
     config_file: &Path,

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::sync::mpsc;
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// How long a burst of folder events is given to finish before the files are compared.
 pub const SETTLE: Duration = Duration::from_millis(100);
@@ -108,12 +108,25 @@ pub fn watch(paths: &[PathBuf]) -> mpsc::Receiver<PathBuf> {
     rx
 }
 
-fn run(mut files: Files, watch: Option<Folders>, tx: &mpsc::Sender<PathBuf>) {
+fn run(mut files: Files, mut watch: Option<Folders>, tx: &mpsc::Sender<PathBuf>) {
     loop {
         match &watch {
-            Some(watch) => {
-                if watch.next().is_none() {
-                    return;
+            Some(folders) => {
+                let lost = match folders.next() {
+                    None => Some("the watch cannot be read"),
+                    Some(changes) if changes.iter().any(|c| matches!(c, Change::FolderGone)) => {
+                        Some("a config folder was removed or moved")
+                    }
+                    Some(_) => None,
+                };
+                if let Some(why) = lost {
+                    // A reload on change must not stop unseen: the files are polled from now on.
+                    warn!(
+                        "Cannot watch the config folders any more ({why}); polling the config files every {}",
+                        humantime::format_duration(POLL)
+                    );
+                    watch = None;
+                    continue;
                 }
                 // Let the rest of a ConfigMap update (several renames) or an editor's save land
                 // before comparing. Events that come meanwhile are read on the next turn and

@@ -638,8 +638,7 @@ async fn a_mig_manager_started_beside_dynamic_mig_is_a_usage_error_naming_the_gp
     dra.start();
     dra.register().await;
     dra.slices_when("counter sets", partitioned);
-    let config =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let config = default_mig_config();
     let out = dra.node.run(&[
         "mig",
         "reconcile",
@@ -680,8 +679,7 @@ async fn a_one_shot_mig_apply_beside_dynamic_mig_is_refused_and_changes_nothing(
     dra.start();
     dra.register().await;
     dra.slices_when("counter sets", partitioned);
-    let config =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let config = default_mig_config();
     let out = dra.node.run(&[
         "mig",
         "apply",
@@ -710,8 +708,7 @@ async fn a_one_shot_mig_apply_waits_for_another_layout_change_to_finish() {
     let held = gpud::holdings::layout_lock::lock(Some(&state), "the test")
         .await
         .unwrap();
-    let config =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml");
+    let config = default_mig_config();
     let mut apply = node
         .gpud(&[
             "mig",
@@ -745,4 +742,9 @@ async fn a_one_shot_mig_apply_waits_for_another_layout_change_to_finish() {
         rest.contains("MIG configuration applied successfully"),
         "{rest}"
     );
+}
+
+/// NVIDIA's default mig-parted config, as packaged.
+fn default_mig_config() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/mig/config-default.yaml")
 }

@@ -23,20 +23,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
-# where an outgoing connection could take it before the server binds.
-free_port() {
-  local port
-  for _ in $(seq 100); do
-    port=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return
-    fi
-  done
-  echo "e2e: no free port" >&2
-  exit 1
-}
+# free_port: a random free loopback port.
+# shellcheck source=../lib/free_port.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/free_port.sh"
 
 exporter_port=$(free_port)
 prometheus_port=$(free_port)

@@ -26,21 +26,9 @@ has() { "$gpud" --list | grep -qx "$1"; }
 # itself. The exporter and `gpud run` serve /readyz on the free port each is given.
 export GPUD_HEALTH_ADDRESS=""
 
-# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
-# where an outgoing connection could take it before the server binds (as tests/e2e does): the
-# machine may run another gpud, or this script twice.
-free_port() {
-  local port
-  for _ in $(seq 100); do
-    port=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return
-    fi
-  done
-  echo "no free port" >&2
-  exit 1
-}
+# free_port: a random free loopback port.
+# shellcheck source=../lib/free_port.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/free_port.sh"
 step() { echo; echo "== $*"; }
 run() { # name, command…: runs with a time limit, keeps stdout and stderr, prints the wall time
     local name=$1; shift

@@ -73,20 +73,9 @@ in_image() {
   fi
 }
 
-# A random loopback port nothing answers on, below the kernel's ephemeral range (32768+),
-# where an outgoing connection could take it before the server binds (as tests/e2e does).
-free_port() {
-  local port
-  for _ in $(seq 100); do
-    port=$((20000 + RANDOM % 12000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return
-    fi
-  done
-  echo "no free port" >&2
-  exit 1
-}
+# free_port: a random free loopback port.
+# shellcheck source=../lib/free_port.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/free_port.sh"
 
 # The chroot equivalent: a scratch copy of the root filesystem with each mount bind-mounted
 # into it, the environment given explicitly. A TERM (the test stopping a daemon) is passed on.
