@@ -135,7 +135,7 @@ impl ApiError {
                 .as_ref()
                 .map(|d| d.retry_after_seconds)
                 .filter(|&seconds| seconds > 0)
-                .map(|seconds| Duration::from_secs(u64::from(seconds))),
+                .map(|seconds| Duration::from_secs(u64::from(seconds)).min(MAX_RETRY_AFTER)),
             _ => None,
         }
     }
@@ -237,6 +237,12 @@ where
     }
 }
 
+/// The longest wait a `Retry-After` is followed for. The API server's own (priority and
+/// fairness) asks for seconds; a larger value is a proxy's or a broken server's, and followed
+/// as asked it would stop gpud's Node updates, its slices and a GPU's remediation for as long
+/// as it says (`u32::MAX` seconds is 136 years). Past this the caller retries on its backoff.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
 /// The wait a `Retry-After` header asks for, at `now` (RFC 9110, section 10.2.3): a number of
 /// seconds, or an HTTP date (its IMF-fixdate form, and the two obsolete forms recipients must
 /// accept), rounded up to whole seconds. `None` for a date already past, or a value in
@@ -290,6 +296,25 @@ mod tests {
             Err(err) => err,
             Ok(()) => panic!("no error"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_longer_than_five_minutes_is_followed_for_five() {
+        let err = failed(refused(429, u32::MAX)).await;
+        assert_eq!(err.retry_after(), Some(MAX_RETRY_AFTER));
+        let paced = err.paced(Duration::from_secs(1));
+        assert!(
+            paced >= MAX_RETRY_AFTER / 2 && paced <= MAX_RETRY_AFTER * 2,
+            "{paced:?}"
+        );
+        assert_eq!(
+            failed(refused(503, 301)).await.retry_after(),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(
+            failed(refused(503, 299)).await.retry_after(),
+            Some(Duration::from_secs(299))
+        );
     }
 
     #[tokio::test]
