@@ -10,7 +10,6 @@ mod fake_api;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
 use common::Node;
 use fake_api::FakeApi;
@@ -30,14 +29,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn wait_until(secs: u64, what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -78,12 +69,18 @@ fn gpud_run_keeps_the_mig_state_under_its_state_dir() {
         .spawn()
         .unwrap();
     let _gpud = Running(child);
-    wait_until(60, "success", || {
-        api.node_labels().get(STATE_LABEL).map(String::as_str) == Some("success")
+    common::until("the Node's state success", 60, || {
+        match api.node_labels().get(STATE_LABEL) {
+            Some(state) if state == "success" => Ok(()),
+            other => Err(format!("{STATE_LABEL}: {other:?}")),
+        }
     });
     let mig = state_dir.join("mig");
-    wait_until(10, "the recorded state", || {
-        record(&mig)["state"] == "success"
+    common::until("the recorded state success", 10, || {
+        let record = record(&mig);
+        (record["state"] == "success")
+            .then_some(())
+            .ok_or_else(|| record.to_string())
     });
     assert_eq!(record(&mig)["config"], "all-1g.10gb");
     // Nothing under the harness's own state directory (GPUD_STATE_DIR): the flag won.
@@ -140,8 +137,11 @@ fn mig_state_dir_given_wins_over_state_dir() {
         .spawn()
         .unwrap();
     let _gpud = Running(child);
-    wait_until(60, "the recorded state", || {
-        record(&mig)["state"] == "success"
+    common::until("the recorded state success", 60, || {
+        let record = record(&mig);
+        (record["state"] == "success")
+            .then_some(())
+            .ok_or_else(|| record.to_string())
     });
     assert!(!state_dir.join("mig").exists());
 }

@@ -205,12 +205,8 @@ pub fn take(
 ) -> Result<(), TakeError> {
     make_dir(dir).map_err(TakeError::Io)?;
     let alive = alive_path(dir, owner);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&alive)
-        .map_err(|e| TakeError::Io(format!("{}: {e}", alive.display())))?;
+    let file =
+        open_lock_file(&alive).map_err(|e| TakeError::Io(format!("{}: {e}", alive.display())))?;
     let mut record = check(dir, owner, gpus)?;
     flock(&file, FlockOperation::NonBlockingLockShared)
         .map_err(|e| TakeError::Io(format!("{}: {e}", alive.display())))?;
@@ -262,6 +258,18 @@ pub fn check(dir: &Path, owner: Owner, gpus: &[(u32, String)]) -> Result<Record,
         }
     }
     Ok(record)
+}
+
+/// Opens (or makes) a file that is only ever locked, never read: a symlink in its place is
+/// refused rather than followed, so a planted link cannot make gpud create or lock another file.
+pub(super) fn open_lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
 }
 
 /// Why [`take`] failed.

@@ -7,7 +7,7 @@
 //! subsystems of one process even without a state directory. A lock goes with its process,
 //! even a killed one.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::Path;
 
 use rustix::fs::{FlockOperation, flock};
@@ -69,17 +69,23 @@ pub async fn lock(dir: Option<&Path>, what: &str) -> Result<LayoutLock, String> 
 
 fn open(dir: &Path, path: &Path) -> Result<File, String> {
     super::layout::make_dir(dir)?;
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+    super::layout::open_lock_file(path)
         .map_err(|e| format!("{}: cannot open the MIG layout lock: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_symlink_in_place_of_the_lock_is_refused_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join(FILE_NAME)).unwrap();
+        let err = lock(Some(dir.path()), "the test").await.unwrap_err();
+        assert!(err.contains("cannot open the MIG layout lock"), "{err}");
+        assert!(!elsewhere.exists());
+    }
 
     #[tokio::test]
     async fn a_second_change_waits_for_the_first() {
