@@ -847,3 +847,43 @@ fn the_admin_port_table_is_the_one_the_applets_use_and_no_port_is_shared() {
         );
     }
 }
+
+/// docs/cli.md's applet table is one table with one row per applet `gpud --list` prints
+/// (subcommands in the same row): a missing row or a second one is what a new user trips on.
+#[test]
+fn the_applet_table_has_one_row_for_each_applet() {
+    let doc = std::fs::read_to_string(repo().join("docs/cli.md")).unwrap();
+    let rows: Vec<(usize, Vec<String>, Vec<String>)> = table_body_rows(&doc)
+        .into_iter()
+        .filter(|(_, head, _)| head == &["applet", "what it does"])
+        .collect();
+    let first = rows.first().expect("docs/cli.md has no applet table").0;
+    let lines: Vec<usize> = rows.iter().map(|(line, _, _)| *line).collect();
+    assert_eq!(
+        lines,
+        (first..first + rows.len()).collect::<Vec<_>>(),
+        "docs/cli.md's applet table is cut in two (lines {lines:?})"
+    );
+    let mut named = BTreeMap::<String, usize>::new();
+    for (_, _, row) in &rows {
+        // "`mig apply\|assert`" names the applet `mig`.
+        let applet = row[0]
+            .trim_matches('`')
+            .split([' ', '`'])
+            .next()
+            .unwrap()
+            .to_owned();
+        *named.entry(applet).or_default() += 1;
+    }
+    for applet in help(&["--list"]).lines() {
+        assert_eq!(
+            named.remove(applet),
+            Some(1),
+            "docs/cli.md's applet table needs exactly one row for `{applet}`"
+        );
+    }
+    assert!(
+        named.is_empty(),
+        "docs/cli.md's applet table names applets gpud does not have: {named:?}"
+    );
+}

@@ -341,7 +341,7 @@ fn configure(
 ) -> Result<bool, Error> {
     if args.runtime == Runtime::Crio && args.enable_cdi {
         eprintln!(
-            "gpud: CRI-O reads CDI specs without a switch (1.24 and later): --enable-cdi adds nothing for crio"
+            "gpud: CRI-O reads CDI specs without a switch (1.23 and later): --enable-cdi adds nothing for crio"
         );
     }
     let new_version = match (args.runtime, text) {

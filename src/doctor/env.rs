@@ -64,6 +64,13 @@ impl Default for Options {
     }
 }
 
+/// The `--gpu` indices NVML does not list, and the ones it lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unlisted {
+    pub named: Vec<u32>,
+    pub listed: Vec<u32>,
+}
+
 /// What NVML told the doctor.
 #[derive(Debug, Clone)]
 pub enum Driver {
@@ -75,6 +82,8 @@ pub enum Driver {
         preflight: Result<Arc<Vec<GpuPreflight>>, String>,
         /// The MIG layout in mig-parted's terms; read only for `mig.config`.
         mig: Result<Arc<Vec<MigGpu>>, String>,
+        /// GPUs `--gpu` names that NVML does not list: a mistyped index, not a driver fault.
+        unlisted: Unlisted,
     },
     /// NVML did not load (or did not answer in time).
     Unavailable(String),

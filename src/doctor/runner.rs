@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::busy::Busy;
 use super::checks::Check;
-use super::env::{Driver, Env, Options};
+use super::env::{Driver, Env, Options, Unlisted};
 use super::host::HostRoot;
 use super::select::Selection;
 use crate::doctor_report::{CheckResult, Report, Verdict};
@@ -124,17 +124,20 @@ pub fn gather(options: &Options, nvml: Option<Nvml>, busy: &Busy) -> Driver {
             snapshot.gpus.retain(|g| chosen(g.index));
             Arc::new(snapshot)
         });
+    let mut unlisted = Unlisted::default();
     let preflight = wait(preflight, deadline, timeout)
         .map_err(|missing| format!("NVML health queries {}", missing.describe()))
-        .and_then(|mut gpus| {
+        .map(|mut gpus| {
             let listed: Vec<u32> = gpus.iter().map(|g| g.signals.gpu).collect();
-            if let Some(missing) = options.gpus.iter().find(|i| !listed.contains(i)) {
-                return Err(format!(
-                    "--gpu names GPU {missing}, which NVML does not list (it lists {listed:?})"
-                ));
+            let named: Vec<u32> = (options.gpus.iter())
+                .filter(|i| !listed.contains(i))
+                .copied()
+                .collect();
+            if !named.is_empty() {
+                unlisted = Unlisted { named, listed };
             }
             gpus.retain(|g| chosen(g.signals.gpu));
-            Ok(Arc::new(gpus))
+            Arc::new(gpus)
         });
     let mig = match mig {
         None => Err("no MIG config file given".to_owned()),
@@ -147,6 +150,7 @@ pub fn gather(options: &Options, nvml: Option<Nvml>, busy: &Busy) -> Driver {
         snapshot,
         preflight,
         mig,
+        unlisted,
     }
 }
 

@@ -133,6 +133,7 @@ mod tests {
             snapshot: Err(String::new()),
             preflight: Err(String::new()),
             mig: Err(String::new()),
+            unlisted: Default::default(),
         };
         assert_eq!(
             driver_variables(&host, Path::new("/host")),
@@ -143,6 +144,7 @@ mod tests {
             snapshot: Err(String::new()),
             preflight: Err(String::new()),
             mig: Err(String::new()),
+            unlisted: Default::default(),
         };
         assert_eq!(
             driver_variables(&ctr, Path::new("/")),

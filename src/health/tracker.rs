@@ -40,6 +40,15 @@ use crate::inventory::model::Snapshot;
 use crate::nvml::GpuSignals;
 use crate::xid::catalog::{self as xid, Action, Severity, XidPolicy};
 
+/// How a remediation hold ends: with the reset gpud is running (the GPU's own, or an NVLink
+/// peer's that takes it too), or only by a person (a reboot, a reset by hand) once gpud
+/// escalated it. Typed, so the advice a verdict carries never depends on the hold's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEnds {
+    WithTheReset,
+    ByHand,
+}
+
 /// Tunables of the tracker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrackerConfig {
@@ -495,12 +504,20 @@ impl Tracker {
         }
     }
 
-    /// GPU `gpu` is held out of service by gpud's remediation (`Some(why)`: the reset of an
-    /// NVLink peer takes it too), or no longer (`None`). While held it is unhealthy, so every
-    /// reader withdraws it as it would a faulty GPU; a fault of its own still names the state.
-    pub fn observe_hold(&mut self, gpu: u32, held: Option<&str>, at: SystemTime) {
+    /// GPU `gpu` is held out of service by gpud's remediation (`Some((why, ends))`: on its way
+    /// through a reset, its own or an NVLink peer's, or escalated), or no longer (`None`).
+    /// While held it is unhealthy, so every reader withdraws it as it would a faulty GPU; a
+    /// fault of its own still names the state.
+    pub fn observe_hold(&mut self, gpu: u32, held: Option<(&str, HoldEnds)>, at: SystemTime) {
         let state = self.gpus.entry(gpu).or_default();
-        let reason = held.map(|why| format!("held out of service by gpud's remediation: {why}"));
+        let reason =
+            held.map(|(why, _)| format!("held out of service by gpud's remediation: {why}"));
+        let advice = match held.map(|(_, ends)| ends) {
+            Some(HoldEnds::ByHand) => {
+                "reboot the node (or reset the GPU by hand): gpud keeps it out of service until then"
+            }
+            _ => "none: gpud gives it back once the reset it waits for passed every check",
+        };
         if state.conditions.get(&Kind::Held).map(|c| &c.reason) == reason.as_ref() {
             return;
         }
@@ -511,10 +528,7 @@ impl Tracker {
             reason.is_some(),
             at,
             reason.as_deref().unwrap_or_default(),
-            Advice::text(
-                Action::None,
-                "none: it returns to service after its peer's reset",
-            ),
+            Advice::text(Action::None, advice),
             HealthState::Unhealthy,
         );
     }
@@ -779,7 +793,11 @@ mod tests {
     fn a_gpu_held_for_its_peers_reset_is_withdrawn_until_let_go_and_its_own_fault_names_it() {
         let mut tr = tracker();
         tr.observe_signals(&signals(1), t(0));
-        tr.observe_hold(1, Some("the reset of GPU 0 takes it too"), t(1));
+        tr.observe_hold(
+            1,
+            Some(("the reset of GPU 0 takes it too", HoldEnds::WithTheReset)),
+            t(1),
+        );
         let held = tr.verdict(1);
         assert_eq!(held.state, HealthState::Unhealthy);
         assert_eq!(held.source, Some(HealthSource::Remediation));
@@ -788,7 +806,11 @@ mod tests {
             Some("held out of service by gpud's remediation: the reset of GPU 0 takes it too")
         );
         // The same hold again changes nothing (not even its since).
-        tr.observe_hold(1, Some("the reset of GPU 0 takes it too"), t(2));
+        tr.observe_hold(
+            1,
+            Some(("the reset of GPU 0 takes it too", HoldEnds::WithTheReset)),
+            t(2),
+        );
         assert_eq!(tr.verdict(1), held);
         // A fault of its own names the state while it is held.
         tr.observe_xid(1, 95, None, t(3));
@@ -798,6 +820,25 @@ mod tests {
         assert_eq!(tr.verdict(1), held);
         tr.observe_hold(1, None, t(5));
         assert_eq!(tr.verdict(1), Health::healthy());
+    }
+
+    #[test]
+    fn a_hold_says_who_ends_it() {
+        let mut tr = tracker();
+        tr.observe_hold(1, Some(("on its way back", HoldEnds::WithTheReset)), t(1));
+        assert_eq!(
+            tr.verdict(1).action.as_deref(),
+            Some("none: gpud gives it back once the reset it waits for passed every check")
+        );
+        tr.observe_hold(1, Some(("it failed its checks", HoldEnds::ByHand)), t(2));
+        let held = tr.verdict(1);
+        assert_eq!(held.state, HealthState::Unhealthy);
+        assert_eq!(
+            held.action.as_deref(),
+            Some(
+                "reboot the node (or reset the GPU by hand): gpud keeps it out of service until then"
+            )
+        );
     }
 
     #[test]

@@ -28,12 +28,12 @@ use super::kept::{KeptVerdicts, NodeEvents};
 use super::sources::feed::{Report, Setup};
 use super::sources::observer::{GpuMap, Observer};
 use super::sources::{kmsg, poll, table};
-use super::tracker::{Tracker, TrackerConfig};
+use super::tracker::{HoldEnds, Tracker, TrackerConfig};
 use crate::daemon::ReadyLatch;
 use crate::inventory::transitions;
 use crate::inventory::{Inventory, Snapshot};
 use crate::nvml::{Nvml, NvmlError};
-use crate::remediation_state::{GpuRemediation, record};
+use crate::remediation_state::{GpuRemediation, Phase, record};
 use crate::xid::catalog::XidPolicy;
 use crate::xid::ledger::XidLedger;
 
@@ -348,9 +348,14 @@ impl State {
         reported: impl Iterator<Item = (u32, &'a str, &'a GpuRemediation)>,
     ) {
         for (index, uuid, remediation) in reported {
+            let ends = if remediation.phase == Phase::Escalated {
+                HoldEnds::ByHand
+            } else {
+                HoldEnds::WithTheReset
+            };
             self.observer.tracker.observe_hold(
                 index,
-                remediation.held_for.as_deref(),
+                remediation.held_for.as_deref().map(|why| (why, ends)),
                 SystemTime::now(),
             );
             let Some(reset_ms) = remediation.last_reset_ms else {

@@ -14,7 +14,9 @@ component: in the node status's process, privileged, with the kubelet's pod-reso
 and its Lease and eviction RBAC). Every DaemonSet rolls with a surge
 (maxSurge 1, maxUnavailable 0: the new pod takes over from the old one on the same node), no pod
 claims a host port (the surge pod could not be scheduled next to the old one), and every
-container mounts gpud's state directory, where the handover socket and the state live. The DRA
+container mounts gpud's state directory, where the handover socket and the state live. Every
+component also renders alone over both layouts, under its older name too (mig-manager-run,
+mps-run), into a complete DaemonSet whose probes reach the port gpud serves them on. The DRA
 and CDI goldens are validated against the Kubernetes schemas and the CDI schema
 (tests/schemas/cdi.json).
 
@@ -52,13 +54,14 @@ MPS = {"base": "mps", "all-in-one": "mps-run"}
 # The remediation (GPU resets): in the node status's process, the node-status container in
 # base, `gpud run` in all-in-one.
 REMEDIATION = {"base": "node-status", "all-in-one": "gpud"}
-# The containers that may run privileged: the one running the MIG reconciler, the one running
-# the MPS control daemons and the one resetting GPUs.
+# The older names of the MIG and MPS components, kept for existing overlays: each is the same
+# component, which puts its part where the layout runs it.
+ALIASES = {"mig-manager-run": "mig-manager", "mps-run": "mps"}
+# The containers that may run privileged, per layout: the one running the MIG reconciler, the
+# one running the MPS control daemons (and the one resetting GPUs, REMEDIATION).
 PRIVILEGED_CONTAINER = {
-    "mig-manager": "mig-manager",
-    "mig-manager-run": "gpud",
-    "mps": "mps-control-daemon",
-    "mps-run": "gpud",
+    "base": {"mig-manager": "mig-manager", "mps": "mps-control-daemon"},
+    "all-in-one": {"mig-manager": "gpud", "mps": "gpud"},
 }
 # The kubelet's pod-resources folder: where the remediation finds the pods holding a GPU.
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
@@ -119,6 +122,17 @@ def combinations():
                     yield overlay, (["no-exporter"] if no_exporter else []) + (
                         [sink] if sink else []
                     ) + [MPS[overlay]] + extra
+    # Every component alone on both layouts, under every name: a component meant for the other
+    # layout must still render a complete DaemonSet there (not a container without an image).
+    for overlay in ["base", "all-in-one"]:
+        for component in sorted(p.name for p in (K8S / "components").iterdir() if p.is_dir()):
+            if component in ALONE_REFUSED:
+                continue
+            yield overlay, [component]
+
+
+# Components that refuse to render alone, each tested for its refusal.
+ALONE_REFUSED = {"remediation"}
 
 
 def render(overlay, components):
@@ -219,6 +233,7 @@ def check_command(gpud, pod, container, objects, cache):
     command = container.get("command", []) + container.get("args", [])
     with tempfile.TemporaryDirectory() as files_dir:
         env = container_env(container, objects, files_dir)
+        check_probe_port(container, command, env)
         mounts = mounted_config_maps(pod, container, objects, files_dir)
         # Keyed before the mounted paths are rewritten to this run's temporary folder.
         files = {
@@ -244,6 +259,28 @@ def check_command(gpud, pod, container, objects, cache):
                 f"container {container['name']}: `{' '.join(command)}` with {env} "
                 f"is not accepted (exit {out.returncode}):\n{out.stderr}"
             )
+
+
+def check_probe_port(container, command, env):
+    """The probes reach the port gpud serves /healthz and /readyz on: GPUD_HEALTH_ADDRESS's,
+    else the metrics port where the exporter runs in this container."""
+    if "GPUD_HEALTH_ADDRESS" in env:
+        serving = int(env["GPUD_HEALTH_ADDRESS"].rsplit(":", 1)[1])
+    else:
+        program = Path(command[0]).name
+        runs_exporter = program == "gpud-exporter" or (
+            program == "gpud" and command[1:2] == ["run"]
+            and "exporter" not in env.get("GPUD_DISABLE", "").split(",")
+        )
+        if not runs_exporter:
+            return
+        serving = int(env.get("DCGM_EXPORTER_LISTEN", ":9400").rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    for probe in ["livenessProbe", "readinessProbe"]:
+        port = ports.get(container[probe]["httpGet"]["port"])
+        assert port == serving, (
+            f"{container['name']}: {probe} on port {port}, but gpud serves it on {serving}"
+        )
 
 
 def check_security(container, privileged_ok):
@@ -286,10 +323,11 @@ def check_objects(overlay, objects, gpud, cache, version, components):
         check_upgrade(daemonset, objects)
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"], "a node selector on GPU nodes"
-    privileged = {PRIVILEGED_CONTAINER[c] for c in components if c in PRIVILEGED_CONTAINER}
+    named = [ALIASES.get(c, c) for c in components]
+    privileged = {PRIVILEGED_CONTAINER[overlay][c] for c in named if c in PRIVILEGED_CONTAINER[overlay]}
     if "remediation" in components:
         privileged.add(REMEDIATION[overlay])
-    check_mps(components, daemonsets[0], pod, objects)
+    check_mps(overlay, components, daemonsets[0], pod, objects)
     ports = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])]
     assert len(ports) == len(set(ports)), f"containers share a port: {sorted(ports)}"
     for container in pod["containers"]:
@@ -414,7 +452,7 @@ def check_dra(overlay, components, objects):
     assert ("gpud-dra" in roles) == dra, f"ClusterRoles: {sorted(roles)}"
 
 
-def check_mps(components, daemonset, pod, objects):
+def check_mps(overlay, components, daemonset, pod, objects):
     """With MPS: host PID, the mps root shared Bidirectional by exactly the container running
     the daemons, a config that shares with MPS under that root, and no second DaemonSet or
     selector. Without: none of it."""
@@ -430,7 +468,7 @@ def check_mps(components, daemonset, pod, objects):
     if not mps:
         assert runners == [], runners
         return
-    expected = "gpud" if "mps-run" in components else "mps-control-daemon"
+    expected = "gpud" if overlay == "all-in-one" else "mps-control-daemon"
     assert runners == [expected], f"Bidirectional mps-root in {runners}, expected {expected}"
     volume = next(v for v in pod["volumes"] if v["name"] == "mps-root")
     config = next(

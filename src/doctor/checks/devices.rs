@@ -13,7 +13,9 @@ const CONTROL: [(&str, &str, u32); 4] = [
     ("/dev/nvidia-uvm-tools", "nvidia-uvm", 1),
 ];
 
-const CREATE_FIX: &str = "create them: nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules (or run nvidia-smi once)";
+/// The driver's own tools make these nodes: nvidia-smi (any run) the control node and one per
+/// GPU, nvidia-modprobe the unified-memory pair; a gpud node needs no NVIDIA toolkit binary.
+const CREATE_FIX: &str = "create them: run nvidia-smi once (it makes /dev/nvidiactl and /dev/nvidia<N>), and nvidia-modprobe -u -c 0 for /dev/nvidia-uvm and /dev/nvidia-uvm-tools";
 
 /// `devices.control`
 pub fn control(env: &Env) -> Verdict {
@@ -88,20 +90,31 @@ pub fn char_links(env: &Env) -> Verdict {
                 .map(|minor| (format!("/dev/nvidia{minor}"), nvidia, minor)),
         );
     }
-    let missing: Vec<String> = nodes
+    let missing: Vec<(String, String)> = nodes
         .iter()
         .filter(|(path, _, _)| env.host.exists(path))
-        .map(|(_, major, minor)| format!("/dev/char/{major}:{minor}"))
-        .filter(|link| !env.host.exists(link))
+        .map(|(path, major, minor)| (path.clone(), format!("/dev/char/{major}:{minor}")))
+        .filter(|(_, link)| !env.host.exists(link))
         .collect();
     if missing.is_empty() {
-        Verdict::ok("every NVIDIA device node has its /dev/char link")
-    } else {
-        Verdict::warn(
-            format!("missing {}", missing.join(", ")),
-            "create them: nvidia-ctk system create-dev-char-symlinks --create-all (without them systemd's cgroup driver can cut containers off their GPUs)",
-        )
+        return Verdict::ok("every NVIDIA device node has its /dev/char link");
     }
+    let links: Vec<&str> = missing.iter().map(|(_, link)| link.as_str()).collect();
+    // The exact commands: links relative to /dev/char, as udev makes them.
+    let commands: Vec<String> = missing
+        .iter()
+        .map(|(path, link)| {
+            let name = path.trim_start_matches("/dev/");
+            format!("ln -s ../{name} {link}")
+        })
+        .collect();
+    Verdict::warn(
+        format!("missing {}", links.join(", ")),
+        format!(
+            "create them: {} (without them systemd's cgroup driver can cut containers off their GPUs)",
+            commands.join("; ")
+        ),
+    )
 }
 
 /// `devices.mig-caps`
@@ -163,7 +176,7 @@ pub fn mig_caps(env: &Env) -> Verdict {
     } else {
         Verdict::fail(
             format!("missing {}", missing.join(", ")),
-            "create them: nvidia-ctk system create-device-nodes (MIG containers cannot open their instance without them)",
+            "create them: nvidia-modprobe -f /proc/driver/nvidia/capabilities/<the instance's access file> for each, as the container runtime does (MIG containers cannot open their instance without them)",
         )
     }
 }

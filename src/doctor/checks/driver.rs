@@ -16,6 +16,14 @@ const INSTALL_FIX: &str = "install the NVIDIA driver (or start the driver contai
 pub fn nvml(env: &Env) -> Verdict {
     match &env.driver {
         Driver::Unavailable(why) => Verdict::fail(format!("NVML did not load: {why}"), INSTALL_FIX),
+        Driver::Loaded { unlisted, .. } if !unlisted.named.is_empty() => Verdict::fail(
+            format!(
+                "--gpu names {}, which NVML does not list (it lists {})",
+                gpu_list(&unlisted.named),
+                gpu_list(&unlisted.listed)
+            ),
+            "name the GPUs by the indices NVML lists (gpud inventory --format table shows them)",
+        ),
         Driver::Loaded {
             path,
             preflight: Err(why),
@@ -46,6 +54,16 @@ pub fn nvml(env: &Env) -> Verdict {
                 HUNG_FIX,
             ),
         },
+    }
+}
+
+/// "GPU 9", "GPUs 0, 1, 2", or "none".
+fn gpu_list(indices: &[u32]) -> String {
+    let names: Vec<String> = indices.iter().map(u32::to_string).collect();
+    match names.as_slice() {
+        [] => "none".to_owned(),
+        [one] => format!("GPU {one}"),
+        _ => format!("GPUs {}", names.join(", ")),
     }
 }
 
@@ -98,10 +116,7 @@ pub fn modules(env: &Env) -> Verdict {
     if !missing.is_empty() {
         return Verdict::fail(
             format!("not loaded: {}", missing.join(", ")),
-            format!(
-                "load them: modprobe -a {} (or nvidia-ctk system create-device-nodes --load-kernel-modules)",
-                missing.join(" ")
-            ),
+            format!("load them: modprobe -a {}", missing.join(" ")),
         );
     }
     let versions: Vec<(&str, String)> = REQUIRED_MODULES
