@@ -9,7 +9,8 @@
 //! is there: exactly the allocated GPU's node and the control nodes, the env, the mounted
 //! libraries, and the effects of gpud's `createContainer` hooks (the `create-symlinks` link,
 //! the linker cache naming the mounted libraries). `--revert` then gives back the default
-//! config, and containerd still starts with it.
+//! config, and containerd still starts with it. `gpud exporter --pod-usage-cri-socket` names a
+//! container's GPU process from containerd's lists.
 //!
 //! Root only (mknod, mounts, cgroups); skipped without containerd, runc or root unless `CI`
 //! is set. One daemon per version serves every case.
@@ -21,6 +22,9 @@ mod common;
 mod containerd;
 #[path = "runtime/cri_api.rs"]
 mod cri_api;
+#[allow(dead_code)] // the exporter tests' harness; only part of it is used here
+#[path = "exporter/harness.rs"]
+mod exporter;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
 
@@ -215,6 +219,12 @@ impl Pod {
             .await
             .map_err(|s| s.message().to_owned())?;
         Ok(id)
+    }
+
+    /// Stops and removes container `id`.
+    async fn remove_container(&mut self, cri: &mut Cri, id: &str) {
+        cri.remove_container(id).await;
+        self.containers.retain(|c| c != id);
     }
 
     /// Stops and removes every container, then the sandbox, as the kubelet tears a pod down.
@@ -515,6 +525,9 @@ async fn runs_gpu_containers(build: Build) {
     let by_annotation = pod.start(&mut cri, config).await.unwrap();
     assert_gpu(&mut cri, &by_annotation, &plugin_spec, "0", 0).await;
 
+    // Item 4: per-pod usage named by containerd's CRI.
+    pod_usage_names_the_container(&node, &containerd, &mut cri, &mut pod, &field).await;
+
     pod.remove(&mut cri).await;
     containerd.stop();
 
@@ -533,6 +546,63 @@ async fn runs_gpu_containers(build: Build) {
     assert_eq!(containerd::processes_naming(&socket), Vec::<i32>::new());
     assert_eq!(containerd::cgroup_roots(&cgroup), Vec::<PathBuf>::new());
     assert_eq!(host_state(), host_before);
+}
+
+/// `gpud exporter --pod-usage-cri-socket <containerd's socket>` names the pod, namespace and
+/// container of container `id`'s process (its host PID from ContainerStatus, made a process
+/// of GPU 1 by the simulated driver) from containerd's lists; the container removed, its
+/// series goes.
+async fn pod_usage_names_the_container(
+    node: &Node,
+    containerd: &Containerd,
+    cri: &mut Cri,
+    pod: &mut Pod,
+    id: &str,
+) {
+    const MEMORY: &str = "gpud_container_gpu_memory_used_bytes";
+    let info: Value = serde_json::from_str(&cri.container_status(id).await.info["info"]).unwrap();
+    let pid = info["pid"].as_u64().unwrap();
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cgroup.contains(&format!("/{id}\n")), "{cgroup}");
+    node.inject(&format!("process 1 {pid} 1024 40"));
+    let socket = containerd.socket.display().to_string();
+    let usage = exporter::Exporter::start_with(
+        node,
+        &[
+            "--pod-usage",
+            "--pod-usage-cri-socket",
+            &socket,
+            "--node-name",
+            "",
+        ],
+        // The real clock: per-process samples keep coming.
+        &[("NVML_MOCK_CLOCK", "")],
+    );
+    let named = |body: &str| {
+        exporter::family(body, MEMORY)
+            .into_iter()
+            .filter(|l| l.contains("pod=\"gpu-pod\""))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let body = usage.metrics_until(20, |b| !named(b).is_empty());
+    let lines = named(&body);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with(&format!("{MEMORY}{{gpu=\"1\",")),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].ends_with(
+            ",container=\"cdi-field\",namespace=\"gpud-test\",pod=\"gpu-pod\"} 1073741824"
+        ),
+        "{}",
+        lines[0]
+    );
+    pod.remove_container(cri, id).await;
+    usage.metrics_until(20, |b| named(b).is_empty());
+    node.inject(&format!("process-end 1 {pid}"));
 }
 
 /// A pod UID in the form the kubelet's cgroup names carry (the exporter reads them back).
