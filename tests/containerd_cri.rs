@@ -25,8 +25,14 @@ mod cri_api;
 #[allow(dead_code)] // the exporter tests' harness; only part of it is used here
 #[path = "exporter/harness.rs"]
 mod exporter;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+#[path = "common/fake_dra_kubelet.rs"]
+mod fake_dra_kubelet;
 #[path = "common/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "common/raw_grpc.rs"]
+mod raw_grpc;
 
 use std::collections::HashMap;
 use std::fs;
@@ -40,9 +46,11 @@ use cri_api::{
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NODE,
     NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RUNNING,
 };
+use fake_api::FakeApi;
 use fake_kubelet::FakeKubelet;
 use gpud::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
-use serde_json::Value;
+use gpud::proto::dra_v1::{NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use serde_json::{Value, json};
 
 /// The simulated node's driver version (fixture `pcie-4gpu`).
 const DRIVER: &str = "570.133.20";
@@ -404,8 +412,12 @@ async fn runs_gpu_containers(build: Build) {
     let default = fs::read_to_string(&containerd.config).unwrap();
 
     // Item 1: configured by gpud, from containerd's own default config.
+    // Two spec folders: the node's (`gpud cdi generate` writes there) and the DRA plugin's.
+    let dra_cdi = node.dir.path().join("cdi");
+    fs::create_dir_all(&dra_cdi).unwrap();
     let cdi_dir = containerd.cdi.display().to_string();
-    containerd.configure(&["--enable-cdi", "--cdi-spec-dirs", &cdi_dir]);
+    let dirs = format!("{cdi_dir},{}", dra_cdi.display());
+    containerd.configure(&["--enable-cdi", "--cdi-spec-dirs", &dirs]);
     let mut dump = containerd.command("containerd", &["--config"]);
     let dump = stdout_ok(
         &dump
@@ -417,10 +429,8 @@ async fn runs_gpu_containers(build: Build) {
     // 2.x quotes strings with '.
     let dump = dump.replace('\'', "\"");
     assert!(dump.contains("enable_cdi = true"), "{dump}");
-    assert!(
-        dump.contains(&format!("cdi_spec_dirs = [\"{cdi_dir}\"]")),
-        "{dump}"
-    );
+    let listed = format!("cdi_spec_dirs = [\"{cdi_dir}\", \"{}\"]", dra_cdi.display());
+    assert!(dump.contains(&listed), "{dump}");
 
     containerd.start();
     let mut cri = Cri::connect(&containerd.socket).await;
@@ -528,6 +538,9 @@ async fn runs_gpu_containers(build: Build) {
     // Item 4: per-pod usage named by containerd's CRI.
     pod_usage_names_the_container(&node, &containerd, &mut cri, &mut pod, &field).await;
 
+    // Item 3: a claim prepared by `gpud dra`, resolved from the spec gpud wrote for it.
+    dra_claim_reaches_the_container(&node, &mut cri, &mut pod).await;
+
     pod.remove(&mut cri).await;
     containerd.stop();
 
@@ -603,6 +616,93 @@ async fn pod_usage_names_the_container(
     pod.remove_container(cri, id).await;
     usage.metrics_until(20, |b| named(b).is_empty());
     node.inject(&format!("process-end 1 {pid}"));
+}
+
+/// `gpud dra` prepares a claim for GPU 2 (NodePrepareResources, as the kubelet); containerd
+/// resolves the CDI ID it answers from the spec gpud wrote for the claim, and the container
+/// gets exactly that GPU. Unprepared, the claim's spec is gone and a new container asking for
+/// the ID gets containerd's error.
+async fn dra_claim_reaches_the_container(node: &Node, cri: &mut Cri, pod: &mut Pod) {
+    let api = FakeApi::start(json!({}));
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let dev_root = node.dir.path().join("devroot").display().to_string();
+    let mut args: Vec<String> = vec!["dra".into()];
+    args.extend(node.dra_flags());
+    args.extend(
+        [
+            "--dra-dev-root",
+            &dev_root,
+            "--dra-nvidia-cdi-hook-path",
+            gpud_bin().to_str().unwrap(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--kmsg",
+            "",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = fs::File::create(node.dir.path().join("dra.log")).unwrap();
+    let _dra = Plugin(node.gpud(&args).stderr(log).spawn().unwrap());
+    let registration = node
+        .dir
+        .path()
+        .join("plugins_registry/gpu.nvidia.com-reg.sock");
+    common::until("the DRA plugin's registration socket", 15, || {
+        std::os::unix::net::UnixStream::connect(&registration).map_err(|e| {
+            format!(
+                "{e}: {}",
+                fs::read_to_string(node.dir.path().join("dra.log")).unwrap_or_default()
+            )
+        })
+    });
+    fake_dra_kubelet::register(&registration).await;
+    let plugin = node.dir.path().join("plugins/gpu.nvidia.com/dra.sock");
+
+    let uid = "claim-uid-2";
+    api.put_claim(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"namespace": "gpud-test", "name": "gpu-claim", "uid": uid},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu",
+            "driver": "gpu.nvidia.com", "pool": "test-node", "device": "gpu-2"}]}}}
+    }));
+    let claim = || fake_dra_kubelet::claim_v1("gpud-test", "gpu-claim", uid);
+    let request = NodePrepareResourcesRequest {
+        claims: vec![claim()],
+    };
+    let answer = fake_dra_kubelet::prepare_v1(&plugin, request).await;
+    assert_eq!(answer.claims[uid].error, "");
+    let ids: Vec<String> = answer.claims[uid]
+        .devices
+        .iter()
+        .flat_map(|d| d.cdi_device_ids.clone())
+        .collect();
+    let id = format!("k8s.gpu.nvidia.com/claim={uid}-gpu-2");
+    assert_eq!(ids, [id.clone()]);
+    let spec_file = node
+        .dir
+        .path()
+        .join(format!("cdi/k8s.gpu.nvidia.com-claim_{uid}.yaml"));
+    let spec: Value = serde_yaml_ng::from_str(&fs::read_to_string(&spec_file).unwrap()).unwrap();
+
+    let mut config = pod.container("dra-claim");
+    config.cdi_devices = cdi_field(&ids);
+    let claimed = pod.start(cri, config).await.unwrap();
+    assert_gpu(cri, &claimed, &spec, &format!("{uid}-gpu-2"), 2).await;
+
+    let request = NodeUnprepareResourcesRequest {
+        claims: vec![claim()],
+    };
+    let answer = fake_dra_kubelet::unprepare_v1(&plugin, request).await;
+    assert_eq!(answer.claims[uid].error, "");
+    assert!(!spec_file.exists(), "the claim's spec is still there");
+    let mut config = pod.container("dra-unprepared");
+    config.cdi_devices = cdi_field(&ids);
+    let refused = pod.start(cri, config).await.unwrap_err();
+    assert!(
+        refused.contains(&format!("unresolvable CDI devices {id}")),
+        "{refused}"
+    );
 }
 
 /// A pod UID in the form the kubelet's cgroup names carry (the exporter reads them back).
