@@ -535,6 +535,9 @@ async fn runs_gpu_containers(build: Build) {
     let by_annotation = pod.start(&mut cri, config).await.unwrap();
     assert_gpu(&mut cri, &by_annotation, &plugin_spec, "0", 0).await;
 
+    // Item 6: an MPS share, with the pipe folder and shm gpud's Allocate names.
+    mps_share_reaches_the_container(&node, &mut cri, &mut pod, &plugin_spec).await;
+
     // Item 4: per-pod usage named by containerd's CRI.
     pod_usage_names_the_container(&node, &containerd, &mut cri, &mut pod, &field).await;
 
@@ -703,6 +706,139 @@ async fn dra_claim_reaches_the_container(node: &Node, cri: &mut Cri, pod: &mut P
         refused.contains(&format!("unresolvable CDI devices {id}")),
         "{refused}"
     );
+}
+
+/// `gpud run` with an MPS sharing config (a stand-in control binary, 4 replicas per GPU) and
+/// the `cdi-cri` strategy allocates a share of GPU 1; its answer passed on as the kubelet
+/// does, the container gets the GPU, the env naming the pipe folder, and the daemon's pipe
+/// folder and shm mounted where Allocate says: files gpud's daemon made there are seen inside.
+async fn mps_share_reaches_the_container(
+    node: &Node,
+    cri: &mut Cri,
+    pod: &mut Pod,
+    plugin_spec: &Value,
+) {
+    let bin = node.dir.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let control =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mps/nvidia-cuda-mps-control");
+    fs::copy(control, bin.join("nvidia-cuda-mps-control")).unwrap();
+    let root = node.dir.path().join("mps");
+    let config = node.dir.path().join("mps.yaml");
+    fs::write(
+        &config,
+        format!(
+            "version: v1\nflags:\n  mpsRoot: {}\nsharing:\n  mps:\n    resources:\n    \
+             - name: nvidia.com/gpu\n      replicas: 4\n",
+            root.display()
+        ),
+    )
+    .unwrap();
+    let kubelet_dir = node.dir.path().join("mps-kubelet");
+    fs::create_dir_all(&kubelet_dir).unwrap();
+    let mut kubelet = FakeKubelet::start(&kubelet_dir).await;
+    let port = common::http::free_port();
+    let address = format!("127.0.0.1:{port}");
+    let socket = kubelet.socket();
+    let log = fs::File::create(node.dir.path().join("mps.log")).unwrap();
+    let mut command = node.gpud(&[
+        "run",
+        "--disable",
+        "labeller,exporter",
+        "--doctor-interval",
+        "0",
+        "--kmsg",
+        "",
+        "--config-file",
+        config.to_str().unwrap(),
+        "--kubelet-socket",
+        socket.to_str().unwrap(),
+        "--device-list-strategy",
+        "cdi-cri",
+        "--device-id-strategy",
+        "index",
+        "--mps-skip-shm-mount",
+        "--mps-probe-interval",
+        "100ms",
+        "--health-address",
+        &address,
+    ]);
+    #[allow(clippy::disallowed_methods)] // the fake control binary goes first on the PATH
+    let path = std::env::var("PATH").unwrap_or_default();
+    command.env("PATH", format!("{}:{path}", bin.display()));
+    let mut gpud = Plugin(command.stderr(log).spawn().unwrap());
+    common::http::wait_for(port, "/readyz", 20, |a| a.status == 200);
+    let registration = kubelet.next_registration(10).await;
+    let mut plugin = kubelet.plugin(&registration.endpoint).await;
+    let request = AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: vec!["1::2".into()],
+        }],
+    };
+    let answer = plugin.allocate(request).await.unwrap().into_inner();
+    let answer = answer.container_responses.into_iter().next().unwrap();
+    let names: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(names, ["k8s.device-plugin.nvidia.com/gpu=1"]);
+    let pipe = "/mps/nvidia.com/gpu/pipe";
+    assert_eq!(answer.envs["CUDA_MPS_PIPE_DIRECTORY"], pipe);
+    let mounts: Vec<(&str, String)> = answer
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.host_path.clone()))
+        .collect();
+    let resource = root.join("nvidia.com/gpu");
+    let host_pipe = resource.join("pipe").display().to_string();
+    let host_shm = root.join("shm").display().to_string();
+    assert_eq!(
+        mounts,
+        [(pipe, host_pipe.clone()), ("/dev/shm", host_shm.clone())]
+    );
+    fs::write(root.join("shm/gpud-test"), "shared\n").unwrap();
+
+    let mut config = pod.container("mps-share");
+    config.cdi_devices = cdi_field(&names);
+    config.envs = answer
+        .envs
+        .iter()
+        .map(|(key, value)| KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    config.mounts = answer
+        .mounts
+        .iter()
+        .map(|m| cri_api::Mount {
+            container_path: m.container_path.clone(),
+            host_path: m.host_path.clone(),
+            readonly: m.read_only,
+        })
+        .collect();
+    let share = pod.start(cri, config).await.unwrap();
+    assert_gpu(cri, &share, plugin_spec, "1", 1).await;
+    let env = exec(cri, &share, &["env"]).await;
+    assert!(
+        env.lines()
+            .any(|l| l == format!("CUDA_MPS_PIPE_DIRECTORY={pipe}")),
+        "{env}"
+    );
+    let daemon = fs::read_to_string(resource.join("pipe/fake-daemon.pid")).unwrap();
+    let seen = exec(cri, &share, &["cat", &format!("{pipe}/fake-daemon.pid")]).await;
+    assert_eq!(seen, daemon);
+    assert_eq!(
+        exec(cri, &share, &["cat", "/dev/shm/gpud-test"]).await,
+        "shared\n"
+    );
+    pod.remove_container(cri, &share).await;
+    // SIGTERM, so gpud quits its (stand-in) MPS daemon before it goes.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(gpud.0.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    common::until("gpud run to stop", 10, || {
+        match gpud.0.try_wait().unwrap() {
+            Some(_) => Ok(()),
+            None => Err("still running".to_owned()),
+        }
+    });
 }
 
 /// A pod UID in the form the kubelet's cgroup names carry (the exporter reads them back).
