@@ -433,8 +433,7 @@ async fn runs_gpu_containers(build: Build) {
     assert!(dump.contains(&listed), "{dump}");
 
     containerd.start();
-    let mut cri = Cri::connect(&containerd.socket).await;
-    let version = cri.version().await;
+    let (mut cri, version) = Cri::connect(&containerd.socket).await;
     eprintln!(
         "containerd {} (Debian {}, config version {}, CRI {})",
         version.runtime_version, build.suite, build.config_version, version.runtime_api_version
@@ -551,8 +550,8 @@ async fn runs_gpu_containers(build: Build) {
     containerd.configure(&["--revert"]);
     assert_eq!(fs::read_to_string(&containerd.config).unwrap(), default);
     containerd.start();
-    let mut cri = Cri::connect(&containerd.socket).await;
-    assert_eq!(cri.version().await.runtime_name, "containerd");
+    let (cri, version) = Cri::connect(&containerd.socket).await;
+    assert_eq!(version.runtime_name, "containerd");
     drop(cri);
 
     // Nothing left: no process naming the daemon's socket, no cgroup folder, no host folder.

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
@@ -282,15 +283,35 @@ pub struct Cri {
 }
 
 impl Cri {
-    pub async fn connect(socket: &Path) -> Cri {
-        let channel = Endpoint::from_shared(format!("unix:{}", socket.display()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        Cri {
-            grpc: tonic::client::Grpc::new(channel),
+    /// A client of `socket` once the runtime answers Version through it: the socket exists
+    /// before the daemon listens, and its CRI plugin answers "not initialized" for a moment
+    /// after. Fails after 20 s with the last error.
+    pub async fn connect(socket: &Path) -> (Cri, VersionResponse) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let error = match Self::try_connect(socket).await {
+                Ok(mut cri) => match cri.version().await {
+                    Ok(version) => return (cri, version),
+                    Err(status) => status.to_string(),
+                },
+                Err(error) => error.to_string(),
+            };
+            assert!(
+                Instant::now() < deadline,
+                "the runtime at {} did not answer within 20 s: {error}",
+                socket.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    async fn try_connect(socket: &Path) -> Result<Cri, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(format!("unix:{}", socket.display()))?
+            .connect()
+            .await?;
+        Ok(Cri {
+            grpc: tonic::client::Grpc::new(channel),
+        })
     }
 
     /// `RuntimeService/<method>` with `request`.
@@ -313,11 +334,11 @@ impl Cri {
             .map(tonic::Response::into_inner)
     }
 
-    pub async fn version(&mut self) -> VersionResponse {
+    pub async fn version(&mut self) -> Result<VersionResponse, tonic::Status> {
         let request = VersionRequest {
             version: "v1".into(),
         };
-        self.call("Version", request).await.unwrap()
+        self.call("Version", request).await
     }
 
     pub async fn run_pod_sandbox(&mut self, config: &PodSandboxConfig) -> String {
