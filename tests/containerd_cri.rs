@@ -40,12 +40,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use common::{Node, gpud_bin, stdout_ok};
-use containerd::{Build, Containerd, V1_7, V2, mknod_memory_device};
-use cri_api::{
-    CdiDevice, ContainerConfig, ContainerMetadata, Cri, ImageSpec, KeyValue, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NODE,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RUNNING,
-};
+use containerd::{Build, Containerd, Pod, V1_7, V2, mknod_memory_device};
+use cri_api::{CdiDevice, Cri, KeyValue, RUNNING};
 use fake_api::FakeApi;
 use fake_kubelet::FakeKubelet;
 use gpud::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
@@ -138,117 +134,6 @@ impl FakeDriver {
         args.extend_from_slice(extra);
         stdout_ok(&node.run(&args));
         serde_json::from_str(&fs::read_to_string(out).unwrap()).unwrap()
-    }
-}
-
-/// A pod sandbox on the host network, as the kubelet asks for one.
-struct Pod {
-    id: String,
-    config: PodSandboxConfig,
-    containers: Vec<String>,
-}
-
-impl Pod {
-    async fn run(cri: &mut Cri, containerd: &Containerd, name: &str, uid: &str) -> Pod {
-        let labels = HashMap::from([
-            ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
-            (
-                "io.kubernetes.pod.namespace".to_owned(),
-                "gpud-test".to_owned(),
-            ),
-            ("io.kubernetes.pod.uid".to_owned(), uid.to_owned()),
-        ]);
-        let config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.to_owned(),
-                uid: uid.to_owned(),
-                namespace: "gpud-test".into(),
-                attempt: 0,
-            }),
-            // The kubelet sends no hostname for a host-network pod (there is no UTS namespace
-            // to set it in).
-            hostname: String::new(),
-            log_directory: containerd
-                .dir
-                .path()
-                .join(format!("logs/gpud-test_{name}_{uid}"))
-                .display()
-                .to_string(),
-            labels,
-            annotations: HashMap::new(),
-            linux: Some(LinuxPodSandboxConfig {
-                cgroup_parent: containerd.cgroup_parent(uid),
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(host_network()),
-                }),
-            }),
-        };
-        let id = cri.run_pod_sandbox(&config).await;
-        Pod {
-            id,
-            config,
-            containers: Vec::new(),
-        }
-    }
-
-    /// A container of this pod running `sleep`, with the kubelet's labels.
-    fn container(&self, name: &str) -> ContainerConfig {
-        let mut labels = self.config.labels.clone();
-        labels.insert("io.kubernetes.container.name".into(), name.into());
-        ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: containerd::IMAGE.into(),
-            }),
-            command: vec!["/bin/sleep".into(), "100000".into()],
-            labels,
-            log_path: format!("{name}/0.log"),
-            linux: Some(LinuxContainerConfig {
-                security_context: Some(LinuxContainerSecurityContext {
-                    privileged: false,
-                    namespace_options: Some(host_network()),
-                }),
-            }),
-            ..ContainerConfig::default()
-        }
-    }
-
-    /// CreateContainer and StartContainer; the container's ID.
-    async fn start(&mut self, cri: &mut Cri, config: ContainerConfig) -> Result<String, String> {
-        let id = cri
-            .create_container(&self.id, &self.config, config)
-            .await
-            .map_err(|s| s.message().to_owned())?;
-        self.containers.push(id.clone());
-        cri.start_container(&id)
-            .await
-            .map_err(|s| s.message().to_owned())?;
-        Ok(id)
-    }
-
-    /// Stops and removes container `id`.
-    async fn remove_container(&mut self, cri: &mut Cri, id: &str) {
-        cri.remove_container(id).await;
-        self.containers.retain(|c| c != id);
-    }
-
-    /// Stops and removes every container, then the sandbox, as the kubelet tears a pod down.
-    async fn remove(self, cri: &mut Cri) {
-        for id in &self.containers {
-            cri.remove_container(id).await;
-        }
-        cri.remove_pod_sandbox(&self.id).await;
-    }
-}
-
-fn host_network() -> NamespaceOption {
-    NamespaceOption {
-        network: NODE,
-        pid: 0,
-        ipc: 0,
     }
 }
 
@@ -444,7 +329,7 @@ async fn runs_gpu_containers(build: Build) {
         "{version:?}"
     );
     assert_eq!(version.runtime_api_version, "v1");
-    containerd.import_image();
+    containerd.import_image(&mut cri).await;
 
     // `gpud cdi generate`'s spec, asked for through the CRI field and the annotation.
     let spec = driver.generate(&node, &containerd.cdi.join("nvidia.json"), &[]);

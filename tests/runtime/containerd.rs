@@ -17,11 +17,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use toml_edit::DocumentMut;
 
 use super::common::{gpud_bin, tool_missing, until};
+use super::cri_api::{
+    ContainerConfig, ContainerMetadata, Cri, ImageSpec, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NODE,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+};
 
 /// The image every pod and container runs (also the sandbox's "pause" image).
 pub const IMAGE: &str = "localhost/gpud-test/busybox:1";
@@ -317,9 +324,18 @@ impl Containerd {
     }
 
     /// Imports the test image (built here) into the CRI plugin's namespace.
-    pub fn import_image(&self) {
-        let archive = self.dir.path().join("image.tar");
-        build_image(&archive);
+    pub async fn import_image(&self, cri: &mut Cri) {
+        self.import(cri, IMAGE, &busybox_layer()).await;
+    }
+
+    /// Imports an image named `name` of one `layer` (a tar) into the CRI plugin's namespace,
+    /// and waits until the plugin knows it.
+    pub async fn import(&self, cri: &mut Cri, name: &str, layer: &[u8]) {
+        let archive = self
+            .dir
+            .path()
+            .join(format!("{}.tar", name.replace(['/', ':'], "_")));
+        write_image(&archive, name, layer);
         let output = self
             .command("ctr", &["-a"])
             .arg(&self.socket)
@@ -335,6 +351,14 @@ impl Containerd {
             .output()
             .unwrap();
         assert!(output.status.success(), "ctr images import: {output:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cri.has_image(name).await {
+            assert!(
+                Instant::now() < deadline,
+                "CRI does not know {name} 10 s after its import"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The cgroup parent of pod `uid`, as the kubelet's cgroupfs driver names a pod's.
@@ -432,9 +456,9 @@ const APPLETS: &[&str] = &[
     "sh", "sleep", "cat", "ls", "env", "readlink", "stat", "test", "echo", "grep", "head",
 ];
 
-/// Writes an OCI image-layout archive holding one layer: busybox with its applets, the host's
-/// static ldconfig and a linker config that includes its drop-ins (as a glibc image has).
-pub fn build_image(archive: &Path) {
+/// The test image's one layer: busybox with its applets, the host's static ldconfig and a
+/// linker config that includes its drop-ins (as a glibc image has).
+pub fn busybox_layer() -> Vec<u8> {
     let busybox = fs::read(fetched().join("busybox")).unwrap();
     let ldconfig = fs::read("/sbin/ldconfig").unwrap();
     let mut layer = tar::Builder::new(Vec::new());
@@ -476,8 +500,54 @@ pub fn build_image(archive: &Path) {
             .append_link(&mut header, format!("bin/{applet}"), "busybox")
             .unwrap();
     }
-    let layer = layer.into_inner().unwrap();
-    let diff_id = sha256(&layer);
+    layer.into_inner().unwrap()
+}
+
+/// A layer holding the folder `root` as it is: folders, files, symlinks and FIFOs (the
+/// hostile images' parts), owned by root.
+pub fn layer_of(root: &Path) -> Vec<u8> {
+    fn add(layer: &mut tar::Builder<Vec<u8>>, root: &Path, dir: &Path) {
+        let mut entries: Vec<_> = fs::read_dir(dir).unwrap().flatten().collect();
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for entry in entries {
+            let path = entry.path();
+            let name = path.strip_prefix(root).unwrap();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()));
+            header.set_size(0);
+            let kind = meta.file_type();
+            if kind.is_dir() {
+                header.set_entry_type(tar::EntryType::Directory);
+                layer
+                    .append_data(&mut header, name, std::io::empty())
+                    .unwrap();
+                add(layer, root, &path);
+            } else if kind.is_symlink() {
+                header.set_entry_type(tar::EntryType::Symlink);
+                let target = fs::read_link(&path).unwrap();
+                layer.append_link(&mut header, name, target).unwrap();
+            } else if std::os::unix::fs::FileTypeExt::is_fifo(&kind) {
+                header.set_entry_type(tar::EntryType::Fifo);
+                layer
+                    .append_data(&mut header, name, std::io::empty())
+                    .unwrap();
+            } else {
+                let bytes = fs::read(&path).unwrap();
+                header.set_size(bytes.len() as u64);
+                layer.append_data(&mut header, name, &bytes[..]).unwrap();
+            }
+        }
+    }
+    let mut layer = tar::Builder::new(Vec::new());
+    add(&mut layer, root, root);
+    layer.into_inner().unwrap()
+}
+
+/// Writes an OCI image-layout archive of image `name` with one `layer`, run as `/bin/busybox
+/// sleep` by default (the sandbox's "pause" process).
+fn write_image(archive: &Path, name: &str, layer: &[u8]) {
+    let diff_id = sha256(layer);
     let config = serde_json::json!({
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": ["/bin/busybox"], "Cmd": ["sleep", "100000"],
@@ -497,7 +567,7 @@ pub fn build_image(archive: &Path) {
         serde_json::json!({"mediaType": media, "digest": format!("sha256:{digest}"),
                            "size": bytes.len()})
     };
-    let layer_desc = blob(&layer, "application/vnd.oci.image.layer.v1.tar");
+    let layer_desc = blob(layer, "application/vnd.oci.image.layer.v1.tar");
     let config_desc = blob(&config, "application/vnd.oci.image.config.v1+json");
     let manifest = serde_json::json!({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -507,8 +577,8 @@ pub fn build_image(archive: &Path) {
     .into_bytes();
     let mut manifest_desc = blob(&manifest, "application/vnd.oci.image.manifest.v1+json");
     manifest_desc["annotations"] = serde_json::json!({
-        "io.containerd.image.name": IMAGE,
-        "org.opencontainers.image.ref.name": IMAGE.rsplit(':').next().unwrap(),
+        "io.containerd.image.name": name,
+        "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap(),
     });
     manifest_desc["platform"] = serde_json::json!({"architecture": "amd64", "os": "linux"});
     let index = serde_json::json!({"schemaVersion": 2, "manifests": [manifest_desc]}).to_string();
@@ -547,4 +617,146 @@ pub fn mknod_memory_device(path: &Path, minor: u32) {
         .status()
         .unwrap();
     assert!(status.success(), "mknod {}", path.display());
+}
+
+/// A pod sandbox on the host network, as the kubelet asks for one.
+pub struct Pod {
+    pub id: String,
+    pub config: PodSandboxConfig,
+    containers: Vec<String>,
+}
+
+impl Pod {
+    pub async fn run(cri: &mut Cri, containerd: &Containerd, name: &str, uid: &str) -> Pod {
+        let labels = HashMap::from([
+            ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
+            (
+                "io.kubernetes.pod.namespace".to_owned(),
+                "gpud-test".to_owned(),
+            ),
+            ("io.kubernetes.pod.uid".to_owned(), uid.to_owned()),
+        ]);
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+                namespace: "gpud-test".into(),
+                attempt: 0,
+            }),
+            // The kubelet sends no hostname for a host-network pod (there is no UTS namespace
+            // to set it in).
+            hostname: String::new(),
+            log_directory: containerd
+                .dir
+                .path()
+                .join(format!("logs/gpud-test_{name}_{uid}"))
+                .display()
+                .to_string(),
+            labels,
+            annotations: HashMap::new(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: containerd.cgroup_parent(uid),
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(host_network()),
+                }),
+            }),
+        };
+        let id = cri.run_pod_sandbox(&config).await;
+        Pod {
+            id,
+            config,
+            containers: Vec::new(),
+        }
+    }
+
+    /// A container of this pod running `sleep`, with the kubelet's labels.
+    pub fn container(&self, name: &str) -> ContainerConfig {
+        let mut labels = self.config.labels.clone();
+        labels.insert("io.kubernetes.container.name".into(), name.into());
+        ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: IMAGE.into(),
+            }),
+            command: vec!["/bin/sleep".into(), "100000".into()],
+            labels,
+            log_path: format!("{name}/0.log"),
+            linux: Some(LinuxContainerConfig {
+                security_context: Some(LinuxContainerSecurityContext {
+                    privileged: false,
+                    namespace_options: Some(host_network()),
+                }),
+            }),
+            ..ContainerConfig::default()
+        }
+    }
+
+    /// CreateContainer and StartContainer; the container's ID.
+    pub async fn start(
+        &mut self,
+        cri: &mut Cri,
+        config: ContainerConfig,
+    ) -> Result<String, String> {
+        let id = cri
+            .create_container(&self.id, &self.config, config)
+            .await
+            .map_err(|s| s.message().to_owned())?;
+        self.containers.push(id.clone());
+        cri.start_container(&id)
+            .await
+            .map_err(|s| s.message().to_owned())?;
+        Ok(id)
+    }
+
+    /// Runs `config` to its end: the lines it wrote to stdout and stderr (from its CRI log),
+    /// or the runtime's refusal of CreateContainer or StartContainer.
+    pub async fn run_to_end(
+        &mut self,
+        cri: &mut Cri,
+        config: ContainerConfig,
+    ) -> Result<String, String> {
+        let log = Path::new(&self.config.log_directory).join(&config.log_path);
+        let id = self.start(cri, config).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = cri.container_status(&id).await;
+            if status.status.as_ref().unwrap().state == super::cri_api::EXITED {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id} still runs after 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // `<time> <stream> <F|P> <text>` per line.
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        Ok(text
+            .lines()
+            .filter_map(|l| l.splitn(4, ' ').nth(3))
+            .map(|l| format!("{l}\n"))
+            .collect())
+    }
+
+    /// Stops and removes container `id`.
+    pub async fn remove_container(&mut self, cri: &mut Cri, id: &str) {
+        cri.remove_container(id).await;
+        self.containers.retain(|c| c != id);
+    }
+
+    /// Stops and removes every container, then the sandbox, as the kubelet tears a pod down.
+    pub async fn remove(self, cri: &mut Cri) {
+        for id in &self.containers {
+            cri.remove_container(id).await;
+        }
+        cri.remove_pod_sandbox(&self.id).await;
+    }
+}
+
+pub fn host_network() -> NamespaceOption {
+    NamespaceOption {
+        network: NODE,
+        pid: 0,
+        ipc: 0,
+    }
 }

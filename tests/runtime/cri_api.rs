@@ -238,6 +238,7 @@ pub struct ContainerStatusRequest {
 
 /// `ContainerState`: CREATED = 0, RUNNING = 1, EXITED = 2, UNKNOWN = 3.
 pub const RUNNING: i32 = 1;
+pub const EXITED: i32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ContainerStatus {
@@ -275,6 +276,24 @@ pub struct ExecSyncResponse {
     pub stderr: Vec<u8>,
     #[prost(int32, tag = "3")]
     pub exit_code: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageStatusRequest {
+    #[prost(message, optional, tag = "1")]
+    pub image: Option<ImageSpec>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Image {
+    #[prost(string, tag = "1")]
+    pub id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageStatusResponse {
+    #[prost(message, optional, tag = "1")]
+    pub image: Option<Image>,
 }
 
 /// A client of a runtime's CRI socket.
@@ -320,18 +339,45 @@ impl Cri {
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
+        self.call_service("RuntimeService", method, request).await
+    }
+
+    /// `<service>/<method>` of `runtime.v1` with `request`.
+    async fn call_service<Q, A>(
+        &mut self,
+        service: &str,
+        method: &str,
+        request: Q,
+    ) -> Result<A, tonic::Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
         self.grpc
             .ready()
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let path =
-            http::uri::PathAndQuery::try_from(format!("/runtime.v1.RuntimeService/{method}"))
-                .unwrap();
+            http::uri::PathAndQuery::try_from(format!("/runtime.v1.{service}/{method}")).unwrap();
         let codec = tonic_prost::ProstCodec::<Q, A>::default();
         self.grpc
             .unary(tonic::Request::new(request), path, codec)
             .await
             .map(tonic::Response::into_inner)
+    }
+
+    /// Whether the CRI plugin knows image `name` (it learns of an import from an event).
+    pub async fn has_image(&mut self, name: &str) -> bool {
+        let request = ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: name.to_owned(),
+            }),
+        };
+        let answer: ImageStatusResponse = self
+            .call_service("ImageService", "ImageStatus", request)
+            .await
+            .unwrap();
+        answer.image.is_some()
     }
 
     pub async fn version(&mut self) -> Result<VersionResponse, tonic::Status> {
