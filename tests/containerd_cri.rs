@@ -565,7 +565,7 @@ async fn dra_claim_reaches_the_container(node: &Node, cri: &mut Cri, pod: &mut P
         .flat_map(|d| d.cdi_device_ids.clone())
         .collect();
     let id = format!("k8s.gpu.nvidia.com/claim={uid}-gpu-2");
-    assert_eq!(ids, [id.clone()]);
+    assert_eq!(ids, std::slice::from_ref(&id));
     let spec_file = node
         .dir
         .path()
