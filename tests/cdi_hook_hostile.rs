@@ -12,6 +12,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "runtime/containerd.rs"]
+mod containerd;
+#[path = "runtime/cri_api.rs"]
+mod cri_api;
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, symlink};
@@ -20,6 +24,8 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{gpud_bin, tool_missing};
+use containerd::{Containerd, Pod};
+use cri_api::Cri;
 
 /// ldconfig's deadline in these specs: short, so the images that would hang show it quickly.
 const DEADLINE: &str = "3s";
@@ -171,16 +177,10 @@ impl Image {
         assert!(output.status.success(), "cc: {output:?}");
     }
 
-    /// Starts the image with podman (runc) and a CDI spec whose hook runs
-    /// `gpud cdi-hook update-ldcache` for the driver folder it mounts at /opt/driver.
-    fn start(&self) -> Output {
-        static STARTED: AtomicUsize = AtomicUsize::new(0);
-        let kind = format!(
-            "gpud-corpus-{}-{}.example.com/gpu",
-            std::process::id(),
-            STARTED.fetch_add(1, Ordering::Relaxed)
-        );
-        let spec = serde_json::json!({
+    /// The CDI spec of device `<kind>=gpu`: the driver folder mounted at /opt/driver and a
+    /// hook that runs `gpud cdi-hook update-ldcache` for it.
+    fn spec(&self, kind: &str) -> serde_json::Value {
+        serde_json::json!({
             "cdiVersion": "0.5.0",
             "kind": kind,
             "devices": [{
@@ -200,13 +200,18 @@ impl Image {
                     }],
                 },
             }],
-        });
+        })
+    }
+
+    /// Starts the image with podman (runc) and [`Image::spec`].
+    fn start(&self) -> Output {
+        let kind = unique_kind();
         fs::create_dir_all("/var/run/cdi").unwrap();
         let spec_path = PathBuf::from(format!(
             "/var/run/cdi/{}.json",
             kind.replace(['/', '.'], "-")
         ));
-        fs::write(&spec_path, spec.to_string()).unwrap();
+        fs::write(&spec_path, self.spec(&kind).to_string()).unwrap();
         let output = Command::new("podman")
             .args([
                 "--runtime",
@@ -232,6 +237,43 @@ impl Image {
         let _ = fs::remove_file(&spec_path);
         output
     }
+
+    /// Starts the image as a container of `pod` on `containerd`, through CRI, with
+    /// [`Image::spec`] asked for in `CDI_devices`: its output, or the runtime's refusal.
+    async fn start_on_containerd(
+        &self,
+        containerd: &Containerd,
+        cri: &mut Cri,
+        pod: &mut Pod,
+    ) -> Result<String, String> {
+        let kind = unique_kind();
+        let name = kind.replace(['/', '.'], "-");
+        let spec_path = containerd.cdi.join(format!("{name}.json"));
+        fs::write(&spec_path, self.spec(&kind).to_string()).unwrap();
+        let image = format!("localhost/gpud-corpus/{name}:1");
+        containerd
+            .import(cri, &image, &containerd::layer_of(&self.root()))
+            .await;
+        let mut config = pod.container(&name);
+        config.image = Some(cri_api::ImageSpec { image });
+        config.command = vec!["/sbin/ldconfig".into(), "-p".into()];
+        config.cdi_devices = vec![cri_api::CdiDevice {
+            name: format!("{kind}=gpu"),
+        }];
+        let output = pod.run_to_end(cri, config).await;
+        fs::remove_file(&spec_path).unwrap();
+        output
+    }
+}
+
+/// A CDI kind no other start of this process or another uses.
+fn unique_kind() -> String {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "gpud-corpus-{}-{}.example.com/gpu",
+        std::process::id(),
+        STARTED.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Whether the runtime corpus runs here: podman, runc, cc and root (always in CI).
@@ -295,39 +337,11 @@ fn driver_cached(start: &Start) {
     );
 }
 
-#[test]
-fn a_glibc_image_gets_the_driver_folder_in_its_cache() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
-    let image = Image::glibc();
-    driver_cached(&start_and_check(&image, &canary));
-    assert_eq!(
-        fs::read_to_string(image.root().join("etc/ld.so.conf.d/00-nvcr-gpud.conf")).unwrap(),
-        "/opt/driver\n"
-    );
-}
+// === the corpus: each image, built against a canary ===
 
-#[test]
-fn a_musl_or_static_image_is_left_alone() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
-    let image = Image::bare();
-    // Its own ldconfig finds no cache: the hook made none.
-    assert!(matches!(start_and_check(&image, &canary), Start::Ran(_)));
-    assert!(!image.root().join("etc/ld.so.cache").exists());
-    assert!(!image.root().join("etc/ld.so.conf.d").exists());
-}
-
-#[test]
-fn a_linker_config_naming_the_host_through_proc() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
+/// A glibc image whose linker config names the canary's library folder through the host's
+/// root as the container's procfs shows it.
+fn linker_config_through_proc(canary: &Canary) -> Image {
     let image = Image::glibc();
     image.write(
         "/etc/ld.so.conf",
@@ -336,15 +350,11 @@ fn a_linker_config_naming_the_host_through_proc() {
             canary.via_proc()
         ),
     );
-    driver_cached(&start_and_check(&image, &canary));
+    image
 }
 
-#[test]
-fn a_drop_in_naming_the_host_through_proc_and_an_include_of_the_hosts_config() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
+/// A drop-in naming the canary through /proc, and an include of its linker config.
+fn drop_in_through_proc(canary: &Canary) -> Image {
     let image = Image::glibc();
     image.write(
         "/etc/ld.so.conf.d/zz-evil.conf",
@@ -354,15 +364,11 @@ fn a_drop_in_naming_the_host_through_proc_and_an_include_of_the_hosts_config() {
             canary.dir.path().display()
         ),
     );
-    driver_cached(&start_and_check(&image, &canary));
+    image
 }
 
-#[test]
-fn a_library_folder_that_is_a_symlink_into_proc() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
+/// Library folders that are symlinks (absolute and relative) into the canary through /proc.
+fn library_folder_symlinked_into_proc(canary: &Canary) -> Image {
     let image = Image::glibc();
     image.link("/opt/evil-absolute", &format!("{}/libs", canary.via_proc()));
     image.link(
@@ -373,15 +379,12 @@ fn a_library_folder_that_is_a_symlink_into_proc() {
         "/etc/ld.so.conf.d/zz-evil.conf",
         "/opt/evil-absolute\n/opt/evil-relative\n",
     );
-    driver_cached(&start_and_check(&image, &canary));
+    image
 }
 
-#[test]
-fn sonames_with_dot_dot_and_slashes_aimed_at_a_host_symlink() {
-    if runtime_missing() {
-        return;
-    }
-    let canary = Canary::new();
+/// Libraries whose SONAMEs climb out with `..` or are absolute, aimed at the canary's
+/// symlink, file and library.
+fn sonames_aimed_at_the_host(canary: &Canary) -> Image {
     let image = Image::glibc();
     let up = "../".repeat(12);
     image.library_with_soname(
@@ -400,7 +403,193 @@ fn sonames_with_dot_dot_and_slashes_aimed_at_a_host_symlink() {
         ),
     );
     image.write("/etc/ld.so.conf.d/zz-evil.conf", "/usr/lib/evil\n");
-    driver_cached(&start_and_check(&image, &canary));
+    image
+}
+
+/// /etc itself a symlink to the canary's etc through /proc.
+fn etc_symlinked_to_the_host(canary: &Canary) -> Image {
+    let image = Image::glibc();
+    fs::remove_dir_all(image.root().join("etc")).unwrap();
+    image.link("/etc", &format!("{}/etc", canary.via_proc()));
+    // The same path as folders of the image, where the runtime looks before the container's
+    // procfs is mounted over them: the runtime starts it, and the hook sees /etc through the
+    // host.
+    fs::create_dir_all(
+        image
+            .root()
+            .join(format!("{}/etc", canary.via_proc()).trim_start_matches('/')),
+    )
+    .unwrap();
+    image
+}
+
+/// The linker cache a symlink to the canary's file.
+fn cache_symlinked_to_a_host_file(canary: &Canary) -> Image {
+    let image = Image::glibc();
+    image.link("/etc/ld.so.cache", &format!("{}/file", canary.via_proc()));
+    image
+}
+
+fn fifo_as_the_linker_config(_: &Canary) -> Image {
+    let image = Image::glibc();
+    image.fifo("/etc/ld.so.conf");
+    image
+}
+
+fn fifo_as_a_drop_in(_: &Canary) -> Image {
+    let image = Image::glibc();
+    image.fifo("/etc/ld.so.conf.d/zz-fifo.conf");
+    image
+}
+
+/// A FIFO named like a library: ldconfig skips what is not a regular file.
+fn fifo_in_a_library_folder(_: &Canary) -> Image {
+    let image = Image::glibc();
+    image.fifo("/usr/lib/fifo/libfifo.so.1");
+    image.write("/etc/ld.so.conf.d/zz-fifo.conf", "/usr/lib/fifo\n");
+    image
+}
+
+/// What a corpus image's start must give.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// It ran with the driver folder in its cache.
+    DriverCached,
+    /// It ran (the hook left it alone).
+    Ran,
+    /// The hook ended at ldconfig's deadline and said so.
+    Deadline,
+}
+
+type Build = fn(&Canary) -> Image;
+
+/// The corpus, each image with what its start must give. (The 1 GiB linker config runs under
+/// podman only: a runtime that imports images would first copy the GiB.)
+const CORPUS: &[(&str, Build, Expect)] = &[
+    ("glibc", |_| Image::glibc(), Expect::DriverCached),
+    ("musl-or-static", |_| Image::bare(), Expect::Ran),
+    (
+        "linker-config-through-proc",
+        linker_config_through_proc,
+        Expect::DriverCached,
+    ),
+    (
+        "drop-in-through-proc",
+        drop_in_through_proc,
+        Expect::DriverCached,
+    ),
+    (
+        "library-folder-symlinked",
+        library_folder_symlinked_into_proc,
+        Expect::DriverCached,
+    ),
+    (
+        "sonames-aimed-at-the-host",
+        sonames_aimed_at_the_host,
+        Expect::DriverCached,
+    ),
+    (
+        "etc-symlinked-to-the-host",
+        etc_symlinked_to_the_host,
+        Expect::Ran,
+    ),
+    (
+        "cache-symlinked-to-a-host-file",
+        cache_symlinked_to_a_host_file,
+        Expect::DriverCached,
+    ),
+    (
+        "fifo-linker-config",
+        fifo_as_the_linker_config,
+        Expect::Deadline,
+    ),
+    ("fifo-drop-in", fifo_as_a_drop_in, Expect::Deadline),
+    (
+        "fifo-library",
+        fifo_in_a_library_folder,
+        Expect::DriverCached,
+    ),
+];
+
+/// Asserts that `start` is what `expect` says.
+fn as_expected(name: &str, expect: Expect, start: &Start) {
+    match expect {
+        Expect::DriverCached => driver_cached(start),
+        Expect::Ran => assert!(matches!(start, Start::Ran(_)), "{name}: {start:?}"),
+        Expect::Deadline => {
+            let Start::HookFailed(line) = start else {
+                panic!("{name}: {start:?}");
+            };
+            assert!(line.contains("did not finish within 3 s"), "{name}: {line}");
+        }
+    }
+}
+
+/// Builds corpus image `name` against a new canary and starts it under podman.
+fn start_under_podman(name: &str) -> (Image, Canary, Start) {
+    let (_, build, expect) = CORPUS.iter().find(|(n, _, _)| *n == name).unwrap();
+    let canary = Canary::new();
+    let image = build(&canary);
+    let start = start_and_check(&image, &canary);
+    as_expected(name, *expect, &start);
+    (image, canary, start)
+}
+
+// === under podman, where the image's root is a host folder the tests can read back ===
+
+#[test]
+fn a_glibc_image_gets_the_driver_folder_in_its_cache() {
+    if runtime_missing() {
+        return;
+    }
+    let (image, _, _) = start_under_podman("glibc");
+    assert_eq!(
+        fs::read_to_string(image.root().join("etc/ld.so.conf.d/00-nvcr-gpud.conf")).unwrap(),
+        "/opt/driver\n"
+    );
+}
+
+#[test]
+fn a_musl_or_static_image_is_left_alone() {
+    if runtime_missing() {
+        return;
+    }
+    // Its own ldconfig finds no cache: the hook made none.
+    let (image, _, _) = start_under_podman("musl-or-static");
+    assert!(!image.root().join("etc/ld.so.cache").exists());
+    assert!(!image.root().join("etc/ld.so.conf.d").exists());
+}
+
+#[test]
+fn a_linker_config_naming_the_host_through_proc() {
+    if runtime_missing() {
+        return;
+    }
+    start_under_podman("linker-config-through-proc");
+}
+
+#[test]
+fn a_drop_in_naming_the_host_through_proc_and_an_include_of_the_hosts_config() {
+    if runtime_missing() {
+        return;
+    }
+    start_under_podman("drop-in-through-proc");
+}
+
+#[test]
+fn a_library_folder_that_is_a_symlink_into_proc() {
+    if runtime_missing() {
+        return;
+    }
+    start_under_podman("library-folder-symlinked");
+}
+
+#[test]
+fn sonames_with_dot_dot_and_slashes_aimed_at_a_host_symlink() {
+    if runtime_missing() {
+        return;
+    }
+    start_under_podman("sonames-aimed-at-the-host");
 }
 
 #[test]
@@ -408,21 +597,8 @@ fn etc_itself_a_symlink_to_the_hosts_etc_through_proc() {
     if runtime_missing() {
         return;
     }
-    let canary = Canary::new();
-    let image = Image::glibc();
-    fs::remove_dir_all(image.root().join("etc")).unwrap();
-    image.link("/etc", &format!("{}/etc", canary.via_proc()));
-    // The same path as folders of the image, where podman looks before the container's procfs
-    // is mounted over them: the runtime starts it, and the hook sees /etc through the host.
-    fs::create_dir_all(
-        image
-            .root()
-            .join(format!("{}/etc", canary.via_proc()).trim_start_matches('/')),
-    )
-    .unwrap();
     // gpud never resolves through a magic link: to it the image has no linker config.
-    let start = start_and_check(&image, &canary);
-    assert!(matches!(start, Start::Ran(_)), "{start:?}");
+    let (image, canary, _) = start_under_podman("etc-symlinked-to-the-host");
     assert!(
         !image
             .root()
@@ -438,18 +614,7 @@ fn the_cache_a_symlink_to_a_host_file() {
     if runtime_missing() {
         return;
     }
-    let canary = Canary::new();
-    let image = Image::glibc();
-    image.link("/etc/ld.so.cache", &format!("{}/file", canary.via_proc()));
-    driver_cached(&start_and_check(&image, &canary));
-}
-
-/// The start fails within ldconfig's deadline with gpud's line naming it.
-fn ended_at_the_deadline(start: Start) {
-    let Start::HookFailed(line) = start else {
-        panic!("{start:?}");
-    };
-    assert!(line.contains("did not finish within 3 s"), "{line}");
+    start_under_podman("cache-symlinked-to-a-host-file");
 }
 
 #[test]
@@ -457,14 +622,8 @@ fn a_fifo_as_the_linker_config_or_a_drop_in_ends_at_the_deadline() {
     if runtime_missing() {
         return;
     }
-    let canary = Canary::new();
-    let image = Image::glibc();
-    image.fifo("/etc/ld.so.conf");
-    ended_at_the_deadline(start_and_check(&image, &canary));
-
-    let image = Image::glibc();
-    image.fifo("/etc/ld.so.conf.d/zz-fifo.conf");
-    ended_at_the_deadline(start_and_check(&image, &canary));
+    start_under_podman("fifo-linker-config");
+    start_under_podman("fifo-drop-in");
 }
 
 #[test]
@@ -472,15 +631,11 @@ fn a_fifo_in_a_library_folder_and_a_gib_linker_config() {
     if runtime_missing() {
         return;
     }
-    let canary = Canary::new();
-    // A FIFO named like a library: ldconfig skips what is not a regular file.
-    let image = Image::glibc();
-    image.fifo("/usr/lib/fifo/libfifo.so.1");
-    image.write("/etc/ld.so.conf.d/zz-fifo.conf", "/usr/lib/fifo\n");
-    driver_cached(&start_and_check(&image, &canary));
+    start_under_podman("fifo-library");
 
     // 1 GiB of linker config (sparse): ldconfig's memory is capped, so it fails (or reads it
     // through) without bloating the node; either way the start ends.
+    let canary = Canary::new();
     let image = Image::glibc();
     let conf = fs::File::create(image.root().join("etc/ld.so.conf")).unwrap();
     conf.set_len(1 << 30).unwrap();
@@ -488,4 +643,46 @@ fn a_fifo_in_a_library_folder_and_a_gib_linker_config() {
         Start::Ran(_) => {}
         Start::HookFailed(line) => assert!(line.contains("ldconfig"), "{line}"),
     }
+}
+
+// === the same corpus under containerd 2.x through CRI, as a kubelet starts it ===
+
+/// Every corpus image as a container of one pod on one containerd (configured by `gpud
+/// runtime configure --enable-cdi`), asked for its device by `CDI_devices`: the host canary
+/// unchanged, and the start as under podman.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corpus_under_containerd() {
+    if containerd::missing(containerd::V2) {
+        return;
+    }
+    let mut runtime = Containerd::prepare(containerd::V2);
+    let cdi = runtime.cdi.display().to_string();
+    runtime.configure(&["--enable-cdi", "--cdi-spec-dirs", &cdi]);
+    runtime.start();
+    let (mut cri, version) = Cri::connect(&runtime.socket).await;
+    eprintln!("containerd {}", version.runtime_version);
+    runtime.import_image(&mut cri).await;
+    let uid = format!("{:08x}-0000-4000-8000-000000000001", std::process::id());
+    let mut pod = Pod::run(&mut cri, &runtime, "corpus", &uid).await;
+    for (name, build, expect) in CORPUS {
+        let canary = Canary::new();
+        let image = build(&canary);
+        let before = canary.snapshot();
+        let output = image
+            .start_on_containerd(&runtime, &mut cri, &mut pod)
+            .await;
+        assert_eq!(canary.snapshot(), before, "{name}: the host canary changed");
+        let start = match output {
+            Ok(stdout) => Start::Ran(stdout),
+            Err(refused) => {
+                let at = refused
+                    .find("gpud: cdi-hook: ")
+                    .unwrap_or_else(|| panic!("{name}: refused without gpud's error: {refused}"));
+                let line = refused[at..].lines().next().unwrap();
+                Start::HookFailed(line.trim_end_matches(['"', '\\']).to_owned())
+            }
+        };
+        as_expected(name, *expect, &start);
+    }
+    pod.remove(&mut cri).await;
 }
