@@ -284,8 +284,18 @@ async fn the_schedulers_extended_resource_claim_is_prepared_like_any_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extended_resource_claim_takes_its_class_config() {
-    // nvidia.com/gpu through class gpu.nvidia.com, whose config asks for a Long time slice.
+    // The same on a 1.34 server (DRAExtendedResource alpha) and a 1.37 one (GA): gpud does
+    // nothing special for these claims.
+    for server in ["v1.34.2", "v1.37.0"] {
+        extended_gpu_claim(server).await;
+    }
+}
+
+/// nvidia.com/gpu through class gpu.nvidia.com, whose config asks for a Long time slice, on a
+/// server of release `server`.
+async fn extended_gpu_claim(server: &str) {
     let mut dra = Dra::new("dgx-h100");
+    dra.api.set_server_version(Some(server));
     dra.start();
     dra.register().await;
     dra.slices_when("slices", |_| true);
