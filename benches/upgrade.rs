@@ -351,6 +351,8 @@ fn start(node: &Node, socket: &Path, port: u16, name: &str) -> Gpud {
             "0",
             "--kubelet-socket",
             socket.to_str().unwrap(),
+            "--extended-resource-owner",
+            "device-plugin",
             "--config-file",
             &path("config.yaml"),
             "--mps-skip-shm-mount",

@@ -20,6 +20,8 @@ mod raw_grpc;
 
 #[path = "dra/dynamic_mig.rs"]
 mod dynamic_mig;
+#[path = "dra/extended.rs"]
+mod extended;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -513,6 +515,8 @@ fn run_applet(socket: &std::path::Path) -> Vec<String> {
         "0",
         "--kubelet-socket",
         socket.to_str().unwrap(),
+        "--extended-resource-owner",
+        "device-plugin",
     ]
     .map(String::from)
     .to_vec()

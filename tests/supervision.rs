@@ -65,6 +65,8 @@ impl Daemon {
         let args: Vec<String> = [
             "run".to_owned(),
             "--dra".into(),
+            "--extended-resource-owner".into(),
+            "device-plugin".into(),
             "--disable".into(),
             "labeller,exporter".into(),
             "--doctor-interval".into(),

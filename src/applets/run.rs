@@ -36,6 +36,7 @@ use crate::mps::{self, MpsArgs, MpsControl};
 use crate::node_status::{NodeStatus, NodeStatusArgs};
 use crate::nvml::{NodeFacts, Nvml, Rescanner};
 use crate::remediation::{Remediation, RemediationArgs};
+use crate::resources::extended::{self, Owner};
 use crate::resources::settings::Settings as PluginSettings;
 
 /// Run the device plugin, the labeller, the exporter and the health watcher in one process,
@@ -122,6 +123,19 @@ struct Args {
     #[command(flatten)]
     dra_args: DraArgs,
 
+    /// With --dra and the device plugin both on: which path offers the extended resources both
+    /// could (nvidia.com/gpu, nvidia.com/mig-<profile>, which gpud's DeviceClasses serve
+    /// through DRA as extendedResourceName). `device-plugin`: it keeps advertising them, DRA
+    /// serves ResourceClaims only; `dra`: the device plugin leaves them out and pods asking
+    /// for them are served through DRA. Unset, a name both would offer is a usage error.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "PATH",
+        env = "GPUD_EXTENDED_RESOURCE_OWNER"
+    )]
+    extended_resource_owner: Option<Owner>,
+
     /// Self-healing GPUs: drain, reset, verify and give back a GPU that needs a reset, or
     /// escalate on the Node (see docs/remediation.md). Off unless asked for.
     #[command(flatten)]
@@ -179,6 +193,32 @@ fn take_layouts(
         super::dra::take_layouts(state_dir, dra, &gpus)?;
     }
     Ok(())
+}
+
+/// A node offers each extended resource one way only: with the DRA plugin and the device
+/// plugin both on and no `--extended-resource-owner`, a name the device plugin would advertise
+/// that a DeviceClass serves through DRA is a usage error (64) naming it and both paths.
+/// Returns whether the device plugin leaves such names to DRA — also when nobody said and none
+/// clashes now, so one a later MIG layout brings is never offered both ways either.
+fn one_path_per_name(
+    args: &Args,
+    dra: bool,
+    plugin: &PluginSettings,
+    snapshot: &crate::inventory::Snapshot,
+) -> Result<bool, Error> {
+    if !dra || args.disable.contains(&Optional::DevicePlugin) {
+        return Ok(false);
+    }
+    match args.extended_resource_owner {
+        Some(owner) => Ok(owner == Owner::Dra),
+        None => {
+            // A node the settings cannot express offers nothing (the device plugin says why).
+            let offered = crate::resources::resources(snapshot, plugin).unwrap_or_default();
+            extended::both_ways(offered.iter().map(|r| r.name.as_str()))
+                .map_err(|clash| Error::Usage(clash.to_string()))?;
+            Ok(true)
+        }
+    }
 }
 
 /// Entry point.
@@ -247,6 +287,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let rescanner = Rescanner::new(nvml.clone(), facts, args.rescan.interval());
     let inventory = rescanner.discover()?;
     mps::check_at_start(&plugin, &inventory.current())?;
+    let left_to_dra = one_path_per_name(&args, dra.is_some(), &plugin, &inventory.current())?;
     let mps_events = node_status
         .clone()
         .map(|node| (node, args.api.client.kubeconfig.clone()));
@@ -343,6 +384,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
         if dra.is_some() {
             manager.held = Some(HeldSource::Shared(claimed));
         }
+        manager.left_to_dra = left_to_dra;
         daemon.add(DevicePlugin::new(manager), |config: &Arc<Reloadable>| {
             Arc::clone(&config.plugin)
         });

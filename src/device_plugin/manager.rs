@@ -60,6 +60,10 @@ pub struct ManagerConfig {
     pub proc_root: PathBuf,
     /// UUIDs held by DRA claims, to withdraw; `None` when no DRA plugin runs beside.
     pub held: Option<HeldSource>,
+    /// Leave out the names gpud's DeviceClasses serve through DRA (`nvidia.com/gpu`,
+    /// `nvidia.com/mig-<profile>`): the DRA plugin beside owns them on this node
+    /// ([`crate::resources::extended`]).
+    pub left_to_dra: bool,
 }
 
 /// Errors that stop the device plugin.
@@ -369,6 +373,10 @@ fn reconcile(
             Vec::new()
         }
     };
+    if spawn.config.left_to_dra {
+        // A node offers a name one way only: these are DRA's here.
+        wanted.retain(|r| resources::extended::dra_class(&r.name).is_none());
+    }
     for resource in &mut wanted {
         let before = resource.devices.len();
         resource

@@ -73,6 +73,7 @@ impl KubeletArgs {
                 .dra_checkpoint
                 .clone()
                 .map(crate::holdings::HeldSource::Checkpoint),
+            left_to_dra: false,
         }
     }
 }

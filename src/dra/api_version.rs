@@ -144,6 +144,8 @@ pub struct ServedFields {
     pub counters_in_own_slices: bool,
     /// `allowMultipleAllocations` and capacity `requestPolicy` (consumable capacity, KEP-5075).
     pub shared_capacity: bool,
+    /// List-type attribute values (`ints`, KEP-5491; Kubernetes 1.36+).
+    pub list_attributes: bool,
 }
 
 impl ServedFields {
@@ -151,12 +153,14 @@ impl ServedFields {
         counters: true,
         counters_in_own_slices: true,
         shared_capacity: true,
+        list_attributes: true,
     };
     /// A v1beta1 or v1beta2 server: none of the newer fields.
     pub const NONE: ServedFields = ServedFields {
         counters: false,
         counters_in_own_slices: false,
         shared_capacity: false,
+        list_attributes: false,
     };
 
     /// Whether `field` is kept.
@@ -164,6 +168,7 @@ impl ServedFields {
         match field {
             NewField::Counters => self.counters,
             NewField::SharedCapacity => self.shared_capacity,
+            NewField::ListAttributes => self.list_attributes,
         }
     }
 
@@ -173,6 +178,7 @@ impl ServedFields {
             match field {
                 NewField::Counters => self.counters = false,
                 NewField::SharedCapacity => self.shared_capacity = false,
+                NewField::ListAttributes => self.list_attributes = false,
             }
         }
         self
@@ -186,6 +192,8 @@ pub enum NewField {
     Counters,
     /// `allowMultipleAllocations`, capacity `requestPolicy`.
     SharedCapacity,
+    /// List-type attribute values: `resource.kubernetes.io/numaNode` as `ints`.
+    ListAttributes,
 }
 
 impl NewField {
@@ -194,6 +202,7 @@ impl NewField {
         match self {
             NewField::Counters => "sharedCounters and consumesCounters",
             NewField::SharedCapacity => "allowMultipleAllocations and capacity requestPolicy",
+            NewField::ListAttributes => "list-type attribute values (ints)",
         }
     }
 
@@ -202,6 +211,9 @@ impl NewField {
         match self {
             NewField::Counters => "partitionable devices",
             NewField::SharedCapacity => "consumable capacity, GPUs shared by capacity",
+            NewField::ListAttributes => {
+                "resource.kubernetes.io/numaNode with the nearest NUMA nodes of the GPU's socket"
+            }
         }
     }
 
@@ -210,9 +222,13 @@ impl NewField {
         match self {
             NewField::Counters => "DRAPartitionableDevices",
             NewField::SharedCapacity => "DRAConsumableCapacity",
+            NewField::ListAttributes => "DRAListTypeAttributes",
         }
     }
 }
+
+/// The first release whose `resource.k8s.io/v1` has list-type attributes (alpha in 1.36).
+pub const LIST_ATTRIBUTES_SINCE: (u32, u32) = (1, 36);
 
 /// The newer fields a server of `version` can keep, the server being Kubernetes `server`
 /// (`(major, minor)`; `None` when `GET /version` failed: the newest shape is assumed).
@@ -222,6 +238,7 @@ pub fn served_fields(version: ResourceVersion, server: Option<(u32, u32)>) -> Se
             counters: true,
             counters_in_own_slices: server.is_none_or(|v| v >= (1, 35)),
             shared_capacity: true,
+            list_attributes: server.is_none_or(|v| v >= LIST_ATTRIBUTES_SINCE),
         },
         ResourceVersion::V1beta2 | ResourceVersion::V1beta1 => ServedFields::NONE,
     }
@@ -249,6 +266,8 @@ pub struct ResourceApi {
     version: OnceCell<ResourceVersion>,
     /// The newer fields the version and the server's release allow.
     shape: OnceCell<ServedFields>,
+    /// The server's release (`(major, minor)`), once read; `None` inside when it could not be.
+    release: std::sync::OnceLock<Option<(u32, u32)>>,
     /// What writes showed the server drops, and what was logged.
     notes: Mutex<FieldNotes>,
 }
@@ -274,6 +293,7 @@ impl ResourceApi {
             client,
             version: OnceCell::new(),
             shape: OnceCell::new(),
+            release: std::sync::OnceLock::new(),
             notes: Mutex::new(FieldNotes::default()),
         }
     }
@@ -286,6 +306,7 @@ impl ResourceApi {
             .shape
             .get_or_init(|| async {
                 let server = self.kubernetes_version().await;
+                let _ = self.release.set(server.as_ref().ok().copied());
                 let shape = served_fields(version, server.as_ref().ok().copied());
                 match (&server, version) {
                     (Ok((major, minor)), _) => {
@@ -328,6 +349,17 @@ impl ResourceApi {
         let mut notes = self.notes();
         for &field in fields {
             if notes.dropped.insert(field) && notes.told.insert(field) {
+                if field == NewField::ListAttributes {
+                    // gpud asked for nothing here: the scalar it falls back to is what every
+                    // release before 1.36 gets, so this is news, not a warning.
+                    info!(
+                        gate = field.gate(),
+                        "The API server does not keep list-type attributes (feature gate {} is off there): publishing resource.kubernetes.io/numaNode as the GPU's NUMA node alone (an int); enable {} on the API server and the scheduler to publish it with the nearest NUMA nodes of the GPU's socket",
+                        field.gate(),
+                        field.gate()
+                    );
+                    continue;
+                }
                 warn!(
                     gate = field.gate(),
                     "The API server dropped {} ({}) from the ResourceSlices gpud wrote: feature gate {} is off there. Publishing the devices without them; enable {} on the API server, the scheduler and the kubelets to use them",
@@ -346,6 +378,19 @@ impl ResourceApi {
             return;
         }
         let version = self.version.get().map_or("?", |v| v.name());
+        if field == NewField::ListAttributes {
+            let release = match self.release.get().copied().flatten() {
+                Some((major, minor)) => format!("Kubernetes {major}.{minor}"),
+                None => format!("{GROUP} {version}"),
+            };
+            let (major, minor) = LIST_ATTRIBUTES_SINCE;
+            info!(
+                gate = field.gate(),
+                "Publishing resource.kubernetes.io/numaNode as the GPU's NUMA node alone (an int): the API server is {release}, which has no list-type attributes; they need Kubernetes {major}.{minor} or newer with feature gate {}",
+                field.gate()
+            );
+            return;
+        }
         warn!(
             gate = field.gate(),
             "Publishing the devices without {} ({}): the API server serves {GROUP} {version}, which has no such fields; they need {GROUP}/v1 (Kubernetes 1.34 or newer) with feature gate {}",
@@ -430,11 +475,14 @@ mod tests {
             ServedFields {
                 counters: true,
                 counters_in_own_slices: false,
-                shared_capacity: true
+                shared_capacity: true,
+                list_attributes: false,
             }
         );
-        assert_eq!(shape(ResourceVersion::V1, Some((1, 35))), ServedFields::ALL);
+        let v135 = shape(ResourceVersion::V1, Some((1, 35)));
+        assert!(v135.counters_in_own_slices && !v135.list_attributes);
         assert_eq!(shape(ResourceVersion::V1, Some((1, 36))), ServedFields::ALL);
+        assert_eq!(shape(ResourceVersion::V1, Some((1, 37))), ServedFields::ALL);
         // GET /version failed: the newest shape.
         assert_eq!(shape(ResourceVersion::V1, None), ServedFields::ALL);
         for beta in [ResourceVersion::V1beta2, ResourceVersion::V1beta1] {

@@ -5,7 +5,7 @@
 //! `resource.k8s.io` version the API server serves, and which newer slice fields it keeps),
 //! [`read_back`] (fields the API server dropped from a write), [`shares`] (GPUs shared by
 //! capacity), [`quantity`] (Kubernetes quantities), [`slices`] (devices, attributes,
-//! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
+//! capacities, per-slice limits), [`taints`] (health → device taints), [`numa`] (the NUMA nodes near a GPU's), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
@@ -20,6 +20,7 @@ pub mod claim_cdi;
 pub mod claim_mps;
 pub mod dynamic_mig;
 pub mod health_stream;
+pub mod numa;
 pub mod objects;
 pub mod opaque;
 pub mod partitions;

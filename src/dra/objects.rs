@@ -86,6 +86,16 @@ pub enum Attribute {
     String(String),
     /// A semantic version (`570.133.20`, `9.0.0`).
     Version(String),
+    /// A list of ints (list-type attributes, KEP-5491): kept only by an API server with
+    /// feature gate `DRAListTypeAttributes`.
+    Ints(Vec<i64>),
+}
+
+impl Attribute {
+    /// Whether this is a list-type value.
+    pub fn is_list(&self) -> bool {
+        matches!(self, Attribute::Ints(_))
+    }
 }
 
 /// A device capacity: a quantity, and for a shared device how much of it a claim may take.
@@ -233,6 +243,9 @@ mod tests {
         assert_eq!(json, serde_json::json!({"version": "9.0.0"}));
         let json = serde_json::to_value(Attribute::Int(7)).unwrap();
         assert_eq!(json, serde_json::json!({"int": 7}));
+        let json = serde_json::to_value(Attribute::Ints(vec![0, 1])).unwrap();
+        assert_eq!(json, serde_json::json!({"ints": [0, 1]}));
+        assert!(Attribute::Ints(vec![0]).is_list() && !Attribute::Int(0).is_list());
     }
 
     #[test]

@@ -408,11 +408,7 @@ mod tests {
                 .iter()
                 .all(|s| s.pool.resource_slice_count == 4 && s.pool.generation == 3)
         );
-        let none = ServedFields {
-            counters: false,
-            counters_in_own_slices: false,
-            shared_capacity: false,
-        };
+        let none = ServedFields::NONE;
         let whole = built(none);
         assert_eq!(shape(&whole), [(5, 0)]);
         assert!(

@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::api_version::{ResourceApi, ResourceApiError, ResourceVersion, ServedFields};
+use super::api_version::{NewField, ResourceApi, ResourceApiError, ResourceVersion, ServedFields};
 use super::objects::{Device, SliceSpec};
 use super::partitions::{self, Group};
 use super::read_back;
@@ -211,18 +211,39 @@ impl Publisher {
         let wanted = build(generation);
         let (api, version) = self.slices().await?;
         let mut dropped = BTreeSet::new();
-        for (index, spec) in wanted.iter().enumerate() {
+        // Slices with list-type attributes first: a server that refuses them then refuses
+        // before anything else of this generation is written, and the publication without
+        // lists that follows takes the same generation.
+        let mut order: Vec<(usize, &SliceSpec)> = wanted.iter().enumerate().collect();
+        order.sort_by_key(|(_, spec)| !has_lists(spec));
+        for (index, spec) in order {
             let name = self.slice_name(index);
             let old = existing.iter().find(|e| e.name == name);
-            let (sent, kept) = write(
+            let written = write(
                 &api,
                 version,
                 &name,
                 spec,
                 old.and_then(|e| e.resource_version.clone()),
             )
-            .await?;
-            dropped.extend(read_back::dropped(&sent, &kept));
+            .await;
+            match written {
+                Ok((sent, kept)) => dropped.extend(read_back::dropped(&sent, &kept)),
+                // A server without list-type attributes refuses the slice: the caller
+                // publishes again, lists left out, at once.
+                Err(err)
+                    if read_back::refused_lists(
+                        &version.slice_to_wire(spec),
+                        err.status(),
+                        &err.to_string(),
+                    ) =>
+                {
+                    dropped.insert(NewField::ListAttributes);
+                    self.api.dropped_on_write(&dropped);
+                    return Ok(true);
+                }
+                Err(err) => return Err(err.into()),
+            }
         }
         self.api.dropped_on_write(&dropped);
         for extra in existing
@@ -308,6 +329,15 @@ impl Publisher {
         }
         Ok(())
     }
+}
+
+/// Whether a device of `spec` carries a list-type attribute.
+fn has_lists(spec: &SliceSpec) -> bool {
+    spec.devices.iter().any(|d| {
+        d.attributes
+            .values()
+            .any(super::objects::Attribute::is_list)
+    })
 }
 
 /// Writes slice `name` in `version`: replaces the one at `resource_version`, or creates it.

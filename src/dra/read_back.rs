@@ -6,7 +6,10 @@
 //! |---|---|
 //! | `spec.sharedCounters`, `devices[].consumesCounters` | `DRAPartitionableDevices` |
 //! | `devices[].allowMultipleAllocations`, `devices[].capacity.*.requestPolicy` | `DRAConsumableCapacity` |
+//! | `devices[].attributes.*.ints` (and the other list types) | `DRAListTypeAttributes` |
 //!
+//! A server without list-type attributes usually refuses the write instead (the attribute
+//! left without a value is invalid: 422), which [`refused_lists`] recognises.
 //! Devices are matched by name; a v1beta1 device's data is read from its `basic`.
 
 use std::collections::BTreeSet;
@@ -49,8 +52,34 @@ pub fn dropped(sent: &Value, kept: &Value) -> BTreeSet<NewField> {
         if !policies(data).is_subset(&policies(back)) {
             out.insert(NewField::SharedCapacity);
         }
+        if !lists(data).is_subset(&lists(back)) {
+            out.insert(NewField::ListAttributes);
+        }
     }
     out
+}
+
+/// The list-type value fields of an attribute.
+const LIST_TYPES: [&str; 4] = ["ints", "bools", "strings", "versions"];
+
+/// The attributes of a device that carry a list.
+fn lists(device: &Value) -> BTreeSet<String> {
+    device["attributes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, a)| LIST_TYPES.iter().any(|t| present(&a[*t])))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Whether `sent` (a slice spec) carried list-type attributes and the API server refused it as
+/// invalid (422) naming device attributes: what a server without them does, since it drops the
+/// list it does not know and then finds the attribute without a value.
+pub fn refused_lists(sent: &Value, status: Option<u16>, message: &str) -> bool {
+    status == Some(422)
+        && message.contains(".attributes[")
+        && devices(sent).iter().any(|d| !lists(data_of(d)).is_empty())
 }
 
 fn devices(spec: &Value) -> Vec<&Value> {
@@ -116,5 +145,36 @@ mod tests {
         let bare = json!({"devices": [{"name": "gpu-0", "basic": {}}]});
         assert_eq!(dropped(&basic, &bare).len(), 1);
         assert!(dropped(&basic, &basic).is_empty());
+    }
+
+    #[test]
+    fn lists_dropped_or_refused_are_told_apart_from_other_refusals() {
+        let sent = json!({"devices": [{"name": "gpu-0", "attributes": {
+            "resource.kubernetes.io/numaNode": {"ints": [0, 1]}}}]});
+        let scalar = json!({"devices": [{"name": "gpu-0", "attributes": {
+            "resource.kubernetes.io/numaNode": {"int": 0}}}]});
+        assert_eq!(
+            dropped(
+                &sent,
+                &json!({"devices": [{"name": "gpu-0", "attributes": {
+                "resource.kubernetes.io/numaNode": {}}}]})
+            )
+            .into_iter()
+            .collect::<Vec<_>>(),
+            [NewField::ListAttributes]
+        );
+        assert!(dropped(&sent, &sent).is_empty());
+        let message = "ResourceSlice.resource.k8s.io \"n-d-0\" is invalid: \
+            spec.devices[0].attributes[resource.kubernetes.io/numaNode]: Required value: \
+            exactly one value must be specified";
+        assert!(refused_lists(&sent, Some(422), message));
+        // Not a list sent, another status, another field: not this.
+        assert!(!refused_lists(&scalar, Some(422), message));
+        assert!(!refused_lists(&sent, Some(409), message));
+        assert!(!refused_lists(
+            &sent,
+            Some(422),
+            "spec.pool.name: Invalid value"
+        ));
     }
 }

@@ -306,6 +306,17 @@ async fn publish(
         if !partitioned.profiles.is_empty() && !served.has(NewField::Counters) {
             publisher.api().left_out(NewField::Counters);
         }
+        // numaNode as a list where the server keeps lists; said once where it does not.
+        let lists;
+        let topology = if served.has(NewField::ListAttributes) {
+            lists = topology.with_numa_lists();
+            &lists
+        } else {
+            if snapshot.gpus.iter().any(|gpu| gpu.numa_node.is_some()) {
+                publisher.api().left_out(NewField::ListAttributes);
+            }
+            topology
+        };
         let (mut devices, groups) =
             partitions::layout(snapshot, driver, topology, partitioned, served);
         if shared_capacity {

@@ -22,7 +22,7 @@ use crate::inventory::Snapshot;
 
 /// Most devices in one slice.
 pub const MAX_DEVICES: usize = 128;
-/// Most devices in one slice when any of them has taints.
+/// Most devices in one slice when any of them has taints (or list-type attributes).
 pub const MAX_DEVICES_WITH_TAINTS: usize = 64;
 /// The standard attribute for a device's PCI address.
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
@@ -55,13 +55,14 @@ pub fn device(
 }
 
 /// The slice specs of pool `node` at `generation`: the devices split in order, each slice at
-/// most [`MAX_DEVICES`] long ([`MAX_DEVICES_WITH_TAINTS`] when one of its devices has taints).
+/// most [`MAX_DEVICES`] long ([`MAX_DEVICES_WITH_TAINTS`] when one of its devices has taints
+/// or a list-type attribute, as the API's validation counts them).
 /// A node without devices still gets one (empty) slice, so consumers see the pool is complete.
 pub fn specs(driver: &str, node: &str, devices: Vec<Device>, generation: i64) -> Vec<SliceSpec> {
     let mut chunks: Vec<Vec<Device>> = Vec::new();
     let mut current: Vec<Device> = Vec::new();
     for device in devices {
-        let tainted = !device.taints.is_empty() || current.iter().any(|d| !d.taints.is_empty());
+        let tainted = needs_small_slice(&device) || current.iter().any(needs_small_slice);
         let limit = if tainted {
             MAX_DEVICES_WITH_TAINTS
         } else {
@@ -90,6 +91,12 @@ pub fn specs(driver: &str, node: &str, devices: Vec<Device>, generation: i64) ->
             shared_counters: Vec::new(),
         })
         .collect()
+}
+
+/// A device with taints or list-type attributes holds its slice to
+/// [`MAX_DEVICES_WITH_TAINTS`].
+fn needs_small_slice(device: &Device) -> bool {
+    !device.taints.is_empty() || device.attributes.values().any(Attribute::is_list)
 }
 
 fn attributes(
@@ -324,6 +331,16 @@ mod tests {
         let mut snapshot = node_of(70);
         snapshot.gpus[3].health = crate::inventory::health::Health::lost(std::time::UNIX_EPOCH);
         let sizes: Vec<usize> = specs_sizes(&snapshot);
+        assert_eq!(sizes, [64, 6]);
+
+        // numaNode as a list: 64 a slice, as with taints.
+        let mut snapshot = node_of(70);
+        for gpu in &mut snapshot.gpus {
+            gpu.numa_node = Some(0);
+        }
+        let lists = crate::dra::topology::topology(&snapshot, &BTreeMap::new()).with_numa_lists();
+        let built = specs("d", "n", devices(&snapshot, "d", &lists), 1);
+        let sizes: Vec<usize> = built.iter().map(|s| s.devices.len()).collect();
         assert_eq!(sizes, [64, 6]);
 
         let empty = specs("d", "n", Vec::new(), 1);

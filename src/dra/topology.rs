@@ -4,7 +4,7 @@
 //! | attribute | value | from |
 //! |---|---|---|
 //! | `resource.kubernetes.io/pcieRoot` | the PCIe root complex, `pci<domain>:<bus>` | the GPU's sysfs path |
-//! | `resource.kubernetes.io/numaNode` | the NUMA node (left out when there is none) | NVML |
+//! | `resource.kubernetes.io/numaNode` | the NUMA node (left out when there is none); where the API server keeps list-type attributes, a list: that node first, then the nodes of its socket at the smallest distance from it | NVML; the list's neighbours from sysfs ([`numa`]) |
 //! | `nvlinkDomain` | the GPUs one NVLink fabric joins: `<cluster UUID>.<clique>` on a multi-node NVLink system, else the UUID of the lowest-numbered GPU of the set joined by NVLink (left out for a GPU with no NVLink peer) | the fabric registration, the NVLink topology |
 //!
 //! The two standard attributes are Kubernetes' own, so a constraint can pair a GPU with another
@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::numa::NumaNodes;
 use super::objects::Attribute;
 use crate::inventory::Snapshot;
 use crate::inventory::model::Gpu;
@@ -29,12 +30,27 @@ pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Topology {
     by_gpu: BTreeMap<u32, BTreeMap<String, Attribute>>,
+    /// Each GPU's NUMA node and its socket's nearest nodes, for the list form of
+    /// [`NUMA_NODE`].
+    numa_lists: BTreeMap<u32, Vec<i64>>,
 }
 
 impl Topology {
     /// The attributes of GPU `index` (and of its MIG devices).
     pub fn of(&self, index: u32) -> impl Iterator<Item = (&String, &Attribute)> {
         self.by_gpu.get(&index).into_iter().flatten()
+    }
+
+    /// The same attributes with [`NUMA_NODE`] as a list, for an API server that keeps
+    /// list-type attributes.
+    pub fn with_numa_lists(&self) -> Topology {
+        let mut out = self.clone();
+        for (index, list) in &self.numa_lists {
+            if let Some(attributes) = out.by_gpu.get_mut(index) {
+                attributes.insert(NUMA_NODE.to_owned(), Attribute::Ints(list.clone()));
+            }
+        }
+        out
     }
 }
 
@@ -49,19 +65,33 @@ impl Topology {
     }
 }
 
-/// The node's topology: PCIe roots read under `sysfs_root` (`/sys`), the rest from `snapshot`.
+/// The node's topology: PCIe roots and NUMA distances read under `sysfs_root` (`/sys`), the
+/// rest from `snapshot`.
 pub fn read(sysfs_root: &Path, snapshot: &Snapshot) -> Topology {
     let roots = snapshot
         .gpus
         .iter()
         .filter_map(|gpu| Some((gpu.index, pcie_root(sysfs_root, gpu)?)))
         .collect();
-    topology(snapshot, &roots)
+    let mut out = topology(snapshot, &roots);
+    let nodes = NumaNodes::read(sysfs_root);
+    for list in out.numa_lists.values_mut() {
+        if let Some(node) = list.first().and_then(|n| u32::try_from(*n).ok()) {
+            *list = nodes.nearest(node);
+        }
+    }
+    out
 }
 
 /// The topology from the PCIe roots found (by GPU index) and the snapshot.
 pub fn topology(snapshot: &Snapshot, roots: &BTreeMap<u32, String>) -> Topology {
     let domains = nvlink_domains(snapshot);
+    // Without sysfs, each list is the GPU's own node alone.
+    let numa_lists = snapshot
+        .gpus
+        .iter()
+        .filter_map(|gpu| Some((gpu.index, vec![i64::from(gpu.numa_node?)])))
+        .collect();
     let by_gpu = snapshot
         .gpus
         .iter()
@@ -79,7 +109,7 @@ pub fn topology(snapshot: &Snapshot, roots: &BTreeMap<u32, String>) -> Topology 
             (gpu.index, attributes)
         })
         .collect();
-    Topology { by_gpu }
+    Topology { by_gpu, numa_lists }
 }
 
 /// The root complex in the GPU's sysfs path: `/sys/bus/pci/devices/<bdf>` links to
@@ -232,6 +262,16 @@ mod tests {
             Some(Attribute::Int(1))
         );
         assert_eq!(t.of(1).count(), 0, "no sysfs link, no NUMA node: nothing");
+        // As a list (no NUMA folders under this sysfs): the GPU's own node alone.
+        let lists = t.with_numa_lists();
+        assert_eq!(
+            lists
+                .of(0)
+                .find(|(k, _)| *k == NUMA_NODE)
+                .map(|(_, v)| v.clone()),
+            Some(Attribute::Ints(vec![1]))
+        );
+        assert_eq!(lists.of(1).count(), 0);
         assert!(is_root_complex("pci0000:00") && is_root_complex("pcie0a1:ff"));
         assert!(!is_root_complex("pci_express") && !is_root_complex("pci0000:0"));
     }

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 
+pub mod extended;
 pub mod settings;
 
 use crate::inventory::model::{Gpu, MigDevice, Snapshot};
@@ -161,7 +162,7 @@ pub fn resources(snapshot: &Snapshot, settings: &Settings) -> Result<Vec<Resourc
                             profile: mig.profile.clone(),
                         });
                     }
-                    let name = format!("nvidia.com/mig-{}", mig.profile.replace('+', "."));
+                    let name = extended::mig_resource(&mig.profile);
                     by_name
                         .entry(name)
                         .or_default()

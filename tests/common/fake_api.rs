@@ -17,7 +17,10 @@
 //! (v1.36.0 unless set; none: 404). Feature gates turned off with [`FakeApi::disable_gate`]
 //! make slice writes lose their fields as a real API server's do, silently:
 //! `DRAPartitionableDevices` clears `sharedCounters` and devices' `consumesCounters`,
-//! `DRAConsumableCapacity` clears `allowMultipleAllocations` and capacities' `requestPolicy`.
+//! `DRAConsumableCapacity` clears `allowMultipleAllocations` and capacities' `requestPolicy`;
+//! before 1.36, and unless alpha gate `DRAListTypeAttributes` is turned on with
+//! [`FakeApi::enable_gate`], list-type attribute values (`ints`, …) go and the attribute left
+//! without a value is refused with 422.
 //! From 1.35 a slice with both `sharedCounters` and devices is refused with 422, as there.
 //!
 //! It also says no as a real API server does: [`Rule`]s matched by method and path (and
@@ -124,6 +127,9 @@ pub struct ApiState {
     pub server_version: Option<String>,
     /// Kubernetes feature gates turned off: slice writes lose their fields.
     pub disabled_gates: std::collections::BTreeSet<String>,
+    /// Alpha feature gates turned on (off by default, as in a real cluster):
+    /// `DRAListTypeAttributes`.
+    pub enabled_gates: std::collections::BTreeSet<String>,
     /// The spec of every slice create and replace, as sent (before the gates cleared it).
     pub slice_writes: Vec<Value>,
 }
@@ -408,6 +414,11 @@ fn admit_slice(
     object: &mut Value,
 ) -> Result<(), (StatusCode, axum::Json<Value>)> {
     state.slice_writes.push(object["spec"].clone());
+    let lists_off =
+        server_minor(state) < 36 || !state.enabled_gates.contains("DRAListTypeAttributes");
+    if lists_off {
+        drop_list_attributes(object)?;
+    }
     let spec = &mut object["spec"];
     let gate = |name: &str| state.disabled_gates.contains(name);
     let mut devices: Vec<&mut serde_json::Map<String, Value>> = Vec::new();
@@ -453,6 +464,47 @@ fn admit_slice(
                 if let Some(capacity) = capacity.as_object_mut() {
                     capacity.remove("requestPolicy");
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What an API server without list-type attributes (before 1.36, or feature gate
+/// `DRAListTypeAttributes` off) does to a slice carrying them: the list fields go (unknown,
+/// or dropped for the gate), and an attribute left without a value makes the slice invalid
+/// (422), as its validation says.
+fn drop_list_attributes(object: &mut Value) -> Result<(), (StatusCode, axum::Json<Value>)> {
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let devices = object["spec"]["devices"]
+        .as_array_mut()
+        .into_iter()
+        .flatten();
+    for (index, device) in devices.enumerate() {
+        let data = if device.get("basic").is_some() {
+            &mut device["basic"]
+        } else {
+            device
+        };
+        let attributes = data["attributes"].as_object_mut().into_iter().flatten();
+        for (key, attribute) in attributes {
+            let Some(fields) = attribute.as_object_mut() else {
+                continue;
+            };
+            for list in ["ints", "bools", "strings", "versions"] {
+                fields.remove(list);
+            }
+            if fields.is_empty() {
+                let mut refused = status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid");
+                refused.1.0["message"] = json!(format!(
+                    "ResourceSlice.resource.k8s.io \"{name}\" is invalid: \
+                     spec.devices[{index}].attributes[{key}]: Required value: exactly one \
+                     value must be specified"
+                ));
+                return Err(refused);
             }
         }
     }
@@ -1827,6 +1879,16 @@ impl FakeApi {
             .lock()
             .unwrap()
             .disabled_gates
+            .insert(gate.to_owned());
+    }
+
+    /// Turns alpha feature gate `gate` on (`DRAListTypeAttributes`: slices keep list-type
+    /// attributes, from 1.36).
+    pub fn enable_gate(&self, gate: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .enabled_gates
             .insert(gate.to_owned());
     }
 

@@ -442,12 +442,28 @@ def check_dra(overlay, components, objects):
     envs = {name: container_env(c, objects, None) for name, c in containers.items()}
     if overlay == "all-in-one":
         assert envs["gpud"].get("GPUD_DRA") == ("true" if dra else None), "gpud run: GPUD_DRA"
+        # Beside its device plugin, gpud run must be told which path offers nvidia.com/gpu.
+        owner = envs["gpud"].get("GPUD_EXTENDED_RESOURCE_OWNER")
+        assert owner == ("device-plugin" if dra else None), f"GPUD_EXTENDED_RESOURCE_OWNER={owner!r}"
     else:
         assert ("dra" in containers) == dra, f"containers: {list(containers)}"
         checkpoint = envs["device-plugin"].get("GPUD_DRA_CHECKPOINT")
         assert (checkpoint is not None) == dra, f"GPUD_DRA_CHECKPOINT={checkpoint!r}"
-    classes = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "DeviceClass")
-    assert classes == (["gpu.nvidia.com", "mig.nvidia.com"] if dra else []), classes
+    classes = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DeviceClass"}
+    plain = sorted(name for name in classes if not name.startswith("mig-"))
+    assert plain == (["gpu.nvidia.com", "mig.nvidia.com"] if dra else []), sorted(classes)
+    assert classes.get("gpu.nvidia.com", {"spec": {"extendedResourceName": "nvidia.com/gpu"}})[
+        "spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    # One class per MIG profile, named and selecting as the device plugin's mixed strategy names
+    # the resource: mig-1g-10gb-me.gpu.nvidia.com selects profile 1g.10gb+me and serves
+    # nvidia.com/mig-1g.10gb.me.
+    profiles = [name for name in classes if name.startswith("mig-")]
+    assert bool(profiles) == dra, sorted(classes)
+    for name in profiles:
+        spec = classes[name]["spec"]
+        profile = spec["selectors"][0]["cel"]["expression"].rsplit("profile == '", 1)[1].rstrip("'")
+        assert name == "mig-" + profile.replace(".", "-").replace("+", "-") + ".gpu.nvidia.com", name
+        assert spec["extendedResourceName"] == "nvidia.com/mig-" + profile.replace("+", "."), spec
     roles = {o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole"}
     assert ("gpud-dra" in roles) == dra, f"ClusterRoles: {sorted(roles)}"
 
@@ -645,6 +661,8 @@ GOLDEN_SLICES = {
     "dgx-h100-dynamic-mig-1.34.json": ("resource.k8s.io/v1", ["1.34.0"]),
     "dgx-a100-dynamic-mig-1.36.json": ("resource.k8s.io/v1", ["1.36.0", "1.37.0"]),
     "dgx-h100-dynamic-mig-1.36.json": ("resource.k8s.io/v1", ["1.36.0", "1.37.0"]),
+    # resource.kubernetes.io/numaNode as a list (ints): from 1.36 (DRAListTypeAttributes).
+    "dgx-h100-1.37.json": ("resource.k8s.io/v1", ["1.36.0", "1.37.0"]),
 }
 
 
