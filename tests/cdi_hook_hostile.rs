@@ -647,15 +647,26 @@ fn a_fifo_in_a_library_folder_and_a_gib_linker_config() {
 
 // === the same corpus under containerd 2.x through CRI, as a kubelet starts it ===
 
+/// The corpus under containerd 1.7 (config version 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corpus_under_containerd_1_7() {
+    corpus_under(containerd::V1_7).await;
+}
+
+/// The corpus under containerd 2.x (config version 3, NRI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corpus_under_containerd_2() {
+    corpus_under(containerd::V2).await;
+}
+
 /// Every corpus image as a container of one pod on one containerd (configured by `gpud
 /// runtime configure --enable-cdi`), asked for its device by `CDI_devices`: the host canary
 /// unchanged, and the start as under podman.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_corpus_under_containerd() {
-    if containerd::missing(containerd::V2) {
+async fn corpus_under(build: containerd::Build) {
+    if containerd::missing(build) {
         return;
     }
-    let mut runtime = Containerd::prepare(containerd::V2);
+    let mut runtime = Containerd::prepare(build);
     let cdi = runtime.cdi.display().to_string();
     runtime.configure(&["--enable-cdi", "--cdi-spec-dirs", &cdi]);
     runtime.start();
