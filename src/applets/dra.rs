@@ -24,7 +24,8 @@ use crate::nvml::mig_admin::MigGpu;
 /// prepare and unprepare claims with CDI specs (and an MPS control daemon per claim whose
 /// GpuConfig asks for MPS), taint sick devices and clear the taints on recovery.
 ///
-/// Needs the node name (NODE_NAME) and API access: get on resourceclaims;
+/// Needs the node name (NODE_NAME) and API access: get on resourceclaims; update/patch on
+/// resourceclaims/status (and from 1.36 associated-node:update/patch on resourceclaims/driver);
 /// get/list/watch/create/update/delete on resourceslices; create on events.
 #[derive(Debug, Parser)]
 #[command(name = "gpud dra", version)]

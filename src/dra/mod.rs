@@ -11,13 +11,15 @@
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
 //! configs), [`partitions`] (dynamic MIG's counter sets and placement devices), [`dynamic_mig`]
 //! (MIG devices made and destroyed with claims), [`timeslice`] (a claim's time-slice interval on its GPU), coexistence with the device plugin through [`crate::holdings`], [`health_stream`] (device
-//! health for pods' status) and [`service`] (the subsystem).
+//! health for pods' status), [`device_status`] and [`status_writer`] (each prepared device's
+//! status in its claim) and [`service`] (the subsystem).
 
 pub mod api_version;
 pub mod args;
 pub mod checkpoint;
 pub mod claim_cdi;
 pub mod claim_mps;
+pub mod device_status;
 pub mod dynamic_mig;
 pub mod health_stream;
 pub mod objects;
@@ -34,6 +36,7 @@ pub mod service;
 pub mod shares;
 pub mod slices;
 pub mod sockets;
+pub mod status_writer;
 pub mod taints;
 pub mod timeslice;
 pub mod topology;

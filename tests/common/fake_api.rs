@@ -48,6 +48,8 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+#[path = "fake_claim_status.rs"]
+pub mod claim_status;
 #[path = "rbac.rs"]
 pub mod rbac;
 #[path = "rebind.rs"]
@@ -126,6 +128,11 @@ pub struct ApiState {
     pub disabled_gates: std::collections::BTreeSet<String>,
     /// The spec of every slice create and replace, as sent (before the gates cleared it).
     pub slice_writes: Vec<Value>,
+    /// The field manager of each claim's `status.devices` entry, by
+    /// `namespace/name|driver/pool/device/shareID` ([`claim_status`]).
+    pub claim_status_managers: BTreeMap<String, String>,
+    /// (field manager, `namespace/name`, body) of every apply to a claim's status.
+    pub claim_status_applies: Vec<(String, String, Value)>,
 }
 
 /// One Lease write the fake API server took.
@@ -1949,6 +1956,10 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
         .route(
             "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}",
             get(get_claim),
+        )
+        .route(
+            "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}/status",
+            axum::routing::patch(claim_status::apply_claim_status),
         )
         .route(features, axum::routing::post(create_feature))
         .route(
