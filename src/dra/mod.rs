@@ -5,7 +5,8 @@
 //! `resource.k8s.io` version the API server serves, and which newer slice fields it keeps),
 //! [`read_back`] (fields the API server dropped from a write), [`shares`] (GPUs shared by
 //! capacity), [`quantity`] (Kubernetes quantities), [`slices`] (devices, attributes,
-//! capacities, per-slice limits), [`taints`] (health → device taints), [`publish`] (the
+//! capacities, per-slice limits), [`taints`] (health → device taints), [`taint_rules`]
+//! (admins' DeviceTaintRules into the inventory), [`publish`] (the
 //! slices on the API server), [`registration`] (plugin registration), [`sockets`] (serving both sockets, in order, and again if they vanish), [`plugin`] (the
 //! DRAPlugin gRPC service), [`prepare`] (prepare and unprepare), [`checkpoint`] (prepared
 //! claims on disk), [`claim_cdi`] (one CDI spec per claim), [`opaque`] (NVIDIA's device
@@ -37,6 +38,7 @@ pub mod shares;
 pub mod slices;
 pub mod sockets;
 pub mod status_writer;
+pub mod taint_rules;
 pub mod taints;
 pub mod timeslice;
 pub mod topology;

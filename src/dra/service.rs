@@ -32,6 +32,7 @@ use super::readiness::{Cause, DraReadiness};
 use super::shares;
 use super::sockets::Sockets;
 use super::status_writer::{self, StatusWriter};
+use super::taint_rules;
 use super::topology::{self, Topology};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
@@ -178,6 +179,15 @@ impl Subsystem for Dra {
                 (inventory.clone(), held),
                 config.sysfs_root.clone(),
                 backoff::seed_from(&config.node),
+                cancel.clone(),
+            ),
+        );
+        ctx.spawn_helper(
+            "DeviceTaintRule watch",
+            taint_rules::follow(
+                client.clone(),
+                (config.driver.clone(), config.node.clone()),
+                inventory.clone(),
                 cancel.clone(),
             ),
         );

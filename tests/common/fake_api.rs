@@ -54,6 +54,8 @@ pub mod claim_status;
 pub mod rbac;
 #[path = "rebind.rs"]
 mod rebind;
+#[path = "fake_taint_rules.rs"]
+pub mod taint_rules;
 
 /// What the fake API server saw and holds.
 #[derive(Default)]
@@ -133,6 +135,14 @@ pub struct ApiState {
     pub claim_status_managers: BTreeMap<String, String>,
     /// (field manager, `namespace/name`, body) of every apply to a claim's status.
     pub claim_status_applies: Vec<(String, String, Value)>,
+    /// The `resource.k8s.io` version DeviceTaintRules are served in ([`taint_rules`]).
+    pub taint_rule_version: Option<String>,
+    /// DeviceTaintRules by name.
+    pub taint_rules: BTreeMap<String, Value>,
+    /// Every change of a DeviceTaintRule.
+    pub taint_rule_changes: Changes,
+    /// DeviceTaintRule watches opened.
+    pub taint_rule_watches: u32,
 }
 
 /// One Lease write the fake API server took.
@@ -1960,6 +1970,10 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
         .route(
             "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}/status",
             axum::routing::patch(claim_status::apply_claim_status),
+        )
+        .route(
+            "/apis/resource.k8s.io/{version}/devicetaintrules",
+            get(taint_rules::list_taint_rules),
         )
         .route(features, axum::routing::post(create_feature))
         .route(

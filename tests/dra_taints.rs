@@ -1,0 +1,207 @@
+//! An admin's DeviceTaintRules, on the stand-in API server as 1.37 (`resource.k8s.io/v1`)
+//! and 1.36 (`v1alpha3`), reach `gpud run --dra`'s view of its GPUs — the exporter's
+//! `gpud_dra_device_taint` and the `GPUHealthy` Node condition's message — and are never
+//! fought (the slices are not written again); on a 1.34 server that serves none, gpud says
+//! so once and nothing else changes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "common/dra_node.rs"]
+mod dra_node;
+#[path = "common/fake_api.rs"]
+mod fake_api;
+#[path = "common/fake_dra_kubelet.rs"]
+mod fake_dra_kubelet;
+#[path = "common/raw_grpc.rs"]
+mod raw_grpc;
+
+use common::http;
+use dra_node::{DRIVER, DraNode};
+use serde_json::{Value, json};
+
+const TAINT_SERIES: &str = "gpud_dra_device_taint{";
+
+/// `gpud run --dra` with the exporter on `port` and the node status, on a 1.`minor` server.
+async fn start(minor: u32, rules_in: Option<&str>, port: u16) -> DraNode {
+    let mut dra = DraNode::new("dgx-h100");
+    dra.api.set_server_version(Some(&format!("v1.{minor}.0")));
+    dra.api.serve_taint_rules(rules_in);
+    let address = format!("127.0.0.1:{port}");
+    dra.start(&[
+        "run",
+        "--dra",
+        "--node-status",
+        "--node-status-hold",
+        "300ms",
+        "--disable",
+        "device-plugin,labeller",
+        "--doctor-interval",
+        "0",
+        "-a",
+        &address,
+        "-c",
+        "100",
+    ]);
+    dra.register().await;
+    dra.until("slices", || (!dra.api.slices().is_empty()).then_some(()));
+    dra
+}
+
+fn rule(name: &str, selector: Value, effect: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+           "metadata": {"name": name},
+           "spec": {"deviceSelector": selector,
+                    "taint": {"key": "example.com/maintenance", "value": "bios",
+                              "effect": effect}}})
+}
+
+/// The `gpud_dra_device_taint` lines of the metrics once `accept` holds for them.
+fn taint_lines_when(port: u16, accept: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let body = tokio::task::block_in_place(|| {
+        http::wait_for(port, "/metrics", 15, |a| {
+            a.status == 200 && accept(&lines(&a.body))
+        })
+        .body
+    });
+    lines(&body)
+}
+
+fn lines(body: &str) -> Vec<String> {
+    body.lines()
+        .filter(|l| l.starts_with(TAINT_SERIES))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn gpu_condition_message(dra: &DraNode) -> String {
+    dra.api
+        .condition("GPUHealthy")
+        .map_or_else(String::new, |c| {
+            c["message"].as_str().unwrap_or_default().to_owned()
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admins_rule_reaches_the_metrics_and_the_node_condition_and_is_not_fought() {
+    for (minor, version) in [(37, "v1"), (36, "v1alpha3")] {
+        let port = http::free_port();
+        let dra = start(minor, Some(version), port).await;
+        dra.log_when("Following DeviceTaintRules");
+        let uuid = dra.uuid(3);
+        let message = dra.until("the GPU condition", || {
+            Some(gpu_condition_message(&dra)).filter(|m| !m.is_empty())
+        });
+        assert!(!message.contains("Tainted"), "{message}");
+        let writes = dra.api.slice_writes().len();
+
+        dra.api.put_taint_rule(rule(
+            "maint",
+            json!({"driver": DRIVER, "pool": "test-node", "device": "gpu-3"}),
+            "NoExecute",
+        ));
+        // Another node's device and another driver's are not this node's.
+        dra.api.put_taint_rule(rule(
+            "elsewhere",
+            json!({"driver": DRIVER, "pool": "other-node", "device": "gpu-3"}),
+            "NoExecute",
+        ));
+        dra.api.put_taint_rule(rule(
+            "nics",
+            json!({"driver": "nic.example.com"}),
+            "NoSchedule",
+        ));
+        let series = taint_lines_when(port, |l| !l.is_empty());
+        assert_eq!(series.len(), 1, "{series:?}");
+        assert!(
+            series[0].contains(&format!("gpu=\"3\",UUID=\"{uuid}\"")),
+            "{}",
+            series[0]
+        );
+        assert!(
+            series[0].ends_with(
+                ",dra_device=\"gpu-3\",rule=\"maint\",key=\"example.com/maintenance\",\
+                 effect=\"NoExecute\"} 1"
+            ),
+            "{}",
+            series[0]
+        );
+        let message = dra.until("the taint in the GPU condition", || {
+            Some(gpu_condition_message(&dra)).filter(|m| m.contains("Tainted"))
+        });
+        assert!(
+            message.ends_with(&format!(
+                ". Tainted by an admin: GPU 3 {uuid}: gpu-3 \
+                 example.com/maintenance=bios:NoExecute by DeviceTaintRule maint"
+            )),
+            "{message}"
+        );
+        assert_eq!(
+            dra.api.condition("GPUHealthy").unwrap()["status"],
+            "True",
+            "an admin's taint is no verdict on the GPU"
+        );
+
+        // Lifted: gone from both.
+        dra.api.delete_taint_rule("maint");
+        taint_lines_when(port, <[String]>::is_empty);
+        dra.until("the taint gone from the GPU condition", || {
+            Some(gpu_condition_message(&dra)).filter(|m| !m.contains("Tainted"))
+        });
+        // Never fought: gpud wrote no slice for any of it.
+        assert_eq!(dra.api.slice_writes().len(), writes);
+        assert_eq!(dra.api.taint_rule_watches(), 1);
+        let calls = dra.api.resource_requests();
+        let prefix = format!("GET /apis/resource.k8s.io/{version}/devicetaintrules");
+        assert!(calls.iter().any(|c| *c == prefix), "{calls:?}");
+        assert!(
+            !dra.log().contains("serves no DeviceTaintRules"),
+            "{}",
+            dra.log()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_34_server_without_device_taint_rules_is_said_once_and_nothing_changes() {
+    let port = http::free_port();
+    let dra = start(34, None, port).await;
+    dra.log_when("The API server serves no DeviceTaintRules");
+    dra.api.put_taint_rule(rule(
+        "maint",
+        json!({"driver": DRIVER, "pool": "test-node", "device": "gpu-3"}),
+        "NoExecute",
+    ));
+    // The exporter serves, without the family; the condition names no taint.
+    let body = tokio::task::block_in_place(|| {
+        http::wait_for(port, "/metrics", 15, |a| {
+            a.status == 200 && a.body.contains("gpud_build_info")
+        })
+        .body
+    });
+    assert!(lines(&body).is_empty(), "{body}");
+    let message = dra.until("the GPU condition", || {
+        Some(gpu_condition_message(&dra)).filter(|m| !m.is_empty())
+    });
+    assert!(!message.contains("Tainted"), "{message}");
+    let calls: Vec<String> = dra
+        .api
+        .resource_requests()
+        .into_iter()
+        .filter(|c| c.contains("devicetaintrules"))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "GET /apis/resource.k8s.io/v1/devicetaintrules",
+            "GET /apis/resource.k8s.io/v1alpha3/devicetaintrules"
+        ]
+    );
+    assert_eq!(
+        dra.log()
+            .matches("The API server serves no DeviceTaintRules")
+            .count(),
+        1
+    );
+    assert_eq!(dra.api.taint_rule_watches(), 0);
+}
