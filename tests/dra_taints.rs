@@ -126,6 +126,23 @@ async fn an_admins_rule_reaches_the_metrics_and_the_node_condition_and_is_not_fo
             "{}",
             series[0]
         );
+        // `gpud inventory` shows it on the GPU, from what the daemon keeps in its state folder.
+        let shown = dra.until("the taint in gpud inventory", || {
+            let inventory: Value =
+                serde_json::from_str(&common::stdout_ok(&dra.node.run(&["inventory"]))).ok()?;
+            let taints = inventory["gpus"][3].get("device_taints")?.clone();
+            Some((taints, inventory))
+        });
+        assert_eq!(
+            shown.0,
+            json!([{"rule": "maint", "device": "gpu-3", "key": "example.com/maintenance",
+                    "value": "bios", "effect": "NoExecute"}])
+        );
+        let others = shown.1["gpus"].as_array().unwrap().iter();
+        assert_eq!(
+            others.filter(|g| g.get("device_taints").is_some()).count(),
+            1
+        );
         let message = dra.until("the taint in the GPU condition", || {
             Some(gpu_condition_message(&dra)).filter(|m| m.contains("Tainted"))
         });
@@ -145,6 +162,14 @@ async fn an_admins_rule_reaches_the_metrics_and_the_node_condition_and_is_not_fo
         // Lifted: gone from both.
         dra.api.delete_taint_rule("maint");
         taint_lines_when(port, <[String]>::is_empty);
+        dra.until("the taint gone from gpud inventory", || {
+            let inventory: Value =
+                serde_json::from_str(&common::stdout_ok(&dra.node.run(&["inventory"]))).ok()?;
+            inventory["gpus"][3]
+                .get("device_taints")
+                .is_none()
+                .then_some(())
+        });
         dra.until("the taint gone from the GPU condition", || {
             Some(gpu_condition_message(&dra)).filter(|m| !m.contains("Tainted"))
         });

@@ -63,12 +63,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let (health, _) = args.health.resolve("dra")?;
     let node =
         super::node_status::node_name(args.node.name.node_name.as_deref(), "the DRA plugin")?;
-    let mut config = args.dra.config(
-        node,
-        args.api.client.kubeconfig.clone(),
-        args.api.api_unready_after,
-        args.mps.launch(),
-    )?;
+    let mut config = args
+        .dra
+        .config(
+            node,
+            args.api.client.kubeconfig.clone(),
+            args.api.api_unready_after,
+            args.mps.launch(),
+        )?
+        .with_state_dir(&args.health.state.state_dir);
     let nvml = args.common.start()?;
     if config.dynamic_mig {
         let gpus = nvml.mig_admin().gpus()?;

@@ -187,7 +187,7 @@ impl Subsystem for Dra {
             taint_rules::follow(
                 client.clone(),
                 (config.driver.clone(), config.node.clone()),
-                inventory.clone(),
+                (inventory.clone(), config.state_dir.clone()),
                 cancel.clone(),
             ),
         );

@@ -14,6 +14,7 @@
 //! once in the log and asked again every few minutes, quietly.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use tracing::{info, warn};
 use super::api_version::GROUP;
 use crate::backoff::{self, Backoff};
 use crate::dra_names;
-use crate::inventory::device_taints::RuleTaint;
+use crate::inventory::device_taints::{self, RuleTaint};
 use crate::inventory::{Inventory, Snapshot};
 use crate::kube::{ApiError, bounded};
 
@@ -100,27 +101,40 @@ pub fn taints_by_gpu(
     out
 }
 
-/// Puts `rules` into the inventory (publishing only when that changes it).
-fn apply(inventory: &Inventory, rules: &BTreeMap<String, Rule>, driver: &str, pool: &str) {
+/// Puts `rules` into the inventory (publishing only when that changes it); each GPU's
+/// taints by UUID.
+fn apply(
+    inventory: &Inventory,
+    rules: &BTreeMap<String, Rule>,
+    driver: &str,
+    pool: &str,
+) -> BTreeMap<String, Vec<RuleTaint>> {
     inventory.update(|snapshot| {
         let mut by_gpu = taints_by_gpu(rules, driver, pool, snapshot);
         for gpu in &mut snapshot.gpus {
             gpu.device_taints = by_gpu.remove(&gpu.index).unwrap_or_default();
         }
     });
+    inventory
+        .current()
+        .gpus
+        .iter()
+        .filter(|g| !g.device_taints.is_empty())
+        .map(|g| (g.uuid.clone(), g.device_taints.clone()))
+        .collect()
 }
 
 /// Keeps the inventory's device taints equal to the rules on the API server, until `cancel`.
 pub async fn follow(
     client: kube::Client,
     (driver, pool): (String, String),
-    inventory: Inventory,
+    (inventory, state_dir): (Inventory, Option<PathBuf>),
     cancel: CancellationToken,
 ) {
     let (rules_tx, rules_rx) = watch::channel(Arc::new(BTreeMap::new()));
     let applier = keep_applied(
         rules_rx,
-        inventory.clone(),
+        (inventory, state_dir),
         (driver.clone(), pool.clone()),
         cancel.clone(),
     );
@@ -128,18 +142,31 @@ pub async fn follow(
     tokio::join!(applier, watcher);
 }
 
-/// Applies the rules again after every inventory change (a MIG device made, a rescan).
+/// Applies the rules again after every inventory change (a MIG device made, a rescan), and
+/// keeps what they put on the GPUs in `state_dir` for `gpud inventory` (written when it
+/// changes; a failed write is logged and tried on the next change).
 async fn keep_applied(
     mut rules: watch::Receiver<Arc<BTreeMap<String, Rule>>>,
-    inventory: Inventory,
+    (inventory, state_dir): (Inventory, Option<PathBuf>),
     (driver, pool): (String, String),
     cancel: CancellationToken,
 ) {
     let mut snapshots = inventory.subscribe();
+    let mut kept: Option<BTreeMap<String, Vec<RuleTaint>>> = None;
     loop {
         let now = rules.borrow_and_update().clone();
         snapshots.borrow_and_update();
-        apply(&inventory, &now, &driver, &pool);
+        let by_uuid = apply(&inventory, &now, &driver, &pool);
+        if let Some(dir) = &state_dir
+            && kept.as_ref() != Some(&by_uuid)
+        {
+            match device_taints::save(dir, &by_uuid) {
+                Ok(()) => kept = Some(by_uuid),
+                Err(error) => {
+                    warn!(error = %error, "Cannot keep the admins' device taints for gpud inventory; trying again on the next change");
+                }
+            }
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
             changed = rules.changed() => if changed.is_err() { return },
