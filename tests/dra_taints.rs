@@ -176,9 +176,9 @@ async fn an_admins_rule_reaches_the_metrics_and_the_node_condition_and_is_not_fo
         // Never fought: gpud wrote no slice for any of it.
         assert_eq!(dra.api.slice_writes().len(), writes);
         assert_eq!(dra.api.taint_rule_watches(), 1);
-        let calls = dra.api.resource_requests();
+        let calls = dra.api.taint_rule_requests();
         let prefix = format!("GET /apis/resource.k8s.io/{version}/devicetaintrules");
-        assert!(calls.iter().any(|c| *c == prefix), "{calls:?}");
+        assert!(calls.contains(&prefix), "{calls:?}");
         assert!(
             !dra.log().contains("serves no DeviceTaintRules"),
             "{}",
@@ -209,12 +209,7 @@ async fn a_1_34_server_without_device_taint_rules_is_said_once_and_nothing_chang
         Some(gpu_condition_message(&dra)).filter(|m| !m.is_empty())
     });
     assert!(!message.contains("Tainted"), "{message}");
-    let calls: Vec<String> = dra
-        .api
-        .resource_requests()
-        .into_iter()
-        .filter(|c| c.contains("devicetaintrules"))
-        .collect();
+    let calls = dra.api.taint_rule_requests();
     assert_eq!(
         calls,
         [

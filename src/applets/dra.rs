@@ -26,6 +26,7 @@ use crate::nvml::mig_admin::MigGpu;
 ///
 /// Needs the node name (NODE_NAME) and API access: get on resourceclaims; update/patch on
 /// resourceclaims/status (and from 1.36 associated-node:update/patch on resourceclaims/driver);
+/// list/watch on devicetaintrules;
 /// get/list/watch/create/update/delete on resourceslices; create on events.
 #[derive(Debug, Parser)]
 #[command(name = "gpud dra", version)]

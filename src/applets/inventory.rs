@@ -51,7 +51,7 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     if !args.state.state_dir.is_empty() {
         let dir = std::path::Path::new(&args.state.state_dir);
         let views = crate::remediation_state::record::views_in(dir);
-        let taints = crate::inventory::device_taints::load(dir);
+        let taints = crate::dra::taint_rules::kept(dir);
         inventory.update(|snapshot| {
             for gpu in &mut snapshot.gpus {
                 gpu.remediation = views.get(&gpu.uuid).cloned();

@@ -8,6 +8,9 @@
 //! scheduler and the eviction controller, not written into gpud's slices, so gpud never
 //! republishes to undo it: its slices stay what the inventory's health makes them.
 //!
+//! What the rules put on the GPUs is also kept in `<state-dir>/device-taints.json` whenever it
+//! changes, where `gpud inventory` reads it.
+//!
 //! Followed as gpud's other watchers follow objects: a list, then a watch from its
 //! resourceVersion (a 410 lists again), with backoff that follows the API server's
 //! Retry-After after a failure. A server that serves the kind in neither version is said
@@ -27,7 +30,7 @@ use tracing::{info, warn};
 use super::api_version::GROUP;
 use crate::backoff::{self, Backoff};
 use crate::dra_names;
-use crate::inventory::device_taints::{self, RuleTaint};
+use crate::inventory::device_taints::RuleTaint;
 use crate::inventory::{Inventory, Snapshot};
 use crate::kube::{ApiError, bounded};
 
@@ -160,7 +163,7 @@ async fn keep_applied(
         if let Some(dir) = &state_dir
             && kept.as_ref() != Some(&by_uuid)
         {
-            match device_taints::save(dir, &by_uuid) {
+            match save(dir, &by_uuid) {
                 Ok(()) => kept = Some(by_uuid),
                 Err(error) => {
                     warn!(error = %error, "Cannot keep the admins' device taints for gpud inventory; trying again on the next change");
@@ -340,6 +343,32 @@ async fn watch_once(
         }
     }
     Ok(seen)
+}
+
+/// The file in the state directory where the DRA plugin keeps them for `gpud inventory`.
+pub const FILE: &str = "device-taints.json";
+/// The most bytes read back.
+const MAX_BYTES: u64 = 1 << 20;
+
+/// Each GPU's taints by UUID, as the DRA plugin last wrote them to `state_dir`: empty when
+/// there is no such file or it cannot be read (it is shown, never acted on).
+pub fn kept(state_dir: &std::path::Path) -> BTreeMap<String, Vec<RuleTaint>> {
+    crate::files::read_bytes(&state_dir.join(FILE), MAX_BYTES)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Writes each GPU's taints by UUID to `state_dir` (atomically, readable by all).
+pub fn save(
+    state_dir: &std::path::Path,
+    by_uuid: &BTreeMap<String, Vec<RuleTaint>>,
+) -> Result<(), String> {
+    let bytes = serde_json::to_vec_pretty(by_uuid).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| format!("{}: cannot create the folder: {e}", state_dir.display()))?;
+    crate::files::write_atomic(&state_dir.join(FILE), &bytes, 0o644)
+        .map_err(|e| crate::logging::error_chain(&e))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Taints a cluster admin put on the node's DRA devices with `DeviceTaintRule`s, as the
 //! inventory carries them (on each GPU, for the GPU and its MIG devices): written by the DRA
-//! plugin's rule watcher (`crate::dra::taint_rules`), read by `gpud inventory`, the exporter,
+//! plugin's rule watcher (`crate::dra::taint_rules`, which also keeps them in the state
+//! folder for `gpud inventory`), read by `gpud inventory`, the exporter,
 //! the node status and the remediation, so that every part of gpud sees the admin's word
 //! from one place.
 
@@ -34,30 +35,4 @@ impl RuleTaint {
             None => format!("{}:{}", self.key, self.effect),
         }
     }
-}
-
-/// The file in the state directory where the DRA plugin keeps them for `gpud inventory`.
-pub const FILE: &str = "device-taints.json";
-/// The most bytes read back.
-const MAX_BYTES: u64 = 1 << 20;
-
-/// Each GPU's taints by UUID, as the DRA plugin last wrote them to `state_dir`: empty when
-/// there is no such file or it cannot be read (it is shown, never acted on).
-pub fn load(state_dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<RuleTaint>> {
-    crate::files::read_bytes(&state_dir.join(FILE), MAX_BYTES)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default()
-}
-
-/// Writes each GPU's taints by UUID to `state_dir` (atomically, readable by all).
-pub fn save(
-    state_dir: &std::path::Path,
-    by_uuid: &std::collections::BTreeMap<String, Vec<RuleTaint>>,
-) -> Result<(), String> {
-    let bytes = serde_json::to_vec_pretty(by_uuid).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(state_dir)
-        .map_err(|e| format!("{}: cannot create the folder: {e}", state_dir.display()))?;
-    crate::files::write_atomic(&state_dir.join(FILE), &bytes, 0o644)
-        .map_err(|e| crate::logging::error_chain(&e))
 }

@@ -143,6 +143,8 @@ pub struct ApiState {
     pub taint_rule_changes: Changes,
     /// DeviceTaintRule watches opened.
     pub taint_rule_watches: u32,
+    /// `GET path` of every DeviceTaintRule request.
+    pub taint_rule_requests: Vec<String>,
 }
 
 /// One Lease write the fake API server took.

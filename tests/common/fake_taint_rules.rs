@@ -16,7 +16,9 @@ pub(super) async fn list_taint_rules(
     let params = query(&uri);
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
-    state.resource_requests.push(format!("GET {}", uri.path()));
+    state
+        .taint_rule_requests
+        .push(format!("GET {}", uri.path()));
     if state.taint_rule_version.as_deref() != Some(version.as_str()) {
         return Err(failure_body(
             StatusCode::NOT_FOUND,
@@ -73,6 +75,12 @@ impl FakeApi {
         if let Some(mut rule) = state.taint_rules.remove(name) {
             state.taint_rule_changes.record("DELETED", &mut rule);
         }
+    }
+
+    /// `GET path` of every DeviceTaintRule list and watch (kept apart from the other
+    /// `resource.k8s.io` requests: the rules are read in their own version).
+    pub fn taint_rule_requests(&self) -> Vec<String> {
+        self.state.lock().unwrap().taint_rule_requests.clone()
     }
 
     /// How many DeviceTaintRule watches were opened.
