@@ -1277,18 +1277,12 @@ fn query(uri: &axum::http::Uri) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Server-side apply to nodes/status, for conditions (a list keyed by type): the applied
-/// conditions are set and owned by the field manager, the ones it owned and no longer applies
-/// are removed, and a condition owned by another manager is a conflict unless forced.
-async fn apply_status(
-    State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
-    uri: axum::http::Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Reply {
-    let mut state = s.lock().unwrap();
-    gate_status(&mut state)?;
+/// The field manager and query of a server-side apply, checked as the API server checks
+/// them: 415 for another content type, 422 without a field manager.
+fn apply_options(
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+) -> Result<(String, BTreeMap<String, String>), Refused> {
     let kind = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -1299,7 +1293,7 @@ async fn apply_status(
             "UnsupportedMediaType",
         ));
     }
-    let params = query(&uri);
+    let params = query(uri);
     let manager = params
         .get("fieldManager")
         .map(|m| decode(m))
@@ -1317,6 +1311,22 @@ async fn apply_status(
                                "field": "fieldManager"}]}),
         ));
     }
+    Ok((manager, params))
+}
+
+/// Server-side apply to nodes/status, for conditions (a list keyed by type): the applied
+/// conditions are set and owned by the field manager, the ones it owned and no longer applies
+/// are removed, and a condition owned by another manager is a conflict unless forced.
+async fn apply_status(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let (manager, params) = apply_options(&headers, &uri)?;
     node_named(&state, &name)?;
     let applied: Value =
         serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;

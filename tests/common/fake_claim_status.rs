@@ -34,30 +34,7 @@ pub(super) async fn apply_claim_status(
     let mut state = s.lock().unwrap();
     gate_status(&mut state)?;
     resource_call(&mut state, &method, &uri, &version)?;
-    let kind = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if kind != "application/apply-patch+yaml" {
-        return Err(status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-        ));
-    }
-    let params = query(&uri);
-    let manager = params
-        .get("fieldManager")
-        .map(|m| decode(m))
-        .unwrap_or_default();
-    if manager.is_empty() {
-        return Err(failure_body(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is \
-             required for apply patch",
-            Value::Null,
-        ));
-    }
+    let (manager, params) = apply_options(&headers, &uri)?;
     let claim_key = format!("{ns}/{name}");
     let Some(mut claim) = state.claims.get(&claim_key).cloned() else {
         return Err(failure_body(
