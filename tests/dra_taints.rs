@@ -24,11 +24,25 @@ const TAINT_SERIES: &str = "gpud_dra_device_taint{";
 
 /// `gpud run --dra` with the exporter on `port` and the node status, on a 1.`minor` server.
 async fn start(minor: u32, rules_in: Option<&str>, port: u16) -> DraNode {
-    let mut dra = DraNode::new("dgx-h100");
+    let mut dra = on_server(minor, rules_in);
+    launch(&mut dra, port, &[]).await;
+    dra
+}
+
+/// A node on a stand-in API server that answers as 1.`minor` and serves DeviceTaintRules in
+/// `rules_in` (none when `None`).
+fn on_server(minor: u32, rules_in: Option<&str>) -> DraNode {
+    let dra = DraNode::new("dgx-h100");
     dra.api.set_server_version(Some(&format!("v1.{minor}.0")));
     dra.api.serve_taint_rules(rules_in);
+    dra
+}
+
+/// Starts `gpud run --dra … <extra>` with the exporter on `port` and the node status, and
+/// waits until the plugin is registered and has published its slices.
+async fn launch(dra: &mut DraNode, port: u16, extra: &[&str]) {
     let address = format!("127.0.0.1:{port}");
-    dra.start(&[
+    let mut args = vec![
         "run",
         "--dra",
         "--node-status",
@@ -42,10 +56,11 @@ async fn start(minor: u32, rules_in: Option<&str>, port: u16) -> DraNode {
         &address,
         "-c",
         "100",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    dra.start(&args);
     dra.register().await;
     dra.until("slices", || (!dra.api.slices().is_empty()).then_some(()));
-    dra
 }
 
 fn rule(name: &str, selector: Value, effect: &str) -> Value {
@@ -224,4 +239,126 @@ async fn a_1_34_server_without_device_taint_rules_is_said_once_and_nothing_chang
         1
     );
     assert_eq!(dra.api.taint_rule_watches(), 0);
+}
+
+/// A reset command for `gpud run --remediation reset`: it logs its call to
+/// `<node>/resets.log` and resets the GPUs named by `-i <bus id>[,<bus id>…]` through the
+/// simulated NVML's control file. Returns its path.
+fn reset_command(dra: &DraNode) -> String {
+    let script = format!(
+        "#!/bin/sh\necho \"$@\" >> {log}\nfor id in $(echo \"$2\" | tr , ' '); do echo \"reset $id\" >> {control}; done\n",
+        log = dra.path("resets.log").display(),
+        control = dra.node.control_path().display(),
+    );
+    let path = dra.path("reset.sh");
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+/// The reset command's calls so far.
+fn resets(dra: &DraNode) -> Vec<String> {
+    std::fs::read_to_string(dra.path("resets.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// GPU `uuid`'s remediation record once `accept` holds for it (within 45 s).
+fn record_when(dra: &DraNode, uuid: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+    let path = dra.path("state/remediation.json");
+    common::until(what, 45, || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let gpu = &record["gpus"][uuid];
+        if accept(gpu) {
+            Ok(gpu.clone())
+        } else {
+            Err(format!("{text}\n--- gpud's log:\n{}", dra.log()))
+        }
+    })
+}
+
+/// Remediation does not reset a faulty GPU whose DRA device an admin's NoExecute
+/// DeviceTaintRule selects: it drains and says why, and resets it only once the rule is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remediation_waits_for_an_admins_no_execute_rule_to_be_lifted_before_the_reset() {
+    let port = http::free_port();
+    let mut dra = on_server(37, Some("v1"));
+    let reset = reset_command(&dra);
+    launch(
+        &mut dra,
+        port,
+        &[
+            "--remediation",
+            "reset",
+            "--remediation-reset-command",
+            &reset,
+            "--remediation-max-concurrent",
+            "0",
+        ],
+    )
+    .await;
+    dra.log_when("Following DeviceTaintRules");
+    let inventory: Value =
+        serde_json::from_str(&common::stdout_ok(&dra.node.run(&["inventory"]))).unwrap();
+    let uuid = inventory["gpus"][3]["uuid"].as_str().unwrap().to_owned();
+    let bus_id = inventory["gpus"][3]["pci"]["bus_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    dra.api.put_taint_rule(rule(
+        "maint",
+        json!({"driver": DRIVER, "pool": "test-node", "device": "gpu-3"}),
+        "NoExecute",
+    ));
+    // The daemon's own view of its GPUs (the exporter's) has the taint before the fault.
+    taint_lines_when(port, |l| !l.is_empty());
+    dra.node.inject("xid 3 95");
+    let record = record_when(&dra, &uuid, "GPU 3 held for the admin's rule", |g| {
+        g["phase"] == "draining" && g["reason"].as_str().unwrap_or_default().contains("maint")
+    });
+    assert_eq!(
+        record["reason"],
+        "waiting: an admin tainted GPU 3 (gpu-3 example.com/maintenance=bios:NoExecute, \
+         DeviceTaintRule maint) for maintenance; not reset until the rule is lifted"
+    );
+    assert_eq!(record["reset_count"], 0);
+    assert!(resets(&dra).is_empty(), "reset under the admin's rule");
+    // The exporter says so too, and still nothing was reset.
+    let draining = "state=\"draining\"} 1";
+    let body = tokio::task::block_in_place(|| {
+        http::wait_for(port, "/metrics", 30, |a| {
+            a.body.lines().any(|l| {
+                l.starts_with("gpud_remediation_state{")
+                    && l.contains(&uuid)
+                    && l.ends_with(draining)
+            })
+        })
+        .body
+    });
+    assert!(
+        body.contains("gpud_dra_device_taint{"),
+        "the rule is still shown: {body}"
+    );
+    assert!(resets(&dra).is_empty(), "reset under the admin's rule");
+
+    // Lifted: the GPU is reset, once, and back in service.
+    dra.api.delete_taint_rule("maint");
+    let record = record_when(&dra, &uuid, "GPU 3 back in service", |g| {
+        g["phase"] == "healthy"
+    });
+    assert_eq!(record["reset_count"], 1);
+    assert_eq!(resets(&dra), [format!("-i {bus_id}")]);
+    // No other GPU was touched.
+    let text = std::fs::read_to_string(dra.path("state/remediation.json")).unwrap();
+    let all: Value = serde_json::from_str(&text).unwrap();
+    for (other, gpu) in all["gpus"].as_object().unwrap() {
+        if *other != uuid {
+            assert_eq!(gpu["reset_count"], 0, "{other}: {gpu}");
+        }
+    }
 }
