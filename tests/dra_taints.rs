@@ -16,7 +16,7 @@ mod fake_dra_kubelet;
 #[path = "common/raw_grpc.rs"]
 mod raw_grpc;
 
-use common::http;
+use common::{http, reset_command};
 use dra_node::{DRIVER, DraNode};
 use serde_json::{Value, json};
 
@@ -241,44 +241,9 @@ async fn a_1_34_server_without_device_taint_rules_is_said_once_and_nothing_chang
     assert_eq!(dra.api.taint_rule_watches(), 0);
 }
 
-/// A reset command for `gpud run --remediation reset`: it logs its call to
-/// `<node>/resets.log` and resets the GPUs named by `-i <bus id>[,<bus id>…]` through the
-/// simulated NVML's control file. Returns its path.
-fn reset_command(dra: &DraNode) -> String {
-    let script = format!(
-        "#!/bin/sh\necho \"$@\" >> {log}\nfor id in $(echo \"$2\" | tr , ' '); do echo \"reset $id\" >> {control}; done\n",
-        log = dra.path("resets.log").display(),
-        control = dra.node.control_path().display(),
-    );
-    let path = dra.path("reset.sh");
-    std::fs::write(&path, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.display().to_string()
-}
-
-/// The reset command's calls so far.
-fn resets(dra: &DraNode) -> Vec<String> {
-    std::fs::read_to_string(dra.path("resets.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// GPU `uuid`'s remediation record once `accept` holds for it (within 45 s).
 fn record_when(dra: &DraNode, uuid: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
-    let path = dra.path("state/remediation.json");
-    common::until(what, 45, || {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let gpu = &record["gpus"][uuid];
-        if accept(gpu) {
-            Ok(gpu.clone())
-        } else {
-            Err(format!("{text}\n--- gpud's log:\n{}", dra.log()))
-        }
-    })
+    reset_command::record_when(&dra.node, uuid, what, 45, || dra.log(), accept)
 }
 
 /// Remediation does not reset a faulty GPU whose DRA device an admin's NoExecute
@@ -287,7 +252,7 @@ fn record_when(dra: &DraNode, uuid: &str, what: &str, accept: impl Fn(&Value) ->
 async fn remediation_waits_for_an_admins_no_execute_rule_to_be_lifted_before_the_reset() {
     let port = http::free_port();
     let mut dra = on_server(37, Some("v1"));
-    let reset = reset_command(&dra);
+    let reset = reset_command::write(&dra.node, "").display().to_string();
     launch(
         &mut dra,
         port,
@@ -327,7 +292,10 @@ async fn remediation_waits_for_an_admins_no_execute_rule_to_be_lifted_before_the
          DeviceTaintRule maint) for maintenance; not reset until the rule is lifted"
     );
     assert_eq!(record["reset_count"], 0);
-    assert!(resets(&dra).is_empty(), "reset under the admin's rule");
+    assert!(
+        reset_command::calls(&dra.node).is_empty(),
+        "reset under the admin's rule"
+    );
     // The exporter says so too, and still nothing was reset.
     let draining = "state=\"draining\"} 1";
     let body = tokio::task::block_in_place(|| {
@@ -344,7 +312,10 @@ async fn remediation_waits_for_an_admins_no_execute_rule_to_be_lifted_before_the
         body.contains("gpud_dra_device_taint{"),
         "the rule is still shown: {body}"
     );
-    assert!(resets(&dra).is_empty(), "reset under the admin's rule");
+    assert!(
+        reset_command::calls(&dra.node).is_empty(),
+        "reset under the admin's rule"
+    );
 
     // Lifted: the GPU is reset, once, and back in service.
     dra.api.delete_taint_rule("maint");
@@ -352,7 +323,7 @@ async fn remediation_waits_for_an_admins_no_execute_rule_to_be_lifted_before_the
         g["phase"] == "healthy"
     });
     assert_eq!(record["reset_count"], 1);
-    assert_eq!(resets(&dra), [format!("-i {bus_id}")]);
+    assert_eq!(reset_command::calls(&dra.node), [format!("-i {bus_id}")]);
     // No other GPU was touched.
     let text = std::fs::read_to_string(dra.path("state/remediation.json")).unwrap();
     let all: Value = serde_json::from_str(&text).unwrap();
