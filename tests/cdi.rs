@@ -139,6 +139,7 @@ fn snapshot(fixture: &str) -> Snapshot {
                 fabric: None,
                 health: Health::healthy(),
                 remediation: None,
+                device_taints: Vec::new(),
             })
             .collect(),
         topology: vec![],

@@ -649,6 +649,14 @@ async fn exercise(running: &Running, uses: &Uses) {
         let answer = fake_dra_kubelet::prepare_v1(&socket, request).await;
         running.no_refusals();
         assert_eq!(answer.claims["uid-a"].error, "", "{}", running.what);
+        // The prepared device's status in the claim (as the 1.36 server checks it: the status
+        // subresource and the driver's synthetic one).
+        running.answered(
+            1,
+            "PATCH",
+            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim-a/status",
+            || {},
+        );
     }
     if uses.mig {
         api.set_label("nvidia.com/mig.config", Some("all-disabled"));

@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::http::{self, free_port};
-use common::{Node, until};
+use common::{Node, reset_command, until};
 use fake_api::{FakeApi, Fault, Rule};
 use fake_kubelet::{FakeKubelet, list_and_watch, next_list};
 use serde_json::Value;
@@ -47,24 +47,12 @@ impl Site {
     /// The reset command: logs its arguments, runs `before` (a hang, a failure), then resets
     /// the GPUs named by `-i <bus id>[,<bus id>…]` through the control file.
     fn reset_script(&self, before: &str) {
-        let script = format!(
-            "#!/bin/sh\necho \"$@\" >> {log}\n{before}\nfor id in $(echo \"$2\" | tr , ' '); do echo \"reset $id\" >> {control}; done\n",
-            log = self.path("resets.log").display(),
-            control = self.node.control_path().display(),
-        );
-        let path = self.path("reset.sh");
-        std::fs::write(&path, script).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        reset_command::write(&self.node, before);
     }
 
     /// The reset command's calls so far.
     fn resets(&self) -> Vec<String> {
-        std::fs::read_to_string(self.path("resets.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        reset_command::calls(&self.node)
     }
 
     /// `gpud run --remediation reset …` with the exporter on this site's port, the device
@@ -144,17 +132,7 @@ impl Site {
         seconds: u64,
         accept: impl Fn(&Value) -> bool,
     ) -> Value {
-        let path = self.path("state/remediation.json");
-        until(what, seconds, || {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let record: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-            let gpu = &record["gpus"][uuid];
-            if accept(gpu) {
-                Ok(gpu.clone())
-            } else {
-                Err(format!("{text}\n--- gpud's log:\n{}", self.log()))
-            }
-        })
+        reset_command::record_when(&self.node, uuid, what, seconds, || self.log(), accept)
     }
 
     fn log(&self) -> String {

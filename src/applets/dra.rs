@@ -24,7 +24,9 @@ use crate::nvml::mig_admin::MigGpu;
 /// prepare and unprepare claims with CDI specs (and an MPS control daemon per claim whose
 /// GpuConfig asks for MPS), taint sick devices and clear the taints on recovery.
 ///
-/// Needs the node name (NODE_NAME) and API access: get on resourceclaims;
+/// Needs the node name (NODE_NAME) and API access: get on resourceclaims; update/patch on
+/// resourceclaims/status (and from 1.36 associated-node:update/patch on resourceclaims/driver);
+/// list/watch on devicetaintrules;
 /// get/list/watch/create/update/delete on resourceslices; create on events.
 #[derive(Debug, Parser)]
 #[command(name = "gpud dra", version)]
@@ -62,12 +64,15 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let (health, _) = args.health.resolve("dra")?;
     let node =
         super::node_status::node_name(args.node.name.node_name.as_deref(), "the DRA plugin")?;
-    let mut config = args.dra.config(
-        node,
-        args.api.client.kubeconfig.clone(),
-        args.api.api_unready_after,
-        args.mps.launch(),
-    )?;
+    let mut config = args
+        .dra
+        .config(
+            node,
+            args.api.client.kubeconfig.clone(),
+            args.api.api_unready_after,
+            args.mps.launch(),
+        )?
+        .with_state_dir(&args.health.state.state_dir);
     let nvml = args.common.start()?;
     if config.dynamic_mig {
         let gpus = nvml.mig_admin().gpus()?;

@@ -34,8 +34,8 @@ struct Args {
     #[command(flatten)]
     node: NodeArgs,
 
-    /// Where a gpud daemon on this node keeps its state: each GPU's remediation phase is read
-    /// from there.
+    /// Where a gpud daemon on this node keeps its state: each GPU's remediation phase and the
+    /// admins' device taints its DRA plugin saw are read from there.
     #[command(flatten)]
     state: StateArgs,
 }
@@ -46,13 +46,16 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
     let nvml = args.common.start()?;
     let rescanner = Rescanner::new(nvml, args.node.facts(), args.interval);
     let inventory = rescanner.discover()?;
-    // What the daemon's remediation says of each GPU, as it last wrote it.
+    // What the daemon's remediation says of each GPU, and the admins' device taints its DRA
+    // plugin saw, as it last wrote them.
     if !args.state.state_dir.is_empty() {
-        let views =
-            crate::remediation_state::record::views_in(std::path::Path::new(&args.state.state_dir));
+        let dir = std::path::Path::new(&args.state.state_dir);
+        let views = crate::remediation_state::record::views_in(dir);
+        let taints = crate::dra::taint_rules::kept(dir);
         inventory.update(|snapshot| {
             for gpu in &mut snapshot.gpus {
                 gpu.remediation = views.get(&gpu.uuid).cloned();
+                gpu.device_taints = taints.get(&gpu.uuid).cloned().unwrap_or_default();
             }
         });
     }

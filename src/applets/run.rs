@@ -257,7 +257,8 @@ pub fn main(argv: Vec<OsString>) -> Result<ExitCode, Error> {
             let unready_after = args.api.api_unready_after;
             Some(
                 args.dra_args
-                    .config(node, kubeconfig, unready_after, args.mps.launch())?,
+                    .config(node, kubeconfig, unready_after, args.mps.launch())?
+                    .with_state_dir(&args.health.state.state_dir),
             )
         }
         false => None,

@@ -152,6 +152,17 @@ pub struct DraConfig {
     /// The state directory with the MIG layout owners' record and lock (dynamic MIG); set by
     /// the applet, `None` without one.
     pub layout_dir: Option<PathBuf>,
+    /// gpud's state directory (`--state-dir`), where the admins' device taints are kept for
+    /// `gpud inventory`; `None` without one.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl DraConfig {
+    /// This config keeping what needs keeping in `state_dir` (`""`: nowhere).
+    pub fn with_state_dir(mut self, state_dir: &str) -> DraConfig {
+        self.state_dir = (!state_dir.is_empty()).then(|| PathBuf::from(state_dir));
+        self
+    }
 }
 
 impl DraArgs {
@@ -197,6 +208,7 @@ impl DraArgs {
             dynamic_mig: self.dra_dynamic_mig,
             shared_capacity: self.dra_shared_capacity,
             layout_dir: None,
+            state_dir: None,
         })
     }
 

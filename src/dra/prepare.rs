@@ -155,6 +155,11 @@ impl Preparer {
         *current = checkpoint;
     }
 
+    /// The prepared claims now, by UID (what their device status says).
+    pub async fn prepared_claims(&self) -> BTreeMap<String, PreparedClaim> {
+        self.checkpoint.lock().await.claims.clone()
+    }
+
     /// Prepares `claims`; each claim's devices or error, by UID.
     pub async fn prepare(
         &self,

@@ -31,6 +31,8 @@ use super::publish::Publisher;
 use super::readiness::{Cause, DraReadiness};
 use super::shares;
 use super::sockets::Sockets;
+use super::status_writer::{self, StatusWriter};
+use super::taint_rules;
 use super::topology::{self, Topology};
 use crate::backoff::{self, Backoff};
 use crate::daemon::{Context, Subsystem};
@@ -147,6 +149,7 @@ impl Subsystem for Dra {
             .as_ref()
             .map(|d| d.gpus().clone())
             .unwrap_or_default();
+        let held = self.held.subscribe();
         let mut preparer = Preparer::new(
             Arc::clone(&config),
             Some(Arc::clone(&resources)),
@@ -168,6 +171,26 @@ impl Subsystem for Dra {
             ),
         );
         let cancel = ctx.cancel_token();
+        ctx.spawn_helper(
+            "claim device status",
+            status_writer::keep(
+                Arc::new(StatusWriter::new(Arc::clone(&resources), &config.driver)),
+                Arc::clone(&preparer),
+                (inventory.clone(), held),
+                config.sysfs_root.clone(),
+                backoff::seed_from(&config.node),
+                cancel.clone(),
+            ),
+        );
+        ctx.spawn_helper(
+            "DeviceTaintRule watch",
+            taint_rules::follow(
+                client.clone(),
+                (config.driver.clone(), config.node.clone()),
+                (inventory.clone(), config.state_dir.clone()),
+                cancel.clone(),
+            ),
+        );
         let registered = Arc::new(Notify::new());
         let ready = DraReadiness::new(ctx.ready_latch());
         let sockets = Sockets::serve(

@@ -614,6 +614,36 @@ fn own_families(frame: &Frame<'_>, out: &mut String) {
     if let Some(remediation) = &frame.own.remediation {
         remediation_families(frame, remediation, out);
     }
+    device_taint_family(frame, out);
+}
+
+/// One series per taint an admin's DeviceTaintRule puts on a device (shown only while there
+/// is one: the DRA plugin puts them into the inventory).
+fn device_taint_family(frame: &Frame<'_>, out: &mut String) {
+    if frame
+        .snapshot
+        .gpus
+        .iter()
+        .all(|g| g.device_taints.is_empty())
+    {
+        return;
+    }
+    header(
+        out,
+        "gpud_dra_device_taint",
+        "A taint a DeviceTaintRule puts on a DRA device of the GPU (the GPU or a MIG device of it): 1 per rule, device, key and effect.",
+        "gauge",
+    );
+    for gpu in &frame.snapshot.gpus {
+        for taint in &gpu.device_taints {
+            let mut labels = identity(frame, gpu, None, Model::Omit);
+            push_label(&mut labels, "dra_device", &taint.device);
+            push_label(&mut labels, "rule", &taint.rule);
+            push_label(&mut labels, "key", &taint.key);
+            push_label(&mut labels, "effect", &taint.effect);
+            let _ = writeln!(out, "gpud_dra_device_taint{{{labels}}} 1");
+        }
+    }
 }
 
 /// The remediation's actions, each GPU's phase and how long GPUs were out of service.

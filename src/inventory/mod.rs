@@ -6,6 +6,7 @@
 //! MIG applier overlay their findings with [`Inventory::update`]. Consumers subscribe and
 //! always see a whole, consistent picture; a publish that changes nothing wakes nobody.
 
+pub mod device_taints;
 pub mod health;
 pub mod mig_profile;
 pub mod model;

@@ -84,6 +84,10 @@ pub struct Gpu {
     /// Where gpud's remediation has the GPU, when it is on (`gpud run --remediation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation: Option<super::remediation::GpuRemediation>,
+    /// Taints a cluster admin's `DeviceTaintRule`s put on the GPU or its MIG devices, when
+    /// the DRA plugin runs (`gpud dra`, `gpud run --dra`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_taints: Vec<super::device_taints::RuleTaint>,
 }
 
 /// A GPU's registration with a multi-node NVLink fabric: the NVSwitch trays of a rack join

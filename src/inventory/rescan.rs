@@ -35,6 +35,8 @@ pub fn merge(previous: &Snapshot, mut fresh: Snapshot) -> Snapshot {
             gpu.mig.reconfiguring = before.mig.reconfiguring;
             // Only the remediation subsystem sets it.
             gpu.remediation = before.remediation.clone();
+            // Only the DRA plugin's rule watcher sets them.
+            gpu.device_taints = before.device_taints.clone();
             merge_mig_health(&mut gpu.mig.devices, &before.mig.devices);
         }
     }

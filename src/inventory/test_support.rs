@@ -38,6 +38,7 @@ pub fn gpu(index: u32, uuid: &str, name: &str, memory_mib: u64) -> Gpu {
         fabric: None,
         health: Health::healthy(),
         remediation: None,
+        device_taints: Vec::new(),
     }
 }
 

@@ -661,6 +661,7 @@ mod tests {
                 fabric: serde_json::from_value(g["fabric"].clone()).unwrap(),
                 health: health_from_json(&g["health"]),
                 remediation: None,
+                device_taints: Vec::new(),
             })
             .collect();
         Snapshot {

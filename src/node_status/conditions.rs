@@ -75,6 +75,10 @@ pub struct GpuHealth {
     pub index: u32,
     pub uuid: String,
     pub health: Health,
+    /// What admins' DeviceTaintRules put on the GPU's DRA devices: named in the message,
+    /// not a verdict on the GPU's health.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_taints: Vec<crate::inventory::device_taints::RuleTaint>,
 }
 
 impl Severity for GpuHealth {
@@ -100,6 +104,7 @@ pub fn gpus(snapshot: &Snapshot) -> Vec<GpuHealth> {
                 index: gpu.index,
                 uuid: gpu.uuid.clone(),
                 health: worst.clone(),
+                device_taints: gpu.device_taints.clone(),
             }
         })
         .collect()
@@ -188,6 +193,25 @@ pub fn gpu_condition(gpus: &[GpuHealth]) -> Condition {
         message.push_str(". ");
         message.push_str(&named.join("; "));
     }
+    let tainted: Vec<String> = gpus
+        .iter()
+        .flat_map(|g| {
+            g.device_taints.iter().map(move |t| {
+                format!(
+                    "GPU {} {}: {} {} by DeviceTaintRule {}",
+                    g.index,
+                    g.uuid,
+                    t.device,
+                    t.spelled(),
+                    t.rule
+                )
+            })
+        })
+        .collect();
+    if !tainted.is_empty() {
+        message.push_str(". Tainted by an admin: ");
+        message.push_str(&tainted.join("; "));
+    }
     Condition {
         kind: GPU_CONDITION,
         status,
@@ -261,7 +285,28 @@ mod tests {
             index,
             uuid: format!("GPU-{index}"),
             health,
+            device_taints: Vec::new(),
         }
+    }
+
+    #[test]
+    fn an_admins_device_taint_is_named_without_changing_the_verdict() {
+        let mut tainted = gpu(3, Health::healthy());
+        tainted.device_taints = vec![crate::inventory::device_taints::RuleTaint {
+            rule: "maint".into(),
+            device: "gpu-3".into(),
+            key: "example.com/maintenance".into(),
+            value: Some("bios".into()),
+            effect: "NoExecute".into(),
+        }];
+        let condition = gpu_condition(&[gpu(0, Health::healthy()), tainted]);
+        assert_eq!(condition.status, Status::True);
+        assert_eq!(condition.reason, "AllGPUsHealthy");
+        assert_eq!(
+            condition.message,
+            "2 GPUs: 2 healthy, 0 degraded, 0 unhealthy. Tainted by an admin: GPU 3 GPU-3: \
+             gpu-3 example.com/maintenance=bios:NoExecute by DeviceTaintRule maint"
+        );
     }
 
     fn xid(state: HealthState, code: u32, reason: &str, action: &str) -> Health {

@@ -219,6 +219,7 @@ fn read_gpu(lib: &Lib, device: &Device<'_>, index: u32, now: SystemTime) -> Gpu 
         fabric,
         health,
         remediation: None,
+        device_taints: Vec::new(),
     };
     if !gpu.health.is_healthy() {
         let covering = gpu.health.clone();
@@ -265,6 +266,7 @@ fn unreachable_gpu(index: u32, err: &E, now: SystemTime) -> Gpu {
         fabric: None,
         health,
         remediation: None,
+        device_taints: Vec::new(),
     }
 }
 

@@ -458,6 +458,11 @@ impl Engine {
         let now = SystemTime::now();
         let waited = Duration::from_secs(seconds(now).saturating_sub(record.since));
         let group = self.group(snapshot, gpu);
+        // An admin's NoExecute DeviceTaintRule is maintenance under way: the reset waits for
+        // it to be lifted, and says which rule it waits for.
+        if let Some(why) = admin_hold(&group) {
+            return Next::Note(why);
+        }
         // The peers held for this reset must be out of service (withdrawn from the kubelet,
         // tainted: unhealthy in the inventory) before their processes are looked at: a pod
         // placed on one after that look would be reset under. The hold is published when
@@ -1029,4 +1034,63 @@ fn event_reason(from: Phase, to: Phase) -> &'static str {
 /// What NVML showed of GPU `index` at this step that a reset clears.
 fn marks_of(observed: Option<&Observed>, index: u32) -> ResetMarks {
     ResetMarks::of(observed.and_then(|o| o.signals.get(&index)))
+}
+
+/// Why `group` must not be reset now: a device of one of its GPUs carries a `NoExecute`
+/// taint of an admin's DeviceTaintRule (maintenance); `None` when none does.
+fn admin_hold(group: &[&Gpu]) -> Option<String> {
+    let held: Vec<String> = group
+        .iter()
+        .flat_map(|gpu| {
+            gpu.device_taints
+                .iter()
+                .filter(|t| t.effect == crate::inventory::device_taints::NO_EXECUTE)
+                .map(move |t| {
+                    format!(
+                        "GPU {} ({} {}, DeviceTaintRule {})",
+                        gpu.index,
+                        t.device,
+                        t.spelled(),
+                        t.rule
+                    )
+                })
+        })
+        .collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "waiting: an admin tainted {} for maintenance; not reset until the rule is lifted",
+            held.join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod admin_hold_tests {
+    use super::*;
+    use crate::inventory::device_taints::RuleTaint;
+    use crate::inventory::test_support::gpu;
+
+    #[test]
+    fn only_an_admins_no_execute_taint_holds_the_reset() {
+        let mut held = gpu(3, "GPU-d", "NVIDIA H100 80GB HBM3", 81559);
+        let free = gpu(2, "GPU-c", "NVIDIA H100 80GB HBM3", 81559);
+        assert_eq!(admin_hold(&[&held, &free]), None);
+        let taint = |effect: &str| RuleTaint {
+            rule: "maint".into(),
+            device: "gpu-3".into(),
+            key: "example.com/maintenance".into(),
+            value: None,
+            effect: effect.into(),
+        };
+        held.device_taints = vec![taint("NoSchedule")];
+        assert_eq!(admin_hold(&[&held, &free]), None);
+        held.device_taints = vec![taint("NoExecute")];
+        assert_eq!(
+            admin_hold(&[&free, &held]).as_deref(),
+            Some(
+                "waiting: an admin tainted GPU 3 (gpu-3 example.com/maintenance:NoExecute, \
+                 DeviceTaintRule maint) for maintenance; not reset until the rule is lifted"
+            )
+        );
+    }
 }

@@ -51,10 +51,14 @@ use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+#[path = "fake_claim_status.rs"]
+pub mod claim_status;
 #[path = "rbac.rs"]
 pub mod rbac;
 #[path = "rebind.rs"]
 mod rebind;
+#[path = "fake_taint_rules.rs"]
+pub mod taint_rules;
 
 /// What the fake API server saw and holds.
 #[derive(Default)]
@@ -132,6 +136,21 @@ pub struct ApiState {
     pub enabled_gates: std::collections::BTreeSet<String>,
     /// The spec of every slice create and replace, as sent (before the gates cleared it).
     pub slice_writes: Vec<Value>,
+    /// The field manager of each claim's `status.devices` entry, by
+    /// `namespace/name|driver/pool/device/shareID` ([`claim_status`]).
+    pub claim_status_managers: BTreeMap<String, String>,
+    /// (field manager, `namespace/name`, body) of every apply to a claim's status.
+    pub claim_status_applies: Vec<(String, String, Value)>,
+    /// The `resource.k8s.io` version DeviceTaintRules are served in ([`taint_rules`]).
+    pub taint_rule_version: Option<String>,
+    /// DeviceTaintRules by name.
+    pub taint_rules: BTreeMap<String, Value>,
+    /// Every change of a DeviceTaintRule.
+    pub taint_rule_changes: Changes,
+    /// DeviceTaintRule watches opened.
+    pub taint_rule_watches: u32,
+    /// `GET path` of every DeviceTaintRule request.
+    pub taint_rule_requests: Vec<String>,
 }
 
 /// One Lease write the fake API server took.
@@ -1310,18 +1329,12 @@ fn query(uri: &axum::http::Uri) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Server-side apply to nodes/status, for conditions (a list keyed by type): the applied
-/// conditions are set and owned by the field manager, the ones it owned and no longer applies
-/// are removed, and a condition owned by another manager is a conflict unless forced.
-async fn apply_status(
-    State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
-    uri: axum::http::Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Reply {
-    let mut state = s.lock().unwrap();
-    gate_status(&mut state)?;
+/// The field manager and query of a server-side apply, checked as the API server checks
+/// them: 415 for another content type, 422 without a field manager.
+fn apply_options(
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+) -> Result<(String, BTreeMap<String, String>), Refused> {
     let kind = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -1332,7 +1345,7 @@ async fn apply_status(
             "UnsupportedMediaType",
         ));
     }
-    let params = query(&uri);
+    let params = query(uri);
     let manager = params
         .get("fieldManager")
         .map(|m| decode(m))
@@ -1350,6 +1363,22 @@ async fn apply_status(
                                "field": "fieldManager"}]}),
         ));
     }
+    Ok((manager, params))
+}
+
+/// Server-side apply to nodes/status, for conditions (a list keyed by type): the applied
+/// conditions are set and owned by the field manager, the ones it owned and no longer applies
+/// are removed, and a condition owned by another manager is a conflict unless forced.
+async fn apply_status(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Reply {
+    let mut state = s.lock().unwrap();
+    gate_status(&mut state)?;
+    let (manager, params) = apply_options(&headers, &uri)?;
     node_named(&state, &name)?;
     let applied: Value =
         serde_json::from_slice(&body).map_err(|_| status(StatusCode::BAD_REQUEST, "BadRequest"))?;
@@ -2011,6 +2040,14 @@ fn serve(listener: std::net::TcpListener, state: Shared) -> Serving {
         .route(
             "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}",
             get(get_claim),
+        )
+        .route(
+            "/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims/{name}/status",
+            axum::routing::patch(claim_status::apply_claim_status),
+        )
+        .route(
+            "/apis/resource.k8s.io/{version}/devicetaintrules",
+            get(taint_rules::list_taint_rules),
         )
         .route(features, axum::routing::post(create_feature))
         .route(

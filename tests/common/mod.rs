@@ -9,6 +9,7 @@
 
 pub mod host;
 pub mod http;
+pub mod reset_command;
 pub mod unix_grpc;
 
 use std::fs::OpenOptions;

@@ -220,6 +220,12 @@ impl Rbac {
         }
     }
 
+    /// Whether no rule allows `request` (the API server's own further checks, such as the
+    /// synthetic `resourceclaims/driver` subresource).
+    pub fn denies(&self, request: &Attributes) -> bool {
+        !self.grants.iter().any(|g| g.allows(request))
+    }
+
     /// The request's attributes when no rule allows it; `None` when allowed (or discovery).
     pub fn refuses(&self, method: &str, uri: &Uri) -> Option<Attributes> {
         let request = Attributes::of(method, uri)?;
