@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::process::Child;
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -73,20 +72,11 @@ impl DraNode {
         crate::common::file_when(&self.path("gpud.log"), line, 15)
     }
 
-    /// Polls `check` every 20 ms for up to 15 s.
+    /// Waits up to 15 s for `check`, with gpud's log in the failure.
     pub fn until<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(value) = check() {
-                return value;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what} in time; gpud's log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::common::until(what, 15, || {
+            check().ok_or_else(|| format!("gpud's log:\n{}", self.log()))
+        })
     }
 
     /// Waits for the registration socket, then registers as the kubelet does.
